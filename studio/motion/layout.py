@@ -1,0 +1,217 @@
+"""The Ditto motion layout and the LivePortrait keypoint geometry.
+
+This module is the one home of every number that describes the model: the
+265-dim motion vector, the 66 pose bins, the 80-frame window, the 25 fps frame
+rate, the keypoint sets. Everything else imports these names.
+
+Motion vector (one frame, float32):
+
+    dim 0          scale - 1
+    dims 1..66     pitch bin logits
+    dims 67..132   yaw bin logits
+    dims 133..198  roll bin logits
+    dims 199..201  t (x, y, z; z is ignored by the keypoint transform)
+    dims 202..264  exp, 21 keypoints x (x, y, z), keypoint-major
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# --- timing -----------------------------------------------------------------
+FPS = 25
+SAMPLE_RATE = 16000
+SAMPLES_PER_FRAME = SAMPLE_RATE // FPS  # 640
+
+# --- keypoints ---------------------------------------------------------------
+NUM_KP = 21
+KP_DIMS = 3
+EXP_DIM = NUM_KP * KP_DIMS  # 63
+LIP_KP = (6, 12, 14, 17, 19, 20)
+EYE_KP = (11, 13, 15, 16, 18)
+
+# --- pose bins ---------------------------------------------------------------
+NUM_BINS = 66
+BIN_STEP_DEG = 3.0
+BIN_OFFSET_DEG = 97.5
+BIN_CENTERS_DEG = np.arange(NUM_BINS, dtype=np.float64) * BIN_STEP_DEG - BIN_OFFSET_DEG
+POSE_LIMIT_DEG = BIN_OFFSET_DEG  # degrees are confined to (-97.5, 97.5)
+
+# --- the 265-dim motion vector ----------------------------------------------
+SCALE = slice(0, 1)
+PITCH = slice(1, 1 + NUM_BINS)
+YAW = slice(PITCH.stop, PITCH.stop + NUM_BINS)
+ROLL = slice(YAW.stop, YAW.stop + NUM_BINS)
+T = slice(ROLL.stop, ROLL.stop + 3)
+EXP = slice(T.stop, T.stop + EXP_DIM)
+MOTION_DIM = EXP.stop  # 265
+POSE_ANGLES = ("pitch", "yaw", "roll")
+ANGLE_SLICES = {"pitch": PITCH, "yaw": YAW, "roll": ROLL}
+SMOOTHED_DIMS = slice(0, T.stop)  # the reference's box filter covers dims 0..201
+assert MOTION_DIM == 265 and SMOOTHED_DIMS.stop == 202
+
+# --- LMDM windows and diffusion -----------------------------------------------
+SEQ_FRAMES = 80
+OVERLAP_OFFLINE = 10
+OVERLAP_ONLINE = 70
+SMOOTH_KERNEL = 3  # smo_k_d
+DIFFUSION_STEPS = 1000
+COSINE_S = 0.008
+DDIM_ETA = 1.0
+GUIDANCE_WEIGHT = 2.0
+DEFAULT_SAMPLING_STEPS = 50
+
+# Translation is in normalised keypoint units. The acceleration limiter and the
+# jerk metric treat one unit of t like one radian of rotation of a unit-radius
+# head, so a degree-valued bound maps onto t through this factor.
+T_UNITS_PER_DEGREE = np.pi / 180.0
+
+
+@dataclass
+class MotionFrames:
+    """Unpacked motion for N frames (all float32 numpy)."""
+
+    scale: np.ndarray  # [N]
+    pitch: np.ndarray  # [N] degrees
+    yaw: np.ndarray  # [N] degrees
+    roll: np.ndarray  # [N] degrees
+    t: np.ndarray  # [N, 3]
+    exp: np.ndarray  # [N, 21, 3]
+
+
+def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Numerically stable softmax in float64."""
+    z = np.asarray(logits, dtype=np.float64)
+    z = z - z.max(axis=axis, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def bins_to_degrees(logits: np.ndarray) -> np.ndarray:
+    """Expected angle of 66-bin logits: 3 * sum(softmax * i) - 97.5, over the last axis."""
+    return softmax(logits) @ BIN_CENTERS_DEG
+
+
+def _tilt(base: np.ndarray, degrees: np.ndarray, iters: int = 60) -> np.ndarray:
+    """Solve for lam so that softmax(base + lam * c) has mean `degrees` (c = bin centres).
+
+    Exponential tilting is the smallest change (in KL) to a distribution that moves
+    its mean, so re-encoding a smoothed angle this way keeps the shape of the bins.
+    Newton's method on a monotone function, safeguarded by bisection.
+    """
+    c = BIN_CENTERS_DEG / BIN_STEP_DEG  # unit-spaced centres keep lam well scaled
+    target = np.asarray(degrees, dtype=np.float64) / BIN_STEP_DEG
+    lo = np.full(target.shape, -60.0)
+    hi = np.full(target.shape, 60.0)
+    lam = np.zeros(target.shape)
+    for _ in range(iters):
+        p = softmax(base + lam[..., None] * c)
+        mean = p @ c
+        var = np.maximum(p @ (c * c) - mean * mean, 1e-300)
+        err = mean - target
+        hi = np.where(err > 0, lam, hi)
+        lo = np.where(err <= 0, lam, lo)
+        step = lam - err / var
+        bad = (step <= lo) | (step >= hi) | ~np.isfinite(step)
+        lam = np.where(bad, 0.5 * (lo + hi), step)
+        if np.max(np.abs(err)) < 1e-10:
+            break
+    return base + lam[..., None] * c
+
+
+def degrees_to_bins(degrees: np.ndarray, width_deg: float = 4.5) -> np.ndarray:
+    """66-bin logits whose expected angle is exactly `degrees` (round trip to 1e-9).
+
+    The logits are a Gaussian bump of `width_deg` around the angle, tilted to hit the
+    mean exactly (a plain bump is biased near the ends of the range).
+    """
+    deg = np.clip(np.asarray(degrees, dtype=np.float64), -POSE_LIMIT_DEG + 0.5, POSE_LIMIT_DEG - 0.5)
+    base = -0.5 * ((BIN_CENTERS_DEG - deg[..., None]) / width_deg) ** 2
+    return _tilt(base, deg)
+
+
+def retarget_bins(logits: np.ndarray, degrees: np.ndarray) -> np.ndarray:
+    """Move logits to a new expected angle with the smallest change of their shape."""
+    deg = np.clip(np.asarray(degrees, dtype=np.float64), -POSE_LIMIT_DEG + 0.5, POSE_LIMIT_DEG - 0.5)
+    base = np.asarray(logits, dtype=np.float64)
+    base = base - base.max(axis=-1, keepdims=True)
+    return _tilt(base, deg)
+
+
+def unpack(motion: np.ndarray) -> MotionFrames:
+    """[N, 265] motion -> MotionFrames (angles in degrees, scale with the 1 added back)."""
+    m = np.asarray(motion)
+    if m.ndim != 2 or m.shape[1] != MOTION_DIM:
+        raise ValueError(f"motion must be [N, {MOTION_DIM}], got {list(m.shape)}")
+    return MotionFrames(
+        scale=(m[:, SCALE.start] + 1.0).astype(np.float32),
+        pitch=bins_to_degrees(m[:, PITCH]).astype(np.float32),
+        yaw=bins_to_degrees(m[:, YAW]).astype(np.float32),
+        roll=bins_to_degrees(m[:, ROLL]).astype(np.float32),
+        t=m[:, T].astype(np.float32),
+        exp=m[:, EXP].reshape(-1, NUM_KP, KP_DIMS).astype(np.float32),
+    )
+
+
+def pack(frames: MotionFrames) -> np.ndarray:
+    """MotionFrames -> [N, 265] float32 motion (angles encoded as 66-bin logits)."""
+    n = len(frames.scale)
+    m = np.empty((n, MOTION_DIM), dtype=np.float32)
+    m[:, SCALE.start] = np.asarray(frames.scale) - 1.0
+    m[:, PITCH] = degrees_to_bins(frames.pitch)
+    m[:, YAW] = degrees_to_bins(frames.yaw)
+    m[:, ROLL] = degrees_to_bins(frames.roll)
+    m[:, T] = frames.t
+    m[:, EXP] = np.asarray(frames.exp).reshape(n, EXP_DIM)
+    return m
+
+
+def pose_degrees(motion: np.ndarray) -> np.ndarray:
+    """[N, 265] -> [N, 3] pitch, yaw, roll in degrees."""
+    m = np.asarray(motion)
+    return np.stack([bins_to_degrees(m[:, ANGLE_SLICES[a]]) for a in POSE_ANGLES], axis=1)
+
+
+def with_pose_degrees(motion: np.ndarray, degrees: np.ndarray) -> np.ndarray:
+    """Copy of `motion` whose pitch/yaw/roll bins are retargeted to `degrees` [N, 3]."""
+    out = np.array(motion, dtype=np.float32, copy=True)
+    for i, a in enumerate(POSE_ANGLES):
+        sl = ANGLE_SLICES[a]
+        out[:, sl] = retarget_bins(out[:, sl], degrees[:, i])
+    return out
+
+
+def rotation_matrices(pitch: np.ndarray, yaw: np.ndarray, roll: np.ndarray) -> np.ndarray:
+    """[N] angles in degrees -> [N, 3, 3] R = Rz(roll) @ Ry(yaw) @ Rx(pitch) (LivePortrait)."""
+    p, y, r = (np.deg2rad(np.asarray(a, dtype=np.float64)) for a in (pitch, yaw, roll))
+    cp, sp, cy, sy, cr, sr = np.cos(p), np.sin(p), np.cos(y), np.sin(y), np.cos(r), np.sin(r)
+    one, zero = np.ones_like(p), np.zeros_like(p)
+    rx = np.stack([one, zero, zero, zero, cp, -sp, zero, sp, cp], -1).reshape(-1, 3, 3)
+    ry = np.stack([cy, zero, sy, zero, one, zero, -sy, zero, cy], -1).reshape(-1, 3, 3)
+    rz = np.stack([cr, -sr, zero, sr, cr, zero, zero, zero, one], -1).reshape(-1, 3, 3)
+    return rz @ ry @ rx
+
+
+def transform_keypoints(
+    kp: np.ndarray,
+    pitch: np.ndarray,
+    yaw: np.ndarray,
+    roll: np.ndarray,
+    t: np.ndarray,
+    scale: np.ndarray,
+    exp: np.ndarray,
+) -> np.ndarray:
+    """LivePortrait Eqn. 2: x = scale * (R @ kp + exp) + (t_x, t_y, 0).
+
+    kp: [21, 3] or [N, 21, 3]; angles, scale: [N]; t: [N, 3]; exp: [N, 21, 3].
+    Returns [N, 21, 3] float32. t_z is ignored, as in the reference.
+    """
+    rot = rotation_matrices(pitch, yaw, roll)
+    kp = np.broadcast_to(np.asarray(kp, dtype=np.float64), (rot.shape[0], NUM_KP, KP_DIMS))
+    x = kp @ rot.transpose(0, 2, 1) + np.asarray(exp, dtype=np.float64)
+    x = x * np.asarray(scale, dtype=np.float64)[:, None, None]
+    shift = np.asarray(t, dtype=np.float64).copy()
+    shift[:, 2] = 0.0
+    return (x + shift[:, None, :]).astype(np.float32)
