@@ -109,15 +109,16 @@ def _tilt(base: np.ndarray, degrees: np.ndarray, iters: int = 60) -> np.ndarray:
     for _ in range(iters):
         p = softmax(base + lam[..., None] * c)
         mean = p @ c
-        var = np.maximum(p @ (c * c) - mean * mean, 1e-300)
         err = mean - target
-        hi = np.where(err > 0, lam, hi)
-        lo = np.where(err <= 0, lam, lo)
+        open_ = np.abs(err) > 1e-11
+        if not open_.any():
+            break
+        var = np.maximum(p @ (c * c) - mean * mean, 1e-300)
+        hi = np.where(open_ & (err > 0), lam, hi)
+        lo = np.where(open_ & (err < 0), lam, lo)
         step = lam - err / var
         bad = (step <= lo) | (step >= hi) | ~np.isfinite(step)
-        lam = np.where(bad, 0.5 * (lo + hi), step)
-        if np.max(np.abs(err)) < 1e-10:
-            break
+        lam = np.where(open_, np.where(bad, 0.5 * (lo + hi), step), lam)
     return base + lam[..., None] * c
 
 

@@ -1,0 +1,360 @@
+"""MP4 export with PyAV: H.264 (libx264, yuv420p) video plus an AAC track of the input audio.
+
+The writer is atomic: it encodes into a hidden temporary file next to the target and
+renames it onto the target only when everything succeeded, so a failed, cancelled or
+crashed export never leaves a half-written file or damages an existing one.
+
+Colour: RGB frames are converted to BT.709 limited range and the stream is tagged so,
+which is what players assume for HD and what browsers/Qt assume for untagged H.264.
+
+Audio: ``Audio.original`` is encoded at its own rate when AAC has that rate as a
+standard one (8000..96000 Hz), otherwise resampled to 48000 Hz. Mono and stereo are
+kept; more than two channels are averaged to mono, because libsndfile gives no channel
+map to build a correct stereo downmix from. The audio is interleaved with the video as
+frames arrive, and all of it is written at close, so the track lasts as long as the audio.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import threading
+import time
+from collections.abc import Iterable
+from fractions import Fraction
+from pathlib import Path
+from types import TracebackType
+
+import av
+import av.error
+import numpy as np
+from av.audio.stream import AudioStream
+from av.video.reformatter import ColorRange, Colorspace, VideoReformatter
+from av.video.stream import VideoStream
+
+from studio.audio.io import Audio
+from studio.errors import Cancelled, OptionError, OutputError
+from studio.motion.layout import FPS
+
+AAC_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000)
+AAC_FALLBACK_RATE = 48000
+AAC_FRAME_SIZE = 1024
+X264_PRESETS = (
+    "ultrafast",
+    "superfast",
+    "veryfast",
+    "faster",
+    "fast",
+    "medium",
+    "slow",
+    "slower",
+    "veryslow",
+    "placebo",
+)
+_AVCOL_BT709 = 1  # AVColorPrimaries / AVColorTransferCharacteristic / AVColorSpace value
+_AVCOL_RANGE_MPEG = 1
+_AUDIO_CHUNK = 1 << 16  # samples per AudioFrame handed to the resampler at close
+
+
+def check_output_path(path: str | os.PathLike) -> Path:
+    """Validate an export target before any rendering; return it resolved.
+
+    Raises OutputError when the path is a directory, does not end in .mp4, or its folder
+    is missing, not a folder, or not writable (checked by creating a probe file, which
+    also works for root and read-only mounts).
+    """
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise OutputError(
+            f"Output path '{path}' is a directory; give a file name such as '{p / 'video.mp4'}'."
+        )
+    if p.suffix.lower() != ".mp4":
+        raise OutputError(
+            f"Output file '{path}' must end in .mp4; use a name such as '{p.stem or 'video'}.mp4'."
+        )
+    p = p.resolve()
+    folder = p.parent
+    if not folder.exists():
+        raise OutputError(
+            f"Output folder '{folder}' for '{p.name}' does not exist; create it or choose another."
+        )
+    if not folder.is_dir():
+        raise OutputError(
+            f"Output folder '{folder}' for '{p.name}' is not a folder; choose another location."
+        )
+    probe = folder / f".{p.name}.probe-{secrets.token_hex(4)}"
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except OSError as e:
+        raise OutputError(
+            f"Output folder '{folder}' for '{p.name}' is not writable ({e.strerror or e}); "
+            "choose another folder or fix its permissions."
+        ) from None
+    os.close(fd)
+    os.unlink(probe)
+    return p
+
+
+class VideoWriter:
+    """Atomic H.264 + AAC MP4 writer; use as a context manager.
+
+    ``write`` takes [H, W, 3] uint8 RGB frames. Leaving the ``with`` block normally
+    commits (renames the temporary file onto the target); an exception discards the
+    temporary file and propagates. ``abort()`` (safe to call from another thread, e.g.
+    a cancel button) discards at once; later ``write`` calls raise Cancelled.
+    """
+
+    # Set by _open / _open_audio.
+    _vstream: VideoStream
+    _reformatter: VideoReformatter
+    _astream: AudioStream
+    _resampler: av.AudioResampler
+    _audio_layout: str
+    _audio_rate_in: int
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        width: int,
+        height: int,
+        audio: Audio | None = None,
+        crf: int = 18,
+        preset: str = "medium",
+        fps: int = FPS,
+    ) -> None:
+        for label, value in (("width", width), ("height", height)):
+            if int(value) != value or value <= 0 or value % 2:
+                raise ValueError(f"{label} must be a positive even number (yuv420p), got {value}")
+        if int(fps) != fps or fps <= 0:
+            raise ValueError(f"fps must be a positive integer, got {fps}")
+        if int(crf) != crf or not 0 <= crf <= 51:
+            raise OptionError("crf", f"must be an integer from 0 to 51, got {crf}.")
+        if preset not in X264_PRESETS:
+            raise OptionError(
+                "preset", f"must be one of {', '.join(X264_PRESETS)}; got {preset!r}."
+            )
+        self.path = check_output_path(path)
+        self.width, self.height, self.fps = int(width), int(height), int(fps)
+        self.audio, self.crf, self.preset = audio, int(crf), preset
+        self.frames_written = 0
+        self.encode_seconds = 0.0
+        self._lock = threading.Lock()
+        self._cancel = threading.Event()  # set first by abort() so a busy writer yields the lock
+        self._container: av.container.OutputContainer | None = None
+        self._tmp: Path | None = None
+        self._state = "new"  # new -> open -> committed | discarded
+        self._audio_src: np.ndarray | None = None  # [channels, n] float32
+        self._audio_pos = 0
+
+    # --- context manager ------------------------------------------------------
+
+    def __enter__(self) -> VideoWriter:
+        with self._lock:
+            if self._state != "new":
+                raise RuntimeError("a VideoWriter can only be opened once")
+            t0 = time.perf_counter()
+            try:
+                self._open()
+            except BaseException:
+                self._discard_locked()
+                raise
+            finally:
+                self.encode_seconds += time.perf_counter() - t0
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        with self._lock:
+            if self._state != "open":
+                return None
+            if exc_type is not None:
+                self._discard_locked()
+                return None
+            self._commit_locked()
+        return None
+
+    # --- public API -------------------------------------------------------------
+
+    def write(self, frame: np.ndarray) -> None:
+        """Encode one [H, W, 3] uint8 RGB frame (ValueError on a wrong shape or dtype)."""
+        arr = np.asarray(frame)
+        if arr.shape != (self.height, self.width, 3):
+            raise ValueError(
+                f"frame must be [{self.height}, {self.width}, 3], got {list(arr.shape)}"
+            )
+        if arr.dtype != np.uint8:
+            raise ValueError(f"frame must be uint8 RGB, got {arr.dtype}")
+        if self._cancel.is_set():
+            raise Cancelled(f"the export to '{self.path}' was cancelled")
+        with self._lock:
+            self._require_open()
+            t0 = time.perf_counter()
+            try:
+                vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(arr), format="rgb24")
+                vf = self._reformatter.reformat(
+                    vf,
+                    format="yuv420p",
+                    dst_colorspace=Colorspace.ITU709,
+                    src_color_range=ColorRange.JPEG,
+                    dst_color_range=ColorRange.MPEG,
+                )
+                vf.pts = self.frames_written
+                vf.time_base = Fraction(1, self.fps)
+                self._mux(self._vstream.encode(vf))
+                self.frames_written += 1
+                if self._audio_src is not None:
+                    target = self.frames_written * self._audio_rate_in // self.fps
+                    self._feed_audio(min(target, self._audio_src.shape[1]))
+            except (av.error.FFmpegError, OSError) as e:
+                self._discard_locked()
+                raise self._output_error(e) from None
+            finally:
+                self.encode_seconds += time.perf_counter() - t0
+
+    def write_many(self, frames: np.ndarray | Iterable[np.ndarray]) -> None:
+        """Encode a [N, H, W, 3] array or any iterable of frames, in order."""
+        for frame in frames:
+            self.write(frame)
+
+    def abort(self) -> None:
+        """Discard the export now (cancel): delete the temporary file, keep the target."""
+        self._cancel.set()
+        with self._lock:
+            if self._state in ("new", "open"):
+                self._discard_locked()
+
+    def close(self) -> None:
+        """Commit without a ``with`` block (``__exit__`` does the same)."""
+        self.__exit__(None, None, None)
+
+    @property
+    def temp_path(self) -> Path | None:
+        """The temporary file being written (None before open and after commit/discard)."""
+        return self._tmp
+
+    # --- internals ----------------------------------------------------------------
+
+    def _require_open(self) -> None:
+        if self._state == "discarded":
+            raise Cancelled(f"the export to '{self.path}' was cancelled")
+        if self._state != "open":
+            raise RuntimeError("use VideoWriter as a context manager (with VideoWriter(...) as w)")
+
+    def _open(self) -> None:
+        token = secrets.token_hex(4)
+        tmp = self.path.with_name(f".{self.path.stem}.partial-{token}.mp4")
+        try:
+            fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+        except OSError as e:
+            raise self._output_error(e) from None
+        os.close(fd)
+        self._tmp = tmp
+        self._state = "open"
+        try:
+            out = av.open(str(tmp), mode="w", format="mp4", options={"movflags": "+faststart"})
+            self._container = out
+            vs = out.add_stream("libx264", rate=self.fps)
+            vs.width, vs.height, vs.pix_fmt = self.width, self.height, "yuv420p"
+            vs.time_base = Fraction(1, self.fps)
+            cc = vs.codec_context
+            cc.color_primaries = cc.color_trc = cc.colorspace = _AVCOL_BT709
+            cc.color_range = _AVCOL_RANGE_MPEG
+            vs.options = {"crf": str(self.crf), "preset": self.preset}
+            self._vstream = vs
+            self._reformatter = VideoReformatter()
+            if self.audio is not None:
+                self._open_audio(out, self.audio)
+        except (av.error.FFmpegError, OSError) as e:
+            raise self._output_error(e) from None
+
+    def _open_audio(self, out: av.container.OutputContainer, audio: Audio) -> None:
+        src = np.asarray(audio.original, dtype=np.float32)
+        if src.ndim == 1:
+            src = src[:, None]
+        if src.shape[1] > 2:
+            src = src.mean(axis=1, keepdims=True, dtype=np.float64).astype(np.float32)
+        self._audio_src = np.ascontiguousarray(src.T)  # planar [channels, n]
+        self._audio_layout = "mono" if src.shape[1] == 1 else "stereo"
+        self._audio_rate_in = int(audio.original_rate)
+        rate = self._audio_rate_in if self._audio_rate_in in AAC_RATES else AAC_FALLBACK_RATE
+        astream = out.add_stream("aac", rate=rate, layout=self._audio_layout)
+        # The native AAC encoder caps at 6 bits per sample per channel.
+        astream.codec_context.bit_rate = min(96_000, 6 * rate) * src.shape[1]
+        self._astream = astream
+        self._resampler = av.AudioResampler(
+            format="fltp", layout=self._audio_layout, rate=rate, frame_size=AAC_FRAME_SIZE
+        )
+
+    def _feed_audio(self, upto: int) -> None:
+        """Encode the source audio from the cursor up to sample ``upto`` (None: flush)."""
+        assert self._audio_src is not None
+        while self._audio_pos < upto:
+            end = min(upto, self._audio_pos + _AUDIO_CHUNK)
+            chunk = np.ascontiguousarray(self._audio_src[:, self._audio_pos : end])
+            af = av.AudioFrame.from_ndarray(chunk, format="fltp", layout=self._audio_layout)
+            af.sample_rate = self._audio_rate_in
+            af.pts = self._audio_pos
+            af.time_base = Fraction(1, self._audio_rate_in)
+            self._audio_pos = end
+            for rf in self._resampler.resample(af):
+                self._mux(self._astream.encode(rf))
+
+    def _mux(self, packets: list[av.Packet]) -> None:
+        assert self._container is not None
+        for packet in packets:
+            self._container.mux(packet)
+
+    def _commit_locked(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            if self.frames_written == 0:
+                raise OutputError(
+                    f"No video frames were rendered for '{self.path}'; nothing was written."
+                )
+            try:
+                self._mux(self._vstream.encode(None))
+                if self._audio_src is not None:
+                    self._feed_audio(self._audio_src.shape[1])
+                    for rf in self._resampler.resample(None):
+                        self._mux(self._astream.encode(rf))
+                    self._mux(self._astream.encode(None))
+                assert self._container is not None
+                self._container.close()
+                self._container = None
+                assert self._tmp is not None
+                with open(self._tmp, "rb") as fh:
+                    os.fsync(fh.fileno())
+                os.replace(self._tmp, self.path)
+            except (av.error.FFmpegError, OSError) as e:
+                raise self._output_error(e) from None
+        except BaseException:
+            self._discard_locked()
+            raise
+        finally:
+            self.encode_seconds += time.perf_counter() - t0
+        self._tmp = None
+        self._state = "committed"
+
+    def _discard_locked(self) -> None:
+        """Close the container (ignoring its errors) and delete the temporary file."""
+        self._state = "discarded"
+        container, self._container = self._container, None
+        if container is not None:
+            with contextlib.suppress(Exception):  # already failing; the file goes anyway
+                container.close()
+        tmp, self._tmp = self._tmp, None
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+
+    def _output_error(self, e: BaseException) -> OutputError:
+        reason = " ".join(str(getattr(e, "strerror", None) or e).split()).rstrip(".")
+        return OutputError(
+            f"Could not write the video '{self.path}' ({reason}); "
+            "check the free disk space and the folder's permissions, then export again."
+        )
