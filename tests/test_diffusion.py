@@ -16,22 +16,29 @@ def test_cosine_schedule_matches_reference_values():
 
 @pytest.mark.parametrize(
     "steps, head, tail",
-    [(10, [999, 899, 799], [199, 99, -1]), (25, [999, 959, 919], [79, 39, -1]),
-     (30, [999, 965, 932, 899, 865], [65, 32, -1]), (50, [999, 979], [39, 19, -1])],
+    [
+        (10, [999, 899, 799], [199, 99, -1]),
+        (25, [999, 959, 919], [79, 39, -1]),
+        (30, [999, 965, 932, 899, 865], [65, 32, -1]),
+        (50, [999, 979], [39, 19, -1]),
+    ],
 )
 def test_ddim_time_pairs(steps, head, tail):
     pairs = D.ddim_time_pairs(steps)
     assert len(pairs) == steps
     times = [t for t, _ in pairs] + [pairs[-1][1]]
-    assert times[: len(head)] == head and times[-len(tail):] == tail
+    assert times[: len(head)] == head and times[-len(tail) :] == tail
     assert all(a == b for (_, a), (b, _) in zip(pairs[:-1], pairs[1:], strict=True))
 
 
 def test_schedule_constants_for_ten_steps():
     s = D.make_schedule(10)
     assert s.num_noises == 9
-    ref = [(0, 0.155215, 0.000345, 0.987881), (1, 0.306669, 0.464159, 0.830970),
-           (8, 0.985948, 0.084310, 0.144219)]
+    ref = [
+        (0, 0.155215, 0.000345, 0.987881),
+        (1, 0.306669, 0.464159, 0.830970),
+        (8, 0.985948, 0.084310, 0.144219),
+    ]
     for i, nxt, c, sigma in ref:
         assert s.alpha_next_sqrt[i].item() == pytest.approx(nxt, abs=2e-6)
         assert s.c[i].item() == pytest.approx(c, abs=2e-6)
@@ -42,6 +49,7 @@ def _oracle(x0):
     def denoise(x, t):
         ac = D.alphas_cumprod()
         return D.predict_noise_from_start(x, t, x0.expand_as(x), ac), x0.expand_as(x).clone()
+
     return denoise
 
 
@@ -82,7 +90,9 @@ def test_predict_noise_inverts_forward_process():
     t = torch.tensor([100, 700])
     a = ac[t].reshape(2, 1, 1)
     x_t = a.sqrt() * x0 + (1 - a).sqrt() * eps
-    torch.testing.assert_close(D.predict_noise_from_start(x_t, t, x0, ac), eps, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        D.predict_noise_from_start(x_t, t, x0, ac), eps, rtol=1e-4, atol=1e-4
+    )
 
 
 def test_x0_denoiser_adapter():

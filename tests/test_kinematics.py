@@ -11,7 +11,8 @@ def _motion(pitch, yaw, roll, t=None, seed=0):
     rng = np.random.default_rng(seed)
     frames = L.MotionFrames(
         scale=np.ones(n, np.float32) + rng.normal(0, 0.01, n).astype(np.float32),
-        pitch=np.asarray(pitch, np.float32), yaw=np.asarray(yaw, np.float32),
+        pitch=np.asarray(pitch, np.float32),
+        yaw=np.asarray(yaw, np.float32),
         roll=np.asarray(roll, np.float32),
         t=(np.zeros((n, 3)) if t is None else t).astype(np.float32),
         exp=rng.normal(0, 0.02, (n, 21, 3)).astype(np.float32),
@@ -32,8 +33,9 @@ def test_savgol_reproduces_quadratics_exactly(window, order):
 def test_smoothing_leaves_exp_and_scale_bit_identical_and_touches_pose():
     rng = np.random.default_rng(1)
     n = 120
-    m = _motion(rng.normal(0, 3, n), rng.normal(0, 3, n), rng.normal(0, 3, n),
-                t=rng.normal(0, 0.01, (n, 3)))
+    m = _motion(
+        rng.normal(0, 3, n), rng.normal(0, 3, n), rng.normal(0, 3, n), t=rng.normal(0, 0.01, (n, 3))
+    )
     out = K.smooth_motion(m, K.SmoothingSettings(True, 7, 2, 0.5))
     assert out.dtype == np.float32 and out.shape == m.shape
     assert np.array_equal(out[:, L.EXP], m[:, L.EXP])

@@ -6,7 +6,13 @@ from studio.motion import layout as L
 
 def test_layout_slices_cover_265_dims_in_reference_order():
     assert (L.SCALE.start, L.PITCH.start, L.YAW.start, L.ROLL.start, L.T.start, L.EXP.start) == (
-        0, 1, 67, 133, 199, 202)
+        0,
+        1,
+        67,
+        133,
+        199,
+        202,
+    )
     assert L.MOTION_DIM == 265 and L.EXP.stop == 265
 
 
@@ -70,9 +76,9 @@ def test_rotation_matrices_are_rz_ry_rx():
     p, y, ro = rng.uniform(-60, 60, (3, 5))
     rs = L.rotation_matrices(p, y, ro)
     for i in range(5):
-        rx = L.rotation_matrices(p[i:i + 1], [0.0], [0.0])[0]
-        ry = L.rotation_matrices([0.0], y[i:i + 1], [0.0])[0]
-        rz = L.rotation_matrices([0.0], [0.0], ro[i:i + 1])[0]
+        rx = L.rotation_matrices(p[i : i + 1], [0.0], [0.0])[0]
+        ry = L.rotation_matrices([0.0], y[i : i + 1], [0.0])[0]
+        rz = L.rotation_matrices([0.0], [0.0], ro[i : i + 1])[0]
         np.testing.assert_allclose(rs[i], rz @ ry @ rx, atol=1e-12)
         np.testing.assert_allclose(rs[i] @ rs[i].T, np.eye(3), atol=1e-12)
 

@@ -97,12 +97,12 @@ def _numpy_reference_offline(predict, cond, kp0, seq=80, overlap=10, k=3):
     def smo(res, s, e):
         src, n, h = res.copy(), res.shape[0], k // 2
         for i in range(s, e):
-            res[i, :202] = src[max(0, i - h):min(n, i + h + 1), :202].mean(0)
+            res[i, :202] = src[max(0, i - h) : min(n, i + h + 1), :202].mean(0)
         return res
 
     n, res, kp, idx = cond.shape[0], None, kp0.copy(), 0
     while idx < n:
-        win = cond[idx:idx + seq]
+        win = cond[idx : idx + seq]
         if win.shape[0] < seq:
             win = np.concatenate([win, np.repeat(win[-1:], seq - win.shape[0], 0)])
         pred = predict(kp, win)
@@ -110,7 +110,9 @@ def _numpy_reference_offline(predict, cond, kp0, seq=80, overlap=10, k=3):
             res = smo(pred.copy(), 0, seq)
         else:
             L0 = res.shape[0]
-            res[L0 - fuse:] = res[L0 - fuse:] * (1 - alpha) + pred[overlap - fuse:overlap] * alpha
+            res[L0 - fuse :] = (
+                res[L0 - fuse :] * (1 - alpha) + pred[overlap - fuse : overlap] * alpha
+            )
             res = np.concatenate([res, pred[overlap:]])
             L1 = res.shape[0]
             res = smo(res, L1 - valid - fuse, L1 - valid + 1)
@@ -133,7 +135,9 @@ def test_offline_equals_literal_reference_with_smoothing():
     cond = rng.normal(size=(223, 4)).astype(np.float32)
     kp0 = rng.normal(size=D).astype(np.float32)
     ref = _numpy_reference_offline(np_predict, cond, kp0)
-    out = W.run_offline(torch_predict, torch.from_numpy(cond), W.KpCondPolicy(torch.from_numpy(kp0)))
+    out = W.run_offline(
+        torch_predict, torch.from_numpy(cond), W.KpCondPolicy(torch.from_numpy(kp0))
+    )
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-5)
 
 

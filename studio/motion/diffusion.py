@@ -68,7 +68,10 @@ class DDIMSchedule:
 
 
 def make_schedule(steps: int, eta: float = DDIM_ETA) -> DDIMSchedule:
-    """The reference's LMDM.setup(T): sigma = eta*sqrt((1-a/a')(1-a')/(1-a)), c = sqrt(1-a'-sigma^2)."""
+    """The reference's LMDM.setup(T).
+
+    sigma = eta * sqrt((1 - a/a') (1 - a') / (1 - a)) and c = sqrt(1 - a' - sigma²).
+    """
     ac = alphas_cumprod()
     pairs = ddim_time_pairs(steps)
     nxt, sig, cs = [], [], []

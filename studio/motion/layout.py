@@ -128,14 +128,18 @@ def degrees_to_bins(degrees: np.ndarray, width_deg: float = 4.5) -> np.ndarray:
     The logits are a Gaussian bump of `width_deg` around the angle, tilted to hit the
     mean exactly (a plain bump is biased near the ends of the range).
     """
-    deg = np.clip(np.asarray(degrees, dtype=np.float64), -POSE_LIMIT_DEG + 0.5, POSE_LIMIT_DEG - 0.5)
+    deg = np.clip(
+        np.asarray(degrees, dtype=np.float64), -POSE_LIMIT_DEG + 0.5, POSE_LIMIT_DEG - 0.5
+    )
     base = -0.5 * ((BIN_CENTERS_DEG - deg[..., None]) / width_deg) ** 2
     return _tilt(base, deg)
 
 
 def retarget_bins(logits: np.ndarray, degrees: np.ndarray) -> np.ndarray:
     """Move logits to a new expected angle with the smallest change of their shape."""
-    deg = np.clip(np.asarray(degrees, dtype=np.float64), -POSE_LIMIT_DEG + 0.5, POSE_LIMIT_DEG - 0.5)
+    deg = np.clip(
+        np.asarray(degrees, dtype=np.float64), -POSE_LIMIT_DEG + 0.5, POSE_LIMIT_DEG - 0.5
+    )
     base = np.asarray(logits, dtype=np.float64)
     base = base - base.max(axis=-1, keepdims=True)
     return _tilt(base, deg)

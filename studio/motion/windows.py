@@ -21,7 +21,9 @@ from studio.motion.layout import OVERLAP_OFFLINE, SEQ_FRAMES, SMOOTH_KERNEL, SMO
 Predictor = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
-def box_smooth(seq: torch.Tensor, start: int, end: int, kernel: int = SMOOTH_KERNEL) -> torch.Tensor:
+def box_smooth(
+    seq: torch.Tensor, start: int, end: int, kernel: int = SMOOTH_KERNEL
+) -> torch.Tensor:
     """Centred box filter over frames [start, end) of dims 0..201, in place.
 
     Reads from an unmodified copy; at the sequence ends the mean covers only the
@@ -45,7 +47,9 @@ def box_smooth(seq: torch.Tensor, start: int, end: int, kernel: int = SMOOTH_KER
     return seq
 
 
-def crossfade(res: torch.Tensor, pred: torch.Tensor, overlap: int, fuse_length: int) -> torch.Tensor:
+def crossfade(
+    res: torch.Tensor, pred: torch.Tensor, overlap: int, fuse_length: int
+) -> torch.Tensor:
     """Blend res[L-F:L] with pred[O-F:O] by alpha_k = k/F, then append pred[O:] (the "fuse")."""
     seq = pred.shape[0]
     valid = seq - overlap
@@ -64,7 +68,9 @@ def pad_window(cond: torch.Tensor, start: int, seq: int = SEQ_FRAMES) -> torch.T
     return win
 
 
-def offline_starts(num_frames: int, seq: int = SEQ_FRAMES, overlap: int = OVERLAP_OFFLINE) -> list[int]:
+def offline_starts(
+    num_frames: int, seq: int = SEQ_FRAMES, overlap: int = OVERLAP_OFFLINE
+) -> list[int]:
     """Window start frames 0, V, 2V, ... while < num_frames (V = seq - overlap)."""
     valid = seq - overlap
     if valid <= 0:

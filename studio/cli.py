@@ -1,0 +1,297 @@
+"""The `studio` command: gui (default), render, analyze, doctor.
+
+User errors (bad files, bad options, unwritable outputs) print one line on
+stderr and exit with status 2; nothing is left half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+from studio import __version__
+from studio.errors import Cancelled, InputError, OutputError, StudioError
+
+EXIT_USAGE = 2
+EXIT_CANCELLED = 130
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports errors as one line, naming the command."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _motion_options(p: argparse.ArgumentParser) -> None:
+    from studio.motion.kinematics import DEFAULT_ACCEL_LIMIT, DEFAULT_ORDER, DEFAULT_WINDOW
+
+    g = p.add_argument_group("motion")
+    g.add_argument("--audio", metavar="FILE", help="speech to animate (WAV/FLAC/OGG/MP3, any rate)")
+    g.add_argument(
+        "--demo",
+        action="store_true",
+        help="use the built-in demo engine (the default "
+        "when no checkpoints are given) and, without --audio, the demo speech",
+    )
+    g.add_argument("--preset", metavar="FILE", help="load settings from a JSON preset first")
+    g.add_argument(
+        "--smooth-window",
+        type=int,
+        metavar="N",
+        help=f"Savitzky-Golay window, odd >= 3 (default {DEFAULT_WINDOW})",
+    )
+    g.add_argument(
+        "--smooth-order",
+        type=int,
+        metavar="K",
+        help=f"Savitzky-Golay polynomial order (default {DEFAULT_ORDER})",
+    )
+    g.add_argument(
+        "--accel-limit",
+        type=float,
+        metavar="A",
+        help=f"pose acceleration bound, degrees/frame² (default {DEFAULT_ACCEL_LIMIT})",
+    )
+    g.add_argument("--no-smooth", action="store_true", help="turn pose smoothing off")
+    g.add_argument(
+        "--stride",
+        choices=("auto", "1", "2", "3"),
+        help="render cadence: auto (from the speech) or a fixed stride (default auto)",
+    )
+    g.add_argument("--seed", type=int, help="random seed of the motion generator (default 0)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="studio", description="Talking-head preview studio.")
+    parser.add_argument("--version", action="version", version=f"studio {__version__}")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
+
+    r = sub.add_parser(
+        "render",
+        help="render an MP4 (H.264 + AAC)",
+        description="Render a talking-head MP4 from speech.",
+    )
+    _motion_options(r)
+    r.add_argument("--out", required=True, metavar="OUT.mp4", help="output video")
+    r.add_argument("--size", type=int, metavar="PX", help="output square side (default 512)")
+    r.add_argument("--crf", type=int, help="H.264 quality, 0..51, lower is better (default 18)")
+    r.add_argument(
+        "--x264-preset",
+        dest="x264_preset",
+        metavar="NAME",
+        help="x264 speed preset (default medium)",
+    )
+    r.add_argument("--report", metavar="REPORT.json", help="write the JSON report here")
+
+    a = sub.add_parser(
+        "analyze",
+        help="motion, cadence and kinematics without rendering",
+        description="Analyse speech: motion, cadence plan and kinematics.",
+    )
+    _motion_options(a)
+    a.add_argument("--json", metavar="OUT.json", help="write the analysis here")
+
+    d = sub.add_parser(
+        "doctor",
+        help="what this machine offers the studio",
+        description="Report Python, torch, ONNX Runtime, TensorRT, GPU, Qt, PyAV.",
+    )
+    d.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    g = sub.add_parser(
+        "gui", help="open the studio window (the default)", description="Open the studio window."
+    )
+    g.add_argument("--audio", metavar="FILE")
+    g.add_argument("--avatar", metavar="FILE")
+    g.add_argument("--screenshot", metavar="FILE.png")
+    return parser
+
+
+def _settings(args: argparse.Namespace, **extra):
+    from dataclasses import replace
+
+    from studio.settings import RenderSettings
+
+    base = RenderSettings.load(args.preset) if args.preset else RenderSettings()
+    given = {
+        "smooth_window": args.smooth_window,
+        "smooth_order": args.smooth_order,
+        "accel_limit": args.accel_limit,
+        "stride": args.stride,
+        "seed": args.seed,
+        **extra,
+    }
+    values = {k: v for k, v in given.items() if v is not None}
+    if args.no_smooth:
+        values["smooth"] = False
+    return replace(base, **values).validate()
+
+
+def _load_audio(args: argparse.Namespace):
+    from studio.audio.io import load_audio
+    from studio.render.demo import demo_audio_path
+
+    return load_audio(args.audio if args.audio else demo_audio_path())
+
+
+def _check_json_target(path: str | None, option: str) -> Path | None:
+    if path is None:
+        return None
+    p = Path(path)
+    if p.is_dir():
+        raise OutputError(f"{option} {p}: is a directory; give a file name ending in .json")
+    if not p.parent.exists() or not p.parent.is_dir():
+        raise OutputError(f"{option} {p}: the folder {p.parent} does not exist; create it first")
+    return p
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.partial")
+    try:
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        tmp.replace(path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+class _ProgressLine:
+    """A one-line progress indicator on stderr when it is a terminal."""
+
+    def __init__(self) -> None:
+        self.live = sys.stderr.isatty()
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if self.live:
+            sys.stderr.write(f"\r{stage}: {done}/{total} frames")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.live:
+            sys.stderr.write("\r\033[K")
+
+
+def _summary(report: dict) -> str:
+    k = report["kinematics"]
+    t = report["timings_ms"]
+    hist = report["stride_histogram"]
+    red = 0.0
+    if k["pose_jerk_mean_raw"] > 0:
+        red = 100.0 * (1 - k["pose_jerk_mean_smoothed"] / k["pose_jerk_mean_raw"])
+    lines = [
+        f"{report['frames']} frames ({report['duration_s']:.2f} s at {report['fps']} fps), "
+        f"strides 1/2/3: {hist['1']}/{hist['2']}/{hist['3']}, "
+        f"rendered {report['rendered_frames']} ({100 * report['rendered_fraction']:.0f}%)",
+        f"pose jerk {k['pose_jerk_mean_raw']:.2f} -> {k['pose_jerk_mean_smoothed']:.2f} rad/s³ "
+        f"({red:+.1f}% reduction), max accel {k['accel_max_smoothed']:.3f} <= "
+        f"{k['accel_limit']:.3f} deg/frame², exp MAE {k['exp_mae']:.2g}",
+        "timings: " + ", ".join(f"{name} {ms:.0f} ms" for name, ms in t.items()),
+    ]
+    if "render_fps" in report:
+        lines.append(
+            f"wrote {report['output']} ({report['size']}², {report['render_fps']:.1f} fps)"
+        )
+    return "\n".join(lines)
+
+
+def _engine(args: argparse.Namespace):
+    from studio.render.demo import DemoEngine
+
+    return DemoEngine()
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from studio.export.video import check_output_path
+    from studio.render.pipeline import analyze, render_video
+
+    started = time.perf_counter()
+    settings = _settings(args, size=args.size, crf=args.crf, preset=args.x264_preset)
+    out = check_output_path(args.out)
+    report_path = _check_json_target(args.report, "--report")
+    audio = _load_audio(args)
+    engine = _engine(args)
+    result = analyze(audio, settings, engine)
+    progress = _ProgressLine()
+    try:
+        report = render_video(
+            result,
+            engine.renderer(settings.size),
+            str(out),
+            settings,
+            progress=progress,
+            started=started,
+        )
+    finally:
+        progress.close()
+    report["audio"] = audio.path
+    report["settings"] = settings.to_dict()
+    if report_path is not None:
+        _write_json(report_path, report)
+    print(_summary(report))
+    return 0
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from studio.render.pipeline import analyze, build_report
+
+    started = time.perf_counter()
+    settings = _settings(args)
+    json_path = _check_json_target(args.json, "--json")
+    audio = _load_audio(args)
+    result = analyze(audio, settings, _engine(args))
+    timings = dict(result.timings_ms)
+    timings["total"] = (time.perf_counter() - started) * 1000.0
+    report = build_report(result, timings, rendered=False)
+    report["rendered_frames"] = int(result.plan.keyframes.size)
+    report["audio"] = audio.path
+    report["settings"] = settings.to_dict()
+    report["strides"] = result.plan.strides.tolist()
+    report["keyframes"] = result.plan.keyframes.tolist()
+    if json_path is not None:
+        _write_json(json_path, report)
+    print(_summary(report))
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from studio.doctor import collect, format_text
+
+    info = collect()
+    print(json.dumps(info, indent=2) if args.json else format_text(info))
+    return 0
+
+
+def cmd_gui(args: argparse.Namespace) -> int:
+    print(
+        "The studio GUI is not built yet; use `studio render --demo --out demo.mp4` "
+        "or `studio analyze --demo`.",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command = args.command or "gui"
+    if args.command is None:
+        args = parser.parse_args(["gui"])
+    handler = {"render": cmd_render, "analyze": cmd_analyze, "doctor": cmd_doctor, "gui": cmd_gui}[
+        command
+    ]
+    try:
+        return handler(args)
+    except (InputError, OutputError, StudioError) as e:
+        print(f"studio {command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except Cancelled:
+        print(f"studio {command}: cancelled; nothing was written", file=sys.stderr)
+        return EXIT_CANCELLED
+    except KeyboardInterrupt:
+        print(f"\nstudio {command}: interrupted; nothing was written", file=sys.stderr)
+        return EXIT_CANCELLED

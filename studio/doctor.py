@@ -1,0 +1,174 @@
+"""`studio doctor`: what this machine offers the studio, and what is missing.
+
+Everything is probed without side effects: no QApplication is created, no GPU
+memory is allocated beyond what querying free memory needs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+from studio import __version__
+
+ENCODERS = ("libx264", "h264_nvenc", "libx265", "aac", "libopus")
+
+
+def _version(module: str) -> str | None:
+    try:
+        mod = importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - any import failure means "not usable"
+        return None
+    return str(getattr(mod, "__version__", "unknown"))
+
+
+def _torch() -> dict[str, Any]:
+    try:
+        import torch
+    except Exception as e:  # noqa: BLE001
+        return {"available": False, "error": str(e)}
+    info: dict[str, Any] = {
+        "available": True,
+        "version": torch.__version__,
+        "cuda_build": torch.version.cuda,
+        "threads": torch.get_num_threads(),
+        "cuda_available": torch.cuda.is_available(),
+        "devices": [],
+    }
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(i)
+            free, total = torch.cuda.mem_get_info(i)
+            info["devices"].append(
+                {
+                    "index": i,
+                    "name": props.name,
+                    "compute_capability": f"{props.major}.{props.minor}",
+                    "free_vram_gb": round(free / 2**30, 2),
+                    "total_vram_gb": round(total / 2**30, 2),
+                    "bf16": bool(torch.cuda.is_bf16_supported()),
+                }
+            )
+    return info
+
+
+def _onnxruntime() -> dict[str, Any]:
+    try:
+        import onnxruntime as ort
+    except Exception as e:  # noqa: BLE001
+        return {
+            "available": False,
+            "reason": f"not installed ({e.__class__.__name__}); "
+            "pip install 'talkinghead-studio[onnx]'",
+        }
+    return {
+        "available": True,
+        "version": ort.__version__,
+        "providers": list(ort.get_available_providers()),
+    }
+
+
+def _tensorrt() -> dict[str, Any]:
+    try:
+        import tensorrt as trt
+    except Exception as e:  # noqa: BLE001
+        return {
+            "available": False,
+            "reason": f"not installed ({e.__class__.__name__}); "
+            "pip install 'talkinghead-studio[trt]' on a machine with an NVIDIA GPU",
+        }
+    return {"available": True, "version": trt.__version__}
+
+
+def _qt() -> dict[str, Any]:
+    try:
+        import PySide6
+        from PySide6 import QtCore
+    except Exception as e:  # noqa: BLE001
+        return {"available": False, "reason": str(e)}
+    plugin_dir = Path(PySide6.__file__).parent / "Qt" / "plugins" / "platforms"
+    plugins = (
+        sorted(p.name.removeprefix("libq").split(".")[0] for p in plugin_dir.glob("libq*.so*"))
+        if plugin_dir.is_dir()
+        else []
+    )
+    return {
+        "available": True,
+        "pyside6": PySide6.__version__,
+        "qt": QtCore.qVersion(),
+        "platform_plugins": plugins,
+        "multimedia": _version("PySide6.QtMultimedia") is not None,
+    }
+
+
+def _pyav() -> dict[str, Any]:
+    try:
+        import av
+    except Exception as e:  # noqa: BLE001
+        return {"available": False, "reason": str(e)}
+    return {
+        "available": True,
+        "version": av.__version__,
+        "encoders": {name: name in av.codecs_available for name in ENCODERS},
+    }
+
+
+def collect() -> dict[str, Any]:
+    """Every probe, as a JSON-ready dict."""
+    return {
+        "studio": __version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": _torch(),
+        "onnxruntime": _onnxruntime(),
+        "tensorrt": _tensorrt(),
+        "qt": _qt(),
+        "pyav": _pyav(),
+        "numpy": _version("numpy"),
+        "scipy": _version("scipy"),
+        "soundfile": _version("soundfile"),
+        "pyqtgraph": _version("pyqtgraph"),
+    }
+
+
+def format_text(info: dict[str, Any]) -> str:
+    """A readable summary of :func:`collect`."""
+    t, o, r, q, a = info["torch"], info["onnxruntime"], info["tensorrt"], info["qt"], info["pyav"]
+    lines = [f"studio {info['studio']} on Python {info['python']} ({info['platform']})"]
+    if t["available"]:
+        lines.append(
+            f"torch {t['version']} (CUDA build: {t['cuda_build'] or 'none'}, "
+            f"{t['threads']} CPU threads)"
+        )
+        if not t["devices"]:
+            lines.append("  GPU: none visible (CPU only)")
+        for d in t["devices"]:
+            lines.append(
+                f"  GPU {d['index']}: {d['name']} (sm {d['compute_capability']}), "
+                f"{d['free_vram_gb']} of {d['total_vram_gb']} GB free"
+            )
+    else:
+        lines.append(f"torch: not usable ({t.get('error')})")
+    lines.append(
+        f"ONNX Runtime {o['version']}: {', '.join(o['providers'])}"
+        if o["available"]
+        else f"ONNX Runtime: {o['reason']}"
+    )
+    lines.append(f"TensorRT {r['version']}" if r["available"] else f"TensorRT: {r['reason']}")
+    if q["available"]:
+        lines.append(
+            f"Qt {q['qt']} (PySide6 {q['pyside6']}), platform plugins: "
+            f"{', '.join(q['platform_plugins']) or 'none found'}; "
+            f"QtMultimedia {'yes' if q['multimedia'] else 'no'}"
+        )
+    else:
+        lines.append(f"Qt: not usable ({q['reason']})")
+    if a["available"]:
+        enc = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in a["encoders"].items())
+        lines.append(f"PyAV {a['version']}: {enc}")
+    else:
+        lines.append(f"PyAV: not usable ({a['reason']})")
+    return "\n".join(lines)

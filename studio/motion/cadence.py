@@ -1,0 +1,175 @@
+"""Adaptive cadence: how often each stretch of speech needs a fully rendered frame.
+
+Every 25 fps frame gets a stride of 1, 2 or 3 from its phonetic activity: 1 around
+plosive bursts, onsets and fast articulation (where the mouth changes every
+frame), 3 in silence and sustained sounds, 2 in between. Keyframes are placed so
+that no frame is further from a keyframe than its own stride allows. Motion is
+kept at keyframes and interpolated between them; the renderer renders keyframes
+in full and blends the frames between, so the fraction of keyframes is the
+fraction of render work done.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.ndimage import gaussian_filter1d
+
+from studio.audio.phonetics import PhoneticFrames
+from studio.motion import layout
+
+STRIDES = (1, 2, 3)
+
+
+@dataclass(frozen=True)
+class CadenceThresholds:
+    """When a frame counts as fast (stride 1) or calm (stride 3)."""
+
+    plosive_guard: int = 1  # frames either side of a burst or onset kept at stride 1
+    fast_flux: float = 0.6  # spectral flux at or above this: fast articulation -> 1
+    calm_flux: float = 0.15  # flux at or below this, voiced and steady: sustained -> 3
+    calm_voicing: float = 0.5  # voicing needed to call a calm frame sustained
+    calm_level_step: float = 0.08  # largest |Δ level| of a sustained frame
+    max_pose_gap_deg: float = 1.5  # a gap may span at most this much head rotation
+
+
+@dataclass(frozen=True)
+class CadencePlan:
+    """Per-frame stride and the keyframes it implies."""
+
+    strides: np.ndarray  # [N] int, 1..3
+    keyframes: np.ndarray  # [K] int, sorted, first and last frame included
+
+    @property
+    def num_frames(self) -> int:
+        return int(self.strides.size)
+
+    @property
+    def rendered_fraction(self) -> float:
+        return self.keyframes.size / max(1, self.strides.size)
+
+    def histogram(self) -> dict[str, int]:
+        """{"1": n, "2": n, "3": n} over frames."""
+        return {str(s): int(np.count_nonzero(self.strides == s)) for s in STRIDES}
+
+
+def _dilate(mask: np.ndarray, radius: int) -> np.ndarray:
+    if radius <= 0 or not mask.any():
+        return mask.copy()
+    kernel = np.ones(2 * radius + 1)
+    return np.convolve(mask.astype(float), kernel, mode="same") > 0
+
+
+def frame_strides(phon: PhoneticFrames, th: CadenceThresholds | None = None) -> np.ndarray:
+    """Stride 1, 2 or 3 for every frame from its phonetic activity."""
+    th = th or CadenceThresholds()
+    n = phon.num_frames
+    level_step = np.abs(np.diff(phon.level, prepend=phon.level[:1]))
+    fast = _dilate(phon.burst | phon.onset, th.plosive_guard) | (phon.flux >= th.fast_flux)
+    sustained = (
+        (phon.flux <= th.calm_flux)
+        & (phon.voicing >= th.calm_voicing)
+        & (level_step <= th.calm_level_step)
+    )
+    strides = np.full(n, 2, dtype=np.int64)
+    strides[phon.silence | sustained] = 3
+    strides[fast] = 1
+    return strides
+
+
+def pose_stride_cap(motion: np.ndarray, max_gap_deg: float) -> np.ndarray:
+    """Largest stride per frame whose gap spans at most ``max_gap_deg`` of head rotation.
+
+    Blending two keyframes of a head that turned between them shows as ghosting;
+    this keeps gaps short where the head moves fast (speed from a lightly smoothed
+    pose, so generator jitter does not count).
+    """
+    deg = gaussian_filter1d(layout.pose_degrees(motion), 1.5, axis=0)
+    speed = np.abs(np.diff(deg, axis=0, prepend=deg[:1])).max(axis=1)
+    speed = np.maximum(speed, np.roll(speed, -1))
+    cap = np.ones(speed.size, dtype=np.int64)
+    for s in STRIDES[1:]:
+        cap[speed * s <= max_gap_deg] = s
+    return cap
+
+
+def keyframes_for(strides: np.ndarray) -> np.ndarray:
+    """Greedy keyframes: each gap is as long as every frame inside it tolerates."""
+    s = np.asarray(strides, dtype=np.int64)
+    n = s.size
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    keys = [0]
+    k = 0
+    while k < n - 1:
+        best = k + 1
+        tolerance = s[k]
+        for j in range(k + 1, min(n, k + int(s[k]) + 1)):
+            tolerance = min(tolerance, s[j])
+            if j - k > tolerance:
+                break
+            best = j
+        k = best
+        keys.append(k)
+    return np.asarray(keys, dtype=np.int64)
+
+
+def plan_cadence(
+    phon: PhoneticFrames | None,
+    mode: str | int = "auto",
+    thresholds: CadenceThresholds | None = None,
+    num_frames: int | None = None,
+    motion: np.ndarray | None = None,
+) -> CadencePlan:
+    """The cadence plan: ``mode`` is "auto" (from ``phon``, capped by the head's speed
+    in ``motion`` when given) or a fixed stride 1, 2 or 3."""
+    if mode == "auto":
+        if phon is None:
+            raise ValueError("auto cadence needs phonetic frames")
+        th = thresholds or CadenceThresholds()
+        strides = frame_strides(phon, th)
+        if motion is not None:
+            strides = np.minimum(strides, pose_stride_cap(motion, th.max_pose_gap_deg))
+    else:
+        stride = int(mode)
+        if stride not in STRIDES:
+            raise ValueError(f"stride must be auto, 1, 2 or 3, got {mode!r}")
+        n = phon.num_frames if phon is not None else num_frames
+        if n is None:
+            raise ValueError("a fixed stride needs the frame count")
+        strides = np.full(n, stride, dtype=np.int64)
+    return CadencePlan(strides, keyframes_for(strides))
+
+
+def blend_weights(plan: CadencePlan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For every frame: (previous keyframe, next keyframe, weight of the next one)."""
+    frames = np.arange(plan.num_frames)
+    keys = plan.keyframes
+    nxt_pos = np.clip(np.searchsorted(keys, frames, side="left"), 0, keys.size - 1)
+    nxt = keys[nxt_pos]
+    prv = np.where(nxt == frames, frames, keys[np.maximum(nxt_pos - 1, 0)])
+    span = np.maximum(nxt - prv, 1)
+    w = np.where(nxt == prv, 0.0, (frames - prv) / span)
+    return prv, nxt, w
+
+
+def sample_motion(motion: np.ndarray, plan: CadencePlan) -> np.ndarray:
+    """Motion kept at keyframes and interpolated linearly between them.
+
+    Angles are interpolated in degrees and re-encoded onto the interpolated bins,
+    so what is linear is the head angle, not its logits.
+    """
+    motion = np.asarray(motion, dtype=np.float32)
+    if motion.shape[0] != plan.num_frames:
+        raise ValueError(f"motion has {motion.shape[0]} frames, plan has {plan.num_frames}")
+    prv, nxt, w = blend_weights(plan)
+    wc = w[:, None].astype(np.float32)
+    out = motion[prv] * (1 - wc) + motion[nxt] * wc
+    inner = w > 0
+    if inner.any():
+        deg = layout.pose_degrees(motion)
+        target = deg[prv] * (1 - w[:, None]) + deg[nxt] * w[:, None]
+        out[inner] = layout.with_pose_degrees(out[inner], target[inner])
+    out[plan.keyframes] = motion[plan.keyframes]
+    return out

@@ -1,0 +1,858 @@
+"""The demo engine's renderer: a procedural 2.5-D cartoon head drawn from Ditto motion.
+
+The demo engine has no neural renderer, so this module turns the 265-dim motion
+vector into a friendly cartoon portrait. It reads the motion the way the real
+pipeline does: ``layout.unpack``, then the LivePortrait keypoint transform
+``x = scale * (R @ kp + exp) + t`` of the demo rig's canonical keypoints
+(``demo_rig``). Each facial feature is drawn at its transformed keypoint, so the
+picture shows what the motion says: yaw slides the features across the head,
+pitch moves them up and down, roll tilts the face, scale and t move everything,
+and the expression offsets open the mouth, close the eyes and raise the brows.
+
+The head is an ellipsoid, ray-cast per pixel for its shading and for the hair
+line, which lives on its surface; the features are flat shapes foreshortened by
+the head's tangent plane at their keypoint. Every edge is anti-aliased from a
+signed distance in pixels, ``clip(0.5 - d, 0, 1)``. Only numpy is used.
+
+Speed: the canvas is planar float32 ([3, H, W]) and starts each frame as the
+precomputed background. Each shape is evaluated only inside its bounding box, on a
+contiguous working copy of that box (numpy is slow on the short rows of a view),
+large boxes in row strips that stay in cache; only the boxes drawn this frame are
+converted to uint8 and reset afterwards. Same motion, same pixels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from studio.motion import layout
+from studio.render import demo_rig as rig
+
+MIN_SIZE = 64
+MAX_SIZE = 2048
+
+# --- the head (keypoint units, head-local frame around HEAD_CENTER) ----------------
+HEAD_RADII = np.array([0.375, 0.44, 0.36])  # the skull ellipsoid
+HEAD_TAPER = 0.13  # the face narrows by this fraction towards the chin
+HAIR_FRINGE_Y = -0.30  # front hairline (head-local y) at the cusps between locks
+HAIR_FRINGE_WAVE = 0.05  # how far the fringe's locks hang below the cusps
+HAIR_LOCK_WIDTH = 0.13
+HAIR_SWEEP = 0.10  # the fringe slopes down towards the viewer's right
+HAIR_SIDE_Y = -0.02  # hairline at the temples
+HAIR_SHELL = np.array([0.05, 0.045, 0.07])  # the hair's volume beyond the skull
+GAZE_GAIN = 1.6  # iris travel per unit of GAZE offset (the rig's range is subtle)
+
+# --- features (keypoint units, in the head's tangent plane at the keypoint) -------
+EYE_RADII = (0.060, 0.066)
+IRIS_RADII = (0.041, 0.046)
+PUPIL_SCALE = 0.52  # pupil radius / iris radius
+LID_UPPER_REST = -0.78  # lid edges at rest, in units of the eye's vertical radius
+LID_LOWER_REST = 0.93
+LID_CLOSED = 0.42  # where the lids meet in a full rig blink
+BROW_HALF_LENGTH = 0.072
+NOSE_RADII = (0.038, 0.030)
+CHEEK_RADII = (0.072, 0.046)
+EAR_RADII = (0.058, 0.088)
+SMILE = 0.011  # the resting smile: the lip line sags this much at the mouth's centre
+
+# The drawn lids travel so that the rig's blink (upper and lower lid keypoints moving
+# in the ratio BLINK_UPPER_LID : BLINK_LOWER_LID) closes them exactly at LID_CLOSED.
+_UP_SHARE = rig.BLINK_UPPER_LID / (rig.BLINK_UPPER_LID - rig.BLINK_LOWER_LID)
+_LID_TRAVEL_UP = (LID_CLOSED - LID_UPPER_REST) / _UP_SHARE
+_LID_TRAVEL_LO = (LID_LOWER_REST - LID_CLOSED) / (1.0 - _UP_SHARE)
+
+# Light (world, towards the light): from the upper left, in front.
+_LIGHT = np.array([-0.45, -0.55, 0.70])
+_LIGHT /= np.linalg.norm(_LIGHT)
+
+Color = tuple[float, float, float]
+
+
+def _mul(c: Color, k: float) -> Color:
+    return (c[0] * k, c[1] * k, c[2] * k)
+
+
+def _lerp(c0: Color, c1: Color, t: float) -> Color:
+    return tuple(a + (b - a) * t for a, b in zip(c0, c1, strict=True))
+
+
+# Palette (sRGB 0..255).
+SKIN_LIT: Color = (255.0, 224.0, 200.0)
+SKIN_SHADE: Color = (222.0, 160.0, 138.0)
+SKIN_DEEP: Color = (196.0, 128.0, 112.0)
+HAIR_LIT: Color = (136.0, 84.0, 58.0)
+HAIR_SHADE: Color = (70.0, 40.0, 32.0)
+HAIR_SHINE: Color = (196.0, 138.0, 100.0)
+BROW_COL: Color = (86.0, 52.0, 38.0)
+EYE_WHITE: Color = (252.0, 250.0, 247.0)
+EYE_WHITE_SHADE: Color = (214.0, 206.0, 212.0)
+IRIS_OUTER: Color = (52.0, 96.0, 128.0)
+IRIS_INNER: Color = (96.0, 164.0, 196.0)
+IRIS_RIM: Color = (36.0, 67.0, 90.0)
+PUPIL: Color = (24.0, 26.0, 38.0)
+LASH: Color = (50.0, 32.0, 30.0)
+LIP_UP: Color = (206.0, 108.0, 106.0)
+LIP_LO: Color = (226.0, 128.0, 122.0)
+LIP_SHINE: Color = (246.0, 170.0, 160.0)
+MOUTH_IN: Color = (96.0, 34.0, 42.0)
+TEETH: Color = (250.0, 248.0, 240.0)
+TONGUE: Color = (222.0, 106.0, 110.0)
+BLUSH: Color = (250.0, 138.0, 140.0)
+NOSE_HL: Color = (255.0, 246.0, 236.0)
+SHIRT_LIT: Color = (84.0, 176.0, 168.0)
+SHIRT_SHADE: Color = (36.0, 104.0, 112.0)
+COLLAR: Color = (244.0, 236.0, 214.0)
+BG_TOP: Color = (176.0, 214.0, 232.0)
+BG_BOTTOM: Color = (246.0, 232.0, 214.0)
+BG_GLOW: Color = (255.0, 250.0, 240.0)
+
+
+# --- pixel helpers ------------------------------------------------------------------
+_ZEROS = np.zeros(1 << 15, dtype=np.float32)
+_ONES = np.ones(1 << 15, dtype=np.float32)
+
+
+def _clip01(x: np.ndarray) -> np.ndarray:
+    """clip(x, 0, 1) as two array-array ufuncs.
+
+    np.clip's Python wrapper costs more than the work on a small box, and
+    np.maximum against a scalar takes a slow loop; against an array it is fast.
+    """
+    n = x.size
+    if n > _ZEROS.size:
+        return np.clip(x, 0.0, 1.0)
+    r = np.maximum(x, _ZEROS[:n].reshape(x.shape))
+    return np.minimum(r, _ONES[:n].reshape(x.shape), out=r)
+
+
+def _pos(x: np.ndarray) -> np.ndarray:
+    """max(x, 0)."""
+    n = x.size
+    if n > _ZEROS.size:
+        return np.clip(x, 0.0, None)
+    return np.maximum(x, _ZEROS[:n].reshape(x.shape))
+
+
+def _smooth(x: np.ndarray, e0: float, e1: float) -> np.ndarray:
+    t = _clip01((x - e0) * (1.0 / (e1 - e0)))
+    return t * t * (3.0 - 2.0 * t)
+
+
+def _ramp(x: np.ndarray, e0: float, e1: float) -> np.ndarray:
+    """A linear 0..1 ramp from e0 to e1 (cheaper than _smooth where that is enough)."""
+    return _clip01((x - e0) * (1.0 / (e1 - e0)))
+
+
+def _cov(d: np.ndarray) -> np.ndarray:
+    """Pixel coverage of a signed distance in pixels (negative inside)."""
+    return _clip01(0.5 - d)
+
+
+def _blend(tile: np.ndarray, cov: np.ndarray, col) -> None:
+    """Composite `col` over tile [3, h, w] in place, with alpha `cov`.
+
+    `col` is three floats or three per-pixel [h, w] planes.
+    """
+    for ch in range(3):
+        r = tile[ch]
+        r += cov * (col[ch] - r)
+
+
+def _blend_mix(tile: np.ndarray, cov: np.ndarray, c0: Color, c1: Color, t: np.ndarray) -> None:
+    """Composite the per-pixel colour c0 + t * (c1 - c0) over `tile`."""
+    for ch in range(3):
+        r = tile[ch]
+        r += cov * ((c0[ch] - r) + t * (c1[ch] - c0[ch]))
+
+
+def _mix(c0, c1, t: np.ndarray) -> list:
+    """Per-pixel colour planes c0 + t * (c1 - c0) (c0, c1: colours or plane lists)."""
+    return [c0[ch] + t * (c1[ch] - c0[ch]) for ch in range(3)]
+
+
+def _affine(dx: np.ndarray, dy: np.ndarray, a: float, b: float, c: float = 0.0) -> np.ndarray:
+    """a * dx + b * dy + c on a box grid (dx [1, w], dy [h, 1]) -> [h, w]."""
+    return (a * dx + c) + b * dy
+
+
+def _ellipse(dx: np.ndarray, dy: np.ndarray, ainv: tuple[float, float, float, float]):
+    """Signed distance (px) to the ellipse {A @ unit disc}, and the disc coordinates u, v.
+
+    ``ainv`` is A^-1 row-major; dx [1, w] and dy [h, 1] are pixel offsets from the
+    centre. The distance is k0 (k0 - 1) / |grad(k0^2) / 2|, exact for circles.
+    """
+    a, b, c, d = ainv
+    u = _affine(dx, dy, a, b)
+    v = _affine(dx, dy, c, d)
+    k0 = np.sqrt(u * u + v * v)
+    gx = a * u + c * v
+    gy = b * u + d * v
+    k1 = np.sqrt(gx * gx + gy * gy) + 1e-6
+    return k0 * (k0 - 1.0) / k1, u, v
+
+
+def _axis_ellipse(dx: np.ndarray, dy: np.ndarray, rx: float, ry: float):
+    """Distance (px) to an axis-aligned ellipse, and its k0^2: separable, so cheap."""
+    u2 = (dx * (1.0 / rx)) ** 2
+    v2 = (dy * (1.0 / ry)) ** 2
+    k2 = u2 + v2
+    k0 = np.sqrt(k2)
+    k1 = np.sqrt(u2 * (1.0 / (rx * rx)) + v2 * (1.0 / (ry * ry))) + 1e-6
+    return k0 * (k0 - 1.0) / k1, k2
+
+
+def _inv2(m: np.ndarray) -> tuple[float, float, float, float]:
+    """Inverse of a 2x2 matrix as four Python floats (row-major)."""
+    det = float(m[0, 0] * m[1, 1] - m[0, 1] * m[1, 0])
+    if abs(det) < 1e-9:
+        det = 1e-9
+    return (
+        float(m[1, 1]) / det,
+        -float(m[0, 1]) / det,
+        -float(m[1, 0]) / det,
+        float(m[0, 0]) / det,
+    )
+
+
+def _tangent_frame(point: np.ndarray) -> np.ndarray:
+    """[3, 2] tangent axes (right, down) of the head ellipsoid at a canonical point."""
+    center = rig.CANONICAL_KP[rig.HEAD_CENTER].astype(np.float64)
+    n = (point - center) / HEAD_RADII**2
+    n /= np.linalg.norm(n)
+    t1 = np.cross([0.0, 1.0, 0.0], n)
+    t1 /= np.linalg.norm(t1)
+    t2 = np.cross(n, t1)
+    return np.stack([t1, t2], axis=1)
+
+
+_FRAMES = {
+    k: _tangent_frame(rig.CANONICAL_KP[k].astype(np.float64))
+    for k in (
+        rig.LID_UPPER_L,
+        rig.LID_UPPER_R,
+        rig.BROW_L,
+        rig.BROW_R,
+        rig.NOSE,
+        rig.CHEEK_L,
+        rig.CHEEK_R,
+    )
+}
+
+
+def _ear_frame(side: float) -> tuple[np.ndarray, np.ndarray]:
+    """Ear plane axes [3, 2] and the side's outward normal; ears face out and a bit forward."""
+    n = np.array([side, 0.0, 0.45])
+    n /= np.linalg.norm(n)
+    tv = np.array([0.0, 1.0, 0.0])
+    th = np.cross(tv, n)
+    return np.stack([th, tv], axis=1), np.array([side, 0.0, 0.0])
+
+
+_EAR_FRAMES = {rig.EAR_L: _ear_frame(-1.0), rig.EAR_R: _ear_frame(1.0)}
+
+
+def _silhouette(radii: np.ndarray, rot: np.ndarray, su: float) -> tuple[np.ndarray, np.ndarray]:
+    """An ellipsoid's world->unit-sphere map B [3, 3] and its projected outline M [2, 2].
+
+    Points x (pixels from the centre) with |B x| <= 1 are inside; the orthographic
+    outline is {d : d^T M d <= 1}, M the Schur complement of B^T B on the z axis.
+    """
+    b3 = (np.diag(1.0 / radii) @ rot.T) / su
+    q = b3.T @ b3
+    m2 = q[:2, :2] - np.outer(q[:2, 2], q[2, :2]) / q[2, 2]
+    return b3, m2
+
+
+_STRIP_PIXELS = 12288  # row strips of about this many pixels keep temporaries in cache
+
+
+@dataclass
+class _Box:
+    """A pixel box being drawn: a contiguous working copy of the canvas under it."""
+
+    tile: np.ndarray  # [3, h, w] float32
+    dx: np.ndarray  # [1, w] pixel-centre offsets from the shape's centre
+    dy: np.ndarray  # [h, 1]
+    y0: int
+    x0: int
+
+    def strips(self):
+        """(tile rows, dy rows, r0, r1) in strips of about _STRIP_PIXELS pixels.
+
+        numpy temporaries of a whole large box miss the caches (and past the
+        allocator's mmap threshold page-fault on every allocation); strips are faster.
+        """
+        h, w = self.tile.shape[1:]
+        step = max(4, _STRIP_PIXELS // w)
+        for r0 in range(0, h, step):
+            r1 = min(h, r0 + step)
+            yield self.tile[:, r0:r1], self.dy[r0:r1], r0, r1
+
+
+@dataclass
+class _Frame:
+    """One frame's pose and keypoints in pixels (p: with the expression, p0: without)."""
+
+    rot: np.ndarray  # [3, 3] float64
+    su: float  # pixels per keypoint unit: scale * size / 2
+    p: np.ndarray  # [21, 2] float64
+    p0: np.ndarray  # [21, 2]
+    t: np.ndarray  # [3] keypoint units
+
+    def jac(self, axes: np.ndarray) -> np.ndarray:
+        """Pixel images [2, k] of head-local vectors [3, k]."""
+        return self.su * (self.rot @ axes)[:2]
+
+
+class DemoAvatar:
+    """Renders the demo character from 265-dim Ditto motion vectors.
+
+    ``size`` is the side of the square RGB image (even, 64..2048); every size shows
+    the same picture.
+    """
+
+    def __init__(self, size: int = 512) -> None:
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
+            raise ValueError(f"size must be an int, got {type(size).__name__}")
+        size = int(size)
+        if not MIN_SIZE <= size <= MAX_SIZE or size % 2:
+            raise ValueError(f"size must be even and in [{MIN_SIZE}, {MAX_SIZE}], got {size}")
+        self.size = size
+        self._pc = np.arange(size, dtype=np.float32) + np.float32(0.5)  # pixel centres
+        self._bg = self._background()
+        self._bg8 = np.ascontiguousarray((self._bg + 0.5).astype(np.uint8).transpose(1, 2, 0))
+        self._canvas = self._bg.copy()
+        self._scratch = np.empty(self._bg.size, dtype=np.float32)
+        self._dirty: list[list[int] | None] = [None, None]  # [y0, y1, x0, x1] per group
+
+    # --- public -------------------------------------------------------------------
+    def render(self, motion: np.ndarray) -> np.ndarray:
+        """[265] motion -> [size, size, 3] uint8 RGB."""
+        m = np.asarray(motion)
+        if m.shape != (layout.MOTION_DIM,):
+            raise ValueError(
+                f"render() takes one motion frame of shape [{layout.MOTION_DIM}], got "
+                f"{list(m.shape)}; use render_batch() for [K, {layout.MOTION_DIM}]"
+            )
+        return self.render_batch(m[None])[0]
+
+    def render_batch(self, motion: np.ndarray) -> np.ndarray:
+        """[K, 265] motion -> [K, size, size, 3] uint8 RGB."""
+        m = np.asarray(motion)
+        if m.ndim != 2 or m.shape[1] != layout.MOTION_DIM:
+            raise ValueError(
+                f"render_batch() takes motion of shape [K, {layout.MOTION_DIM}], "
+                f"got {list(m.shape)}"
+            )
+        if not np.issubdtype(m.dtype, np.number) or not np.all(np.isfinite(m)):
+            raise ValueError("motion must hold finite numbers (found NaN, inf or non-numbers)")
+        out = np.empty((m.shape[0], self.size, self.size, 3), dtype=np.uint8)
+        if m.shape[0] == 0:
+            return out
+        fr = layout.unpack(m.astype(np.float32))
+        pose = (fr.pitch, fr.yaw, fr.roll, fr.t, fr.scale)
+        kp = layout.transform_keypoints(rig.CANONICAL_KP, *pose, fr.exp)
+        kp0 = layout.transform_keypoints(rig.CANONICAL_KP, *pose, np.zeros_like(fr.exp))
+        rot = layout.rotation_matrices(fr.pitch, fr.yaw, fr.roll)
+        half = self.size / 2.0
+        for k in range(m.shape[0]):
+            f = _Frame(
+                rot=rot[k],
+                su=float(fr.scale[k]) * half,
+                p=(kp[k, :, :2].astype(np.float64) + 1.0) * half,
+                p0=(kp0[k, :, :2].astype(np.float64) + 1.0) * half,
+                t=fr.t[k].astype(np.float64),
+            )
+            self._draw(f, out[k])
+        return out
+
+    # --- canvas -------------------------------------------------------------------
+    def _box(self, cx: float, cy: float, hx: float, hy: float, pad: float = 2.0) -> _Box | None:
+        """A working copy of the canvas box around (cx, cy) +- (hx, hy), or None if off-frame."""
+        x0 = max(int(np.floor(cx - hx - pad)), 0)
+        x1 = min(int(np.ceil(cx + hx + pad)), self.size)
+        y0 = max(int(np.floor(cy - hy - pad)), 0)
+        y1 = min(int(np.ceil(cy + hy + pad)), self.size)
+        if x1 <= x0 or y1 <= y0:
+            return None
+        dx = (self._pc[x0:x1] - np.float32(cx))[None, :]
+        dy = (self._pc[y0:y1] - np.float32(cy))[:, None]
+        # The working copy lives in a reused buffer: a fresh large array would page-fault.
+        # So one box at a time: each is _put() before the next _box().
+        tile = self._scratch[: 3 * (y1 - y0) * (x1 - x0)].reshape(3, y1 - y0, x1 - x0)
+        np.copyto(tile, self._canvas[:, y0:y1, x0:x1])
+        return _Box(tile, dx, dy, y0, x0)
+
+    def _put(self, box: _Box, group: int = 0) -> None:
+        """Write a box back to the canvas and mark it for this frame's output."""
+        h, w = box.tile.shape[1:]
+        y1, x1 = box.y0 + h, box.x0 + w
+        self._canvas[:, box.y0 : y1, box.x0 : x1] = box.tile
+        d = self._dirty[group]
+        if d is None:
+            self._dirty[group] = [box.y0, y1, box.x0, x1]
+        else:
+            d[:] = [min(d[0], box.y0), max(d[1], y1), min(d[2], box.x0), max(d[3], x1)]
+
+    def _background(self) -> np.ndarray:
+        """The static backdrop [3, H, W]: a soft gradient, a glow behind the head, bokeh."""
+        n = self.size
+        y = ((np.arange(n, dtype=np.float32) + 0.5) / n)[:, None]
+        x = ((np.arange(n, dtype=np.float32) + 0.5) / n)[None, :]
+        t = np.broadcast_to(_smooth(y, 0.0, 1.0), (n, n))
+        img = np.stack(_mix(BG_TOP, BG_BOTTOM, t)).astype(np.float32)
+        r2 = ((x - 0.5) / 0.42) ** 2 + ((y - 0.44) / 0.46) ** 2
+        _blend(img, 0.55 * np.exp(-1.6 * r2), BG_GLOW)
+        for bx, by, br, alpha in (
+            (0.12, 0.18, 0.075, 0.22),
+            (0.86, 0.13, 0.05, 0.20),
+            (0.90, 0.52, 0.09, 0.14),
+            (0.08, 0.62, 0.055, 0.16),
+            (0.22, 0.40, 0.03, 0.18),
+            (0.78, 0.34, 0.028, 0.20),
+        ):
+            d = (np.sqrt((x - bx) ** 2 + (y - by) ** 2) - br) * n
+            _blend(img, alpha * np.clip(0.5 - d / 3.0, 0.0, 1.0), BG_GLOW)
+        vignette = ((x - 0.5) ** 2 + (y - 0.5) ** 2) * 2.0
+        img *= 1.0 - 0.16 * vignette**1.5
+        return np.ascontiguousarray(img, dtype=np.float32)
+
+    # --- the frame ----------------------------------------------------------------
+    def _draw(self, f: _Frame, out: np.ndarray) -> None:
+        head = self._head_geometry(f)
+        self._draw_body(f, head)
+        self._draw_hair_back(f, head)
+        head_box, head_cov = self._draw_head(f, head)
+        self._draw_ears(f, head_box, head_cov)
+        self._draw_cheeks(f)
+        self._draw_nose(f)
+        self._draw_eye(f, rig.LID_UPPER_L, rig.LID_LOWER_L, -1.0)
+        self._draw_eye(f, rig.LID_UPPER_R, rig.LID_LOWER_R, 1.0)
+        self._draw_brow(f, rig.BROW_L, -1.0)
+        self._draw_brow(f, rig.BROW_R, 1.0)
+        self._draw_mouth(f)
+        # Output: the background, then the boxes drawn this frame; then reset those.
+        np.copyto(out, self._bg8)
+        rects = [d for d in self._dirty if d is not None]
+        for y0, y1, x0, x1 in rects:
+            src = self._canvas[:, y0:y1, x0:x1]
+            for ch in range(3):  # +0.5 rounds; every colour is a convex mix in [0, 255]
+                np.add(src[ch], 0.5, out=out[y0:y1, x0:x1, ch], casting="unsafe")
+        for y0, y1, x0, x1 in rects:
+            self._canvas[:, y0:y1, x0:x1] = self._bg[:, y0:y1, x0:x1]
+        self._dirty = [None, None]
+
+    def _head_geometry(self, f: _Frame) -> dict:
+        """The head ellipsoid in pixels: its projection, its 2-D axes and the jaw drop."""
+        b3, m2 = _silhouette(HEAD_RADII, f.rot, f.su)
+        e2 = f.rot[:2, 1] / (np.linalg.norm(f.rot[:2, 1]) + 1e-12)  # the head's "down"
+        e1 = np.array([e2[1], -e2[0]])
+        drop = max(float(np.dot(f.p[rig.JAW] - f.p0[rig.JAW], e2)), 0.0)
+        return {
+            "c": f.p[rig.HEAD_CENTER],
+            "b3": b3,
+            "m2": m2,
+            "m2inv": np.linalg.inv(m2),
+            "e1": e1,
+            "e2": e2,
+            "drop": drop,
+        }
+
+    def _draw_body(self, f: _Frame, head: dict) -> None:
+        """Shoulders in a T-shirt with a crew collar, and the neck; they follow t a little."""
+        half = self.size / 2.0
+        sb = 1.0 + 0.5 * (f.su / half - 1.0)
+        bx = half * (1.0 + 0.4 * f.t[0] + 0.06 * float(f.rot[0, 2]))  # rot[0, 2] ~ sin(yaw)
+        by = half * (1.0 + 0.4 * f.t[1])
+        # Torso: a wide ellipse, shaded as a dome lit from the upper left.
+        rx, ry = 0.86 * half * sb, 0.44 * half * sb
+        box = self._box(bx, by + 1.0 * half * sb, rx, ry)
+        if box is not None:
+            lin_x = box.dx * (-0.45 / rx)
+            for tile, dy, _, _ in box.strips():
+                d, k2 = _axis_ellipse(box.dx, dy, rx, ry)
+                ndl = (lin_x + dy * (-0.55 / ry)) + 0.7 * np.sqrt(_clip01(1.0 - k2))
+                _blend_mix(tile, _cov(d), SHIRT_SHADE, SHIRT_LIT, _ramp(ndl, -0.1, 0.75))
+            self._put(box, group=1)
+        # The neckline inside a collar band.
+        nb = np.array([bx, by + 0.585 * half * sb])
+        nr = 0.125 * half * sb
+        box = self._box(nb[0], nb[1], 1.55 * nr, 0.9 * nr, pad=3.0)
+        if box is not None:
+            d_out, _ = _axis_ellipse(box.dx, box.dy, 1.5 * nr, 0.85 * nr)
+            d_in, _ = _axis_ellipse(box.dx, box.dy, 1.2 * nr, 0.6 * nr)
+            _blend(box.tile, _cov(d_out), COLLAR)
+            tone = np.broadcast_to(_clip01(box.dy * (0.5 / (0.6 * nr)) + 0.5), d_in.shape)
+            _blend_mix(box.tile, _cov(d_in), SKIN_DEEP, SKIN_SHADE, tone)
+            self._put(box)
+        top = head["c"] + f.jac(np.array([0.0, 0.22, -0.06]))
+        self._draw_neck(top, nb, nr, head)
+
+    def _draw_neck(self, top: np.ndarray, bottom: np.ndarray, r: float, head: dict) -> None:
+        """A shaded column from under the jaw into the collar, with the jaw's shadow."""
+        axis = bottom - top
+        length = float(np.linalg.norm(axis)) + 1e-6
+        ax, ay = float(axis[0]) / length, float(axis[1]) / length
+        cx, cy = (top + bottom) / 2.0
+        box = self._box(cx, cy, abs(axis[0]) / 2 + r, abs(axis[1]) / 2 + r)
+        if box is None:
+            return
+        dx, dy = box.dx, box.dy
+        ox, oy = float(cx - top[0]), float(cy - top[1])  # box grid -> offsets from `top`
+        along = _clip01(_affine(dx, dy, ax / length, ay / length, (ox * ax + oy * ay) / length))
+        across = _affine(dx, dy, -ay / r, ax / r, (-ox * ay + oy * ax) / r)
+        ex = _affine(dx, dy, 1.0, 0.0, ox) - along * (ax * length)
+        ey = _affine(dx, dy, 0.0, 1.0, oy) - along * (ay * length)
+        d = np.sqrt(ex * ex + ey * ey) - r
+        tone = _smooth(across, 0.9, -0.8)
+        # The jaw's shadow: the head outline pushed down a little, softened.
+        m = head["m2"].tolist()
+        hx = dx + np.float32(cx - head["c"][0])
+        hy = dy + np.float32(cy - head["c"][1] - 0.16 * r)
+        qq = (m[0][0] * hx * hx + m[1][1] * hy * hy) + (2.0 * m[0][1]) * hx * hy
+        shadow = _clip01((1.25 - qq) * 1.6)
+        col = _mix(_mix(SKIN_DEEP, SKIN_SHADE, tone), _mul(SKIN_DEEP, 0.86), shadow)
+        _blend(box.tile, _cov(d), col)
+        self._put(box)
+
+    def _draw_hair_back(self, f: _Frame, head: dict) -> None:
+        """The hair's volume behind the skull: a larger ellipsoid, cut off at ear level."""
+        center = head["c"] + f.jac(np.array([0.0, -0.045, -0.05]))
+        _, m2 = _silhouette(HEAD_RADII + HAIR_SHELL, f.rot, f.su)
+        mi = np.linalg.inv(m2)
+        hx, hy = float(np.sqrt(mi[0, 0])), float(np.sqrt(mi[1, 1]))
+        e2x, e2y = head["e2"].tolist()
+        cut = float((center - head["c"]) @ head["e2"]) - 0.02 * f.su
+        # Nothing below the cut line: stop the box at its lowest point.
+        y_low = (abs(e2x) * hx - cut) / max(e2y, 1e-3) + 1.0
+        cy = center[1] + 0.5 * (min(hy, y_low) - hy)
+        box = self._box(center[0], cy, hx, 0.5 * (min(hy, y_low) + hy))
+        if box is None:
+            return
+        oy = float(cy - center[1])
+        ainv = tuple(np.linalg.cholesky(m2).T.reshape(-1).tolist())  # m2 = L^T L
+        a, b, c, d = ainv
+        dark = _mul(HAIR_SHADE, 0.8)
+        for tile, dy, _, _ in box.strips():
+            dyc = dy + oy
+            dist, eu, ev = _ellipse(box.dx, dyc, ainv)
+            below = _affine(box.dx, dyc, e2x, e2y, cut)
+            ndl = (-0.45 * eu - 0.55 * ev) + 0.7 * np.sqrt(_clip01(1.0 - eu * eu - ev * ev))
+            _blend_mix(tile, _cov(dist) * _cov(below), dark, HAIR_LIT, _ramp(ndl, -0.2, 1.3))
+        self._put(box)
+
+    def _draw_head(self, f: _Frame, head: dict):
+        """Ray-cast the tapered skull: softly lit skin, the hair cap, the fringe's shadow.
+
+        Returns the head's box and its coverage there (the ears are hidden by it).
+        """
+        su, rot = f.su, f.rot
+        c = head["c"]
+        mi = head["m2inv"]
+        hx, hy = np.sqrt(mi[0, 0]), np.sqrt(mi[1, 1])
+        drop = head["drop"]
+        x0, x1 = c[0] - hx, c[0] + hx
+        y0, y1 = c[1] - hy, c[1] + hy + drop
+        for e in (rig.EAR_L, rig.EAR_R):  # the box includes the ears
+            r = 0.1 * su
+            x0, x1 = min(x0, f.p[e, 0] - r), max(x1, f.p[e, 0] + r)
+            y0, y1 = min(y0, f.p[e, 1] - r), max(y1, f.p[e, 1] + r)
+        bcx, bcy = (x0 + x1) / 2, (y0 + y1) / 2
+        box = self._box(bcx, bcy, (x1 - x0) / 2, (y1 - y0) / 2)
+        if box is None:
+            return None, None
+        ox, oy = float(bcx - c[0]), float(bcy - c[1])
+        e = np.stack([head["e1"], head["e2"]], axis=1)  # the head's 2-D axes (columns)
+        (e1x, e1y), (e2x, e2y) = head["e1"].tolist(), head["e2"].tolist()
+        # Everything below is linear in the warped head-2-D coordinates (xw, yw).
+        mh = (e.T @ head["m2"] @ e).tolist()
+        rad = float(np.sqrt(np.sqrt(1.0 / np.linalg.det(head["m2"]))))  # mean outline radius
+        b3 = head["b3"]
+        q = b3.T @ b3
+        inv_qzz = 1.0 / float(q[2, 2])
+        l1, l2 = (q[2, :2] @ e * inv_qzz).tolist()  # z = sqrt((1 - k0^2) / qzz) - l . w
+        bs = (b3[:, :2] @ e).tolist()  # the unit-sphere point s = bs @ (xw, yw) + bz z
+        bz = b3[:, 2].tolist()
+        lx, ly, lz = (rot.T @ _LIGHT).tolist()  # light and view in head-local coordinates
+        vx, vy, vz = rot[2].tolist()
+        kd = drop / (float(HEAD_RADII[1]) * su + drop)
+        rx, ry = float(HEAD_RADII[0]), float(HEAD_RADII[1])
+        t0, t1 = 0.08 * su, 0.46 * su
+        hair_max_sy = (HAIR_SIDE_Y + 0.02) / ry  # no hair below this on the unit sphere
+        dskin = [SKIN_LIT[i] - SKIN_SHADE[i] for i in range(3)]
+        dhair = [HAIR_LIT[i] - HAIR_SHADE[i] for i in range(3)]
+        cov_all = np.empty(box.tile.shape[1:], dtype=np.float32)
+        xa0 = box.dx * e1x + (ox * e1x + oy * e1y)
+        ya0 = box.dx * e2x + (ox * e2x + oy * e2y)
+        for tile, dy, r0, r1 in box.strips():
+            xa = xa0 + dy * e1y
+            ya = ya0 + dy * e2y
+            # Warp into the plain ellipsoid: a narrower chin, and a jaw that drops.
+            taper = 1.0 - HEAD_TAPER * _smooth(ya, t0, t1)
+            xw = xa / taper
+            yw = ya - _pos(ya) * kd
+            # Outline: k0 = 1 on the projected ellipse.
+            k2 = xw * (mh[0][0] * xw + (2.0 * mh[0][1]) * yw) + yw * (mh[1][1] * yw)
+            cov = _cov((np.sqrt(k2) - 1.0) * (rad * taper))
+            cov_all[r0:r1] = cov
+            # Front surface: the depth, then the point on the unit sphere.
+            z = np.sqrt(_clip01(1.0 - k2) * inv_qzz) - (l1 * xw + l2 * yw)
+            sx = (bs[0][0] * xw + bs[0][1] * yw) + bz[0] * z
+            sy = (bs[1][0] * xw + bs[1][1] * yw) + bz[1] * z
+            sz = (bs[2][0] * xw + bs[2][1] * yw) + bz[2] * z
+            ndl = (lx * sx + ly * sy) + lz * sz
+            facing = _clip01((vx * sx + vy * sy) + vz * sz)
+            tone = _smooth(ndl, -0.25, 0.7)
+            shade = 0.86 + 0.14 * facing
+            if float(sy.min()) > hair_max_sy:  # a strip below the hairline: skin only
+                for ch in range(3):
+                    col = (SKIN_SHADE[ch] + tone * dskin[ch]) * shade
+                    rc = tile[ch]
+                    rc += cov * (col - rc)
+                continue
+            # Hair cap: above a fringe of rounded locks at the front, down to the temples.
+            qx = rx * sx
+            side = _ramp(np.abs(sx) / np.sqrt(sx * sx + sz * sz + 1e-6), 0.5, 0.9)
+            side = np.maximum(side, _clip01(0.5 - sz * 10.0))
+            ph = (qx + 0.02) * (1.0 / HAIR_LOCK_WIDTH)
+            ph -= np.floor(ph)
+            locks = np.sqrt(ph * (1.0 - ph))
+            edge = (HAIR_FRINGE_Y + HAIR_SWEEP * qx) + (2.0 * HAIR_FRINGE_WAVE) * locks
+            edge += side * (HAIR_SIDE_Y - edge)
+            below = ry * sy - edge
+            hair = _cov(below * su)
+            shade *= 1.0 - 0.22 * _clip01(1.0 - below * 20.0)  # the fringe's shadow
+            shine = _clip01(1.0 - np.abs(ry * sy + 0.33) * (1.0 / 0.035))
+            shine *= tone * (1.0 - side) * 0.8
+            for ch in range(3):
+                skin = (SKIN_SHADE[ch] + tone * dskin[ch]) * shade
+                hcol = HAIR_SHADE[ch] + tone * dhair[ch]
+                hcol += shine * (HAIR_SHINE[ch] - hcol)
+                col = skin + hair * (hcol - skin)
+                rc = tile[ch]
+                rc += cov * (col - rc)
+        self._put(box)
+        return box, cov_all
+
+    def _draw_ears(self, f: _Frame, head_box: _Box | None, head_cov: np.ndarray | None) -> None:
+        """Ears: behind the head in a front view, in front of it once they turn to us."""
+        if head_box is None:
+            return
+        for e in (rig.EAR_L, rig.EAR_R):
+            axes, normal = _EAR_FRAMES[e]
+            a = f.jac(axes * np.array(EAR_RADII))
+            c = f.p[e]
+            box = self._box(c[0], c[1], np.hypot(*a[0]), np.hypot(*a[1]))
+            if box is None:
+                continue
+            row, col = box.y0 - head_box.y0, box.x0 - head_box.x0
+            h, w = box.tile.shape[1:]
+            hc = head_cov[row : row + h, col : col + w]
+            if row < 0 or col < 0 or hc.shape != (h, w):
+                continue
+            ainv = _inv2(a)
+            d, _, _ = _ellipse(box.dx, box.dy, ainv)
+            nw = f.rot @ normal
+            front = float(np.clip((nw[2] - 0.02) / 0.3, 0.0, 1.0))
+            vis = _cov(d) * (1.0 - hc * (1.0 - front))
+            lit = float(np.clip(nw @ _LIGHT, -1.0, 1.0))
+            base = _lerp(SKIN_LIT, SKIN_SHADE, 0.55 - 0.35 * lit)
+            inner, _, _ = _ellipse(box.dx, box.dy, tuple(x / 0.58 for x in ainv))
+            _blend_mix(box.tile, vis, base, SKIN_DEEP, _cov(inner * 0.5) * 0.75)
+            self._put(box)
+
+    def _draw_cheeks(self, f: _Frame) -> None:
+        """Soft blush on the cheeks, foreshortened with the head."""
+        for k in (rig.CHEEK_L, rig.CHEEK_R):
+            a = f.jac(_FRAMES[k] * np.array(CHEEK_RADII))
+            c = f.p[k] + f.jac(_FRAMES[k] @ np.array([0.0, 0.012]))
+            box = self._box(c[0], c[1], np.hypot(*a[0]), np.hypot(*a[1]))
+            if box is None:
+                continue
+            ia, ib, ic, id_ = _inv2(a)
+            u = _affine(box.dx, box.dy, ia, ib)
+            v = _affine(box.dx, box.dy, ic, id_)
+            t = _clip01(1.0 - (u * u + v * v))
+            _blend(box.tile, 0.42 * t * t, BLUSH)
+            self._put(box)
+
+    def _draw_nose(self, f: _Frame) -> None:
+        """A button nose: a soft shadow below and right, a rounded tip, a highlight."""
+        a = f.jac(_FRAMES[rig.NOSE] * np.array(NOSE_RADII))
+        c = f.p[rig.NOSE]
+        hx, hy = np.hypot(*a[0]) * 1.4, np.hypot(*a[1]) * 1.6
+        box = self._box(c[0], c[1] + hy * 0.2, hx, hy)
+        if box is None:
+            return
+        dx, dy = box.dx, box.dy + np.float32(hy * 0.2)
+        ainv = _inv2(a)
+        off = f.su * 0.012
+        ds, _, _ = _ellipse(dx - np.float32(off * 0.5), dy - np.float32(off), ainv)
+        _blend(box.tile, _cov(ds * 0.4) * 0.55, SKIN_DEEP)
+        d, eu, ev = _ellipse(dx, dy, ainv)
+        tone = _smooth(eu * 0.6 + ev * 0.8, 0.9, -0.7)
+        _blend_mix(box.tile, _cov(d), SKIN_SHADE, SKIN_LIT, tone)
+        hl = _clip01(1.0 - ((eu + 0.35) ** 2 + (ev + 0.4) ** 2) * (1.0 / 0.09))
+        _blend(box.tile, hl * 0.7, NOSE_HL)
+        self._put(box)
+
+    def _draw_eye(self, f: _Frame, up: int, lo: int, side: float) -> None:
+        """White, iris, pupil and highlights, cut by the lids; lashes on the upper lid."""
+        jac = f.jac(_FRAMES[up])
+        a = jac * np.array(EYE_RADII)
+        c = (f.p0[up] + f.p0[lo]) / 2.0
+        ainv = _inv2(a)
+
+        def v_of(p: np.ndarray) -> float:
+            return float(ainv[2] * (p[0] - c[0]) + ainv[3] * (p[1] - c[1]))
+
+        # Lid travel as a fraction of the rest gap, mapped onto the drawn eye.
+        gap0 = v_of(f.p0[lo]) - v_of(f.p0[up])
+        gap0 = gap0 if abs(gap0) > 1e-9 else 1e-9
+        vu = LID_UPPER_REST + (v_of(f.p[up]) - v_of(f.p0[up])) / gap0 * _LID_TRAVEL_UP
+        vl = LID_LOWER_REST + (v_of(f.p[lo]) - v_of(f.p0[lo])) / gap0 * _LID_TRAVEL_LO
+        vu, vl = max(vu, -1.1), min(vl, 1.1)
+        if vu > vl:
+            vu = vl = 0.5 * (vu + vl)
+        openness = min((vl - vu) / (LID_LOWER_REST - LID_UPPER_REST), 1.0)
+        arch_u = -0.16 + 0.44 * openness  # the lid edge arches; a shut lid curves down
+        arch_l = 0.20 - 0.02 * openness
+        box = self._box(c[0], c[1], np.hypot(*a[0]) * 1.3, np.hypot(*a[1]) * 1.25)
+        if box is None:
+            return
+        tile, dx, dy = box.tile, box.dx, box.dy
+        d_eye, eu, ev = _ellipse(dx, dy, ainv)
+        px_v = 1.0 / float(np.hypot(ainv[2], ainv[3]))  # pixels per unit of eye v
+        eu2 = eu * eu
+        f_up = (vu - ev + arch_u * eu2) * px_v  # px above the upper lid edge
+        lw = max(0.65, 0.0085 * f.su) * (1.3 - 0.3 * openness)
+        if openness > 0.0:
+            f_lo = (ev - vl + arch_l * eu2) * px_v  # px below the lower lid edge
+            vis = _cov(d_eye) * _cov(f_up) * _cov(f_lo)
+            _blend_mix(tile, vis, EYE_WHITE, EYE_WHITE_SHADE, _clip01(1.0 + f_up * 0.18))
+            # Iris and pupil, moved by the gaze keypoint.
+            g = (f.p[rig.GAZE] - f.p0[rig.GAZE]) * GAZE_GAIN
+            ix = dx - np.float32(g[0])
+            iy = dy - np.float32(g[1] + 0.05 * np.hypot(*a[1]))
+            ia = jac * np.array(IRIS_RADII)
+            ja, jb, jc, jd = _inv2(ia)
+            iu = _affine(ix, iy, ja, jb)
+            iv = _affine(ix, iy, jc, jd)
+            k0 = np.sqrt(iu * iu + iv * iv)
+            ir = float(np.sqrt(abs(np.linalg.det(ia))))  # mean iris radius, px
+            tone = _smooth(iv, -0.6, 0.9)
+            icol = _mix(_mix(IRIS_OUTER, IRIS_INNER, tone), IRIS_RIM, _ramp(k0, 0.75, 1.0))
+            _blend(tile, _cov((k0 - 1.0) * ir) * vis, icol)
+            _blend(tile, _cov((k0 - PUPIL_SCALE) * ir) * vis, PUPIL)
+            # Highlights sit towards the light, so they stay put as the eye turns.
+            for hxo, hyo, hr, alpha in ((-0.38, -0.42, 0.30, 1.0), (0.40, 0.38, 0.14, 0.85)):
+                hx2 = (ix - np.float32(hxo * ir)) ** 2
+                hy2 = (iy - np.float32(hyo * ir)) ** 2
+                dh = np.sqrt(hx2 + hy2) - np.float32(hr * ir)
+                _blend(tile, _cov(dh) * vis * alpha, EYE_WHITE)
+            # A faint lower lid line.
+            lower = _cov(np.abs(f_lo + 0.4) - 0.45 * lw) * _cov(d_eye - 0.3 * lw)
+            _blend(tile, lower * (0.35 * openness), SKIN_DEEP)
+        # The lash line along the upper lid edge (the whole shut lid in a blink).
+        lash = _cov(np.abs(f_up + lw * 0.35) - lw) * _cov(d_eye - lw * 0.6)
+        # A flick at the outer corner: a tapered stroke from the lid's end.
+        ucorner = 0.93
+        vcorner = vu + arch_u * ucorner * ucorner
+        cx, cy = (a[:, 0] * (side * ucorner) + a[:, 1] * vcorner).tolist()
+        tip = a[:, 0] * (side * 0.24) - a[:, 1] * 0.16
+        tl = float(np.hypot(*tip)) + 1e-6
+        tx, ty = float(tip[0]) / tl, float(tip[1]) / tl
+        px = dx - np.float32(cx)
+        py = dy - np.float32(cy)
+        along = _clip01(_affine(px, py, tx / tl, ty / tl))
+        ex = px - along * (tx * tl)
+        ey = py - along * (ty * tl)
+        flick = _cov(np.sqrt(ex * ex + ey * ey) - lw * (1.0 - 0.7 * along))
+        _blend(tile, np.maximum(lash, flick), LASH)
+        self._put(box)
+
+    def _draw_brow(self, f: _Frame, b: int, side: float) -> None:
+        """A soft arched brow, thicker at its inner end."""
+        a = f.jac(_FRAMES[b]) * BROW_HALF_LENGTH
+        c = f.p[b]
+        box = self._box(c[0], c[1], np.hypot(*a[0]) * 1.3, np.hypot(*a[1]) * 1.3)
+        if box is None:
+            return
+        ainv = _inv2(a)
+        uo = _affine(box.dx, box.dy, ainv[0] * side, ainv[1] * side)  # +1 at the outer end
+        v = _affine(box.dx, box.dy, ainv[2], ainv[3])
+        pu = 1.0 / float(np.hypot(ainv[0], ainv[1]))  # pixels per unit
+        pv = 1.0 / float(np.hypot(ainv[2], ainv[3]))
+        curve = (0.30 * uo * uo - 0.30) + 0.10 * uo
+        wid = (f.su * 0.016) * (0.7 + 0.9 * _clip01(0.5 - 0.5 * uo))
+        du = _pos(np.abs(uo) - 1.0) * pu
+        dv = (v - curve) * pv
+        _blend(box.tile, _cov(np.sqrt(du * du + dv * dv) - wid), BROW_COL)
+        self._put(box)
+
+    def _draw_mouth(self, f: _Frame) -> None:
+        """Lips between the corner and lip keypoints, a dark mouth with teeth when open."""
+        su = f.su
+
+        def frame(pts: np.ndarray):
+            lc, rc = pts[rig.MOUTH_CORNER_L], pts[rig.MOUTH_CORNER_R]
+            mid = (lc + rc) / 2.0
+            hw = float(np.linalg.norm(rc - lc)) / 2.0 + 1e-6
+            eu = (rc - lc) / (2.0 * hw)
+            ev = np.array([-eu[1], eu[0]])
+            h_up = -float(np.dot(pts[rig.LIP_UPPER] - mid, ev))
+            h_lo = float(np.dot(pts[rig.LIP_LOWER] - mid, ev))
+            return mid, hw, eu, ev, h_up, h_lo
+
+        mid, hw, eu, ev, h_up, h_lo = frame(f.p)
+        _, hw0, _, _, h_up0, h_lo0 = frame(f.p0)
+        centre = (f.p[rig.LIP_UPPER] + f.p[rig.LIP_LOWER]) / 2.0
+        uc = float(np.clip(np.dot(centre - mid, eu) / hw, -0.6, 0.6))  # lips' centre, in 3/4
+        pucker = float(np.clip((1.0 - hw / hw0) / 0.3, 0.0, 1.0))
+        it = -(h_up - h_up0)  # the inner edges at the centre (px, + is down)
+        ib = h_lo - h_lo0
+        if ib < it:  # pressed together: the lips get thinner
+            it = ib = 0.5 * (it + ib)
+        top = -h_up - pucker * 0.006 * su
+        bot = h_lo + pucker * 0.009 * su
+        gap = ib - it
+        smile = SMILE * su * (1.0 - 0.8 * pucker)
+        box = self._box(mid[0], mid[1], hw + 4.0, max(bot + smile, -top) + 3.0)
+        if box is None:
+            return
+        tile = box.tile
+        (eux, euy), (evx, evy) = eu.tolist(), ev.tolist()
+        uu = _affine(box.dx, box.dy, eux / hw, euy / hw)
+        vv = _affine(box.dx, box.dy, evx, evy)
+        # un: across the mouth, -1..1 corner to corner, 0 at the lips' centre.
+        k_left, k_right = 1.0 / (1.0 + uc), 1.0 / (1.0 - uc)
+        rel = uu - uc
+        un = rel * ((rel > 0) * np.float32(k_right - k_left) + np.float32(k_left))
+        un2 = un * un
+        shape = np.sqrt(_clip01(1.0 - un2))
+        bend = smile * (1.0 - un2)
+        in_u = _cov((np.abs(uu) - 1.0) * hw)
+        bow = 1.0 - 0.28 / (1.0 + un2 * 40.0)  # the cupid's bow dip of the upper lip
+        c_top = (top * shape) * bow + bend
+        c_bot = bot * shape + bend
+        c_mid = (0.5 * (it + ib)) * shape + bend
+        lips = _cov(c_top - vv) * _cov(vv - c_bot) * in_u
+        lower = _clip01(0.5 + (vv - c_mid))
+        sy = (vv - 0.5 * (c_mid + c_bot)) * (1.0 / (0.3 * bot + 1.0))
+        shine = _clip01(1.0 - (un2 * 2.6 + sy * sy)) * lower
+        _blend(tile, lips, _mix(_mix(LIP_UP, LIP_LO, lower), LIP_SHINE, shine * 0.6))
+        if gap > 0.25:
+            c_it = it * shape + bend
+            c_ib = ib * shape + bend
+            inner = _cov(c_it - vv) * _cov(vv - c_ib) * (in_u * min(1.0, gap))
+            teeth_h = min(0.3 * gap, 0.024 * su)
+            teeth = _cov(vv - (c_it + teeth_h)) * _cov((np.abs(un) - 0.72) * hw)
+            tongue = _cov((c_ib - 0.45 * gap * shape) - vv) * _cov((np.abs(un) - 0.8) * hw)
+            _blend(tile, inner, _mix(_mix(MOUTH_IN, TONGUE, tongue * 0.9), TEETH, teeth))
+        # The line where the lips meet; it fades out as the mouth opens.
+        lw = max(0.6, 0.0055 * su)
+        line = _cov(np.abs(vv - c_mid) - lw) * _cov((np.abs(uu) - 1.02) * hw)
+        _blend(tile, line * float(np.clip(1.0 - gap / 3.0, 0.0, 1.0)), MOUTH_IN)
+        self._put(box)

@@ -1,0 +1,211 @@
+"""The pipeline: audio -> phonetics -> motion -> cadence -> smoothing -> frames -> MP4.
+
+One composition for every engine: only the motion source and the frame renderer
+are swappable. Motion for the whole clip is computed first (cheap), so a change
+of smoothing or cadence re-runs only :func:`postprocess`, not the generator.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from studio.audio.io import Audio
+from studio.audio.phonetics import PhoneticFrames
+from studio.audio.phonetics import analyze as analyze_phonetics
+from studio.errors import Cancelled
+from studio.motion import layout
+from studio.motion.cadence import CadencePlan, blend_weights, plan_cadence, sample_motion
+from studio.motion.kinematics import kinematics_report, smooth_motion
+from studio.settings import RenderSettings
+
+Progress = Callable[[str, int, int], None]
+CancelCheck = Callable[[], bool]
+
+DEFAULT_RENDER_BATCH = 8
+
+
+class MotionEngine(Protocol):
+    """Makes [N, 265] motion for a clip."""
+
+    name: str
+
+    def generate(self, audio: Audio, phon: PhoneticFrames, seed: int) -> np.ndarray: ...
+
+
+class FrameRenderer(Protocol):
+    """Turns motion rows into RGB frames of one size."""
+
+    size: int
+
+    def render_batch(self, motion: np.ndarray) -> np.ndarray: ...
+
+
+@dataclass
+class MotionResult:
+    """Everything known about a clip before rendering."""
+
+    audio: Audio
+    phon: PhoneticFrames
+    raw: np.ndarray  # generated motion [N, 265]
+    plan: CadencePlan
+    sampled: np.ndarray  # cadence-sampled motion
+    smoothed: np.ndarray  # after pose smoothing: what is rendered
+    kinematics: dict[str, float]
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_frames(self) -> int:
+        return self.raw.shape[0]
+
+
+def _ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1000.0
+
+
+def generate(
+    engine: MotionEngine, audio: Audio, seed: int
+) -> tuple[PhoneticFrames, np.ndarray, dict]:
+    """Phonetics and raw motion (the part worth caching): (phon, motion, timings)."""
+    t0 = time.perf_counter()
+    phon = analyze_phonetics(audio.samples, audio.num_frames)
+    t_feat = _ms(t0)
+    t0 = time.perf_counter()
+    raw = np.asarray(engine.generate(audio, phon, seed), dtype=np.float32)
+    if raw.shape != (audio.num_frames, layout.MOTION_DIM):
+        raise RuntimeError(f"engine {engine.name} returned motion {raw.shape}")
+    return phon, raw, {"features": t_feat, "motion": _ms(t0)}
+
+
+def postprocess(
+    audio: Audio, phon: PhoneticFrames, raw: np.ndarray, settings: RenderSettings, timings=None
+) -> MotionResult:
+    """Cadence plan, cadence sampling and smoothing on cached raw motion."""
+    timings = dict(timings or {})
+    t0 = time.perf_counter()
+    plan = plan_cadence(phon, settings.stride, settings.cadence, motion=raw)
+    sampled = sample_motion(raw, plan)
+    timings["cadence"] = _ms(t0)
+    t0 = time.perf_counter()
+    smoothed = smooth_motion(sampled, settings.smoothing)
+    timings["smoothing"] = _ms(t0)
+    kin = kinematics_report(sampled, smoothed, plan.strides, settings.accel_limit)
+    return MotionResult(audio, phon, raw, plan, sampled, smoothed, kin, timings)
+
+
+def analyze(audio: Audio, settings: RenderSettings, engine: MotionEngine) -> MotionResult:
+    """Motion, cadence plan and kinematics for a clip, without rendering."""
+    phon, raw, timings = generate(engine, audio, settings.seed)
+    return postprocess(audio, phon, raw, settings, timings)
+
+
+def blend(a: np.ndarray, b: np.ndarray, w: float) -> np.ndarray:
+    """(1 - w) a + w b for uint8 frames, in 8-bit fixed point."""
+    wi = int(round(w * 256))
+    out = a.astype(np.uint16) * (256 - wi) + b.astype(np.uint16) * wi + 128
+    return (out >> 8).astype(np.uint8)
+
+
+def iter_frames(
+    result: MotionResult,
+    renderer: FrameRenderer,
+    batch: int = DEFAULT_RENDER_BATCH,
+    cancel: CancelCheck | None = None,
+    progress: Progress | None = None,
+    stats: dict | None = None,
+) -> Iterator[np.ndarray]:
+    """All frames in order: keyframes rendered in batches, in-betweens blended.
+
+    ``stats['render_s']`` accumulates the time spent rendering and blending.
+    """
+    plan = result.plan
+    prv, nxt, w = blend_weights(plan)
+    keys = plan.keyframes
+    rendered: dict[int, np.ndarray] = {}
+    stats = stats if stats is not None else {}
+    stats.setdefault("render_s", 0.0)
+    frame = 0
+    n = plan.num_frames
+    for start in range(0, keys.size, batch):
+        if cancel is not None and cancel():
+            raise Cancelled()
+        t0 = time.perf_counter()
+        chunk = keys[start : start + batch]
+        images = renderer.render_batch(result.smoothed[chunk])
+        rendered.update(zip(chunk.tolist(), images, strict=True))
+        stats["render_s"] += time.perf_counter() - t0
+        last = int(chunk[-1])
+        while frame <= last:
+            t0 = time.perf_counter()
+            if w[frame] == 0.0:
+                img = rendered[int(prv[frame])]
+            else:
+                img = blend(rendered[int(prv[frame])], rendered[int(nxt[frame])], float(w[frame]))
+            stats["render_s"] += time.perf_counter() - t0
+            yield img
+            frame += 1
+        for k in [k for k in rendered if k < last]:
+            del rendered[k]
+        if progress is not None:
+            progress("render", frame, n)
+
+
+def build_report(result: MotionResult, timings_ms: dict[str, float], rendered: bool) -> dict:
+    """The report: frame counts, stride histogram, timings and kinematics."""
+    n = result.num_frames
+    return {
+        "frames": n,
+        "fps": layout.FPS,
+        "duration_s": round(result.audio.duration_s, 4),
+        "rendered_frames": int(result.plan.keyframes.size) if rendered else 0,
+        "rendered_fraction": round(result.plan.rendered_fraction, 4),
+        "stride_histogram": result.plan.histogram(),
+        "timings_ms": {k: round(v, 2) for k, v in timings_ms.items()},
+        "kinematics": {k: round(float(v), 6) for k, v in result.kinematics.items()},
+    }
+
+
+def render_video(
+    result: MotionResult,
+    renderer: FrameRenderer,
+    out_path: str,
+    settings: RenderSettings,
+    cancel: CancelCheck | None = None,
+    progress: Progress | None = None,
+    started: float | None = None,
+) -> dict:
+    """Render every frame and write the MP4 atomically; returns the report.
+
+    ``started`` is the perf_counter() value the job began at (for the total).
+    """
+    from studio.export.video import VideoWriter
+
+    started = time.perf_counter() if started is None else started
+    stats: dict = {}
+    t0 = time.perf_counter()
+    with VideoWriter(
+        out_path,
+        renderer.size,
+        renderer.size,
+        audio=result.audio,
+        crf=settings.crf,
+        preset=settings.preset,
+    ) as writer:
+        for img in iter_frames(result, renderer, cancel=cancel, progress=progress, stats=stats):
+            writer.write(img)
+        if cancel is not None and cancel():
+            raise Cancelled()
+    loop_s = time.perf_counter() - t0
+    timings = dict(result.timings_ms)
+    timings["render"] = stats["render_s"] * 1000.0
+    timings["encode"] = max(0.0, loop_s - stats["render_s"]) * 1000.0
+    timings["total"] = _ms(started)
+    report = build_report(result, timings, rendered=True)
+    report["output"] = str(out_path)
+    report["size"] = renderer.size
+    report["render_fps"] = round(result.num_frames / max(loop_s, 1e-9), 2)
+    return report

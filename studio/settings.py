@@ -1,0 +1,138 @@
+"""RenderSettings: every user-facing knob of a render, validated, and JSON presets.
+
+The CLI and the GUI build the same object, so a preset saved in one works in the
+other. Validation errors name the CLI option and what is allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from studio.errors import InputError, OptionError
+from studio.motion.cadence import CadenceThresholds
+from studio.motion.kinematics import (
+    DEFAULT_ACCEL_LIMIT,
+    DEFAULT_ORDER,
+    DEFAULT_WINDOW,
+    SmoothingSettings,
+)
+
+PRESET_FORMAT = "talkinghead-studio/preset-1"
+MIN_SIZE, MAX_SIZE = 64, 2048
+MAX_WINDOW = 101
+PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow")
+
+
+@dataclass(frozen=True)
+class RenderSettings:
+    """One render's settings; ``validate()`` returns it or raises OptionError."""
+
+    smooth: bool = True
+    smooth_window: int = DEFAULT_WINDOW
+    smooth_order: int = DEFAULT_ORDER
+    accel_limit: float = DEFAULT_ACCEL_LIMIT
+    stride: str = "auto"
+    cadence: CadenceThresholds = field(default_factory=CadenceThresholds)
+    seed: int = 0
+    size: int = 512
+    crf: int = 18
+    preset: str = "medium"
+    backend: str = "demo"
+
+    @property
+    def smoothing(self) -> SmoothingSettings:
+        return SmoothingSettings(
+            self.smooth, self.smooth_window, self.smooth_order, self.accel_limit
+        )
+
+    def validate(self) -> RenderSettings:
+        """Check every value; the error names the CLI option."""
+        w, k = self.smooth_window, self.smooth_order
+        if not isinstance(w, int) or w < 3 or w % 2 == 0 or w > MAX_WINDOW:
+            raise OptionError("--smooth-window", f"must be an odd integer 3..{MAX_WINDOW}, got {w}")
+        if not isinstance(k, int) or k < 0 or k >= w:
+            raise OptionError(
+                "--smooth-order", f"must be an integer 0..{w - 1} (below the window), got {k}"
+            )
+        if not (isinstance(self.accel_limit, (int, float)) and 0 < self.accel_limit <= 90):
+            raise OptionError(
+                "--accel-limit",
+                f"must be a number of degrees/frame² in (0, 90], got {self.accel_limit}",
+            )
+        if str(self.stride) not in ("auto", "1", "2", "3"):
+            raise OptionError("--stride", f"must be auto, 1, 2 or 3, got {self.stride}")
+        if not isinstance(self.size, int) or not MIN_SIZE <= self.size <= MAX_SIZE or self.size % 2:
+            raise OptionError(
+                "--size",
+                f"must be an even number of pixels {MIN_SIZE}..{MAX_SIZE}, got {self.size}",
+            )
+        if not isinstance(self.crf, int) or not 0 <= self.crf <= 51:
+            raise OptionError(
+                "--crf", f"must be an integer 0..51 (lower is better quality), got {self.crf}"
+            )
+        if self.preset not in PRESETS:
+            raise OptionError(
+                "--x264-preset", f"must be one of {', '.join(PRESETS)}, got {self.preset}"
+            )
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise OptionError("--seed", f"must be a non-negative integer, got {self.seed}")
+        c = self.cadence
+        if c.plosive_guard < 0 or not 0 <= c.calm_flux < c.fast_flux:
+            raise OptionError(
+                "cadence", "thresholds need plosive_guard >= 0 and 0 <= calm_flux < fast_flux"
+            )
+        if self.backend != "demo":
+            raise OptionError("--backend", f"unknown backend {self.backend!r}; available: demo")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": PRESET_FORMAT, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "preset") -> RenderSettings:
+        """Build from a preset dict; unknown keys and wrong types are errors naming the key."""
+        if not isinstance(data, dict):
+            raise InputError(f"{source}: a preset must be a JSON object")
+        data = dict(data)
+        fmt = data.pop("format", PRESET_FORMAT)
+        if fmt != PRESET_FORMAT:
+            raise InputError(
+                f"{source}: unsupported preset format {fmt!r} (expected {PRESET_FORMAT})"
+            )
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InputError(f"{source}: unknown preset keys {', '.join(unknown)}")
+        if "cadence" in data:
+            cad = data["cadence"]
+            ck = {f.name for f in fields(CadenceThresholds)}
+            if not isinstance(cad, dict) or set(cad) - ck:
+                raise InputError(
+                    f"{source}: 'cadence' must be an object with keys {', '.join(sorted(ck))}"
+                )
+            data["cadence"] = CadenceThresholds(**cad)
+        if "stride" in data:
+            data["stride"] = str(data["stride"])
+        try:
+            settings = replace(cls(), **data)
+            return settings.validate()
+        except OptionError as e:
+            raise InputError(f"{source}: {e}") from None
+
+    def save(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> RenderSettings:
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise InputError(f"preset file not found: {p}") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise InputError(f"cannot read preset {p}: {e}") from None
+        return cls.from_dict(data, source=str(p))
