@@ -23,6 +23,7 @@ converted to uint8 and reset afterwards. Same motion, same pixels.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,8 +111,8 @@ BG_GLOW: Color = (255.0, 250.0, 240.0)
 
 
 # --- pixel helpers ------------------------------------------------------------------
-_ZEROS = np.zeros(1 << 15, dtype=np.float32)
-_ONES = np.ones(1 << 15, dtype=np.float32)
+_ZEROS = np.zeros(1 << 17, dtype=np.float32)
+_ONES = np.ones(1 << 17, dtype=np.float32)
 
 
 def _clip01(x: np.ndarray) -> np.ndarray:
@@ -265,7 +266,7 @@ def _silhouette(radii: np.ndarray, rot: np.ndarray, su: float) -> tuple[np.ndarr
     return b3, m2
 
 
-_STRIP_PIXELS = 12288  # row strips of about this many pixels keep temporaries in cache
+_STRIP_PIXELS = 131072  # row strips of about this many pixels keep temporaries in cache
 
 
 @dataclass
@@ -278,17 +279,65 @@ class _Box:
     y0: int
     x0: int
 
-    def strips(self):
-        """(tile rows, dy rows, r0, r1) in strips of about _STRIP_PIXELS pixels.
+    def strips(self, spans=None):
+        """Row strips of about _STRIP_PIXELS pixels: (tile, dx, dy, r0, r1, c0) views.
 
         numpy temporaries of a whole large box miss the caches (and past the
         allocator's mmap threshold page-fault on every allocation); strips are faster.
+        ``spans(y0, y1)`` may narrow each strip (absolute pixel rows y0..y1) to the
+        absolute column intervals [(x0, x1), ...] where the shape can be.
         """
         h, w = self.tile.shape[1:]
         step = max(4, _STRIP_PIXELS // w)
         for r0 in range(0, h, step):
             r1 = min(h, r0 + step)
-            yield self.tile[:, r0:r1], self.dy[r0:r1], r0, r1
+            if spans is None:
+                yield self.tile[:, r0:r1], self.dx, self.dy[r0:r1], r0, r1, 0
+                continue
+            for xa, xb in spans(self.y0 + r0, self.y0 + r1):
+                c0 = max(int(np.floor(xa)) - self.x0, 0)
+                c1 = min(int(np.ceil(xb)) - self.x0, w)
+                if c1 > c0:
+                    tile = self.tile[:, r0:r1, c0:c1]
+                    yield tile, self.dx[:, c0:c1], self.dy[r0:r1], r0, r1, c0
+
+
+def _outer_span(m: np.ndarray, cx: float, cy: float, y0: float, y1: float, pad: float = 2.0):
+    """The x-interval covering the ellipse {d : d^T m d <= 1} around (cx, cy) on rows y0..y1.
+
+    None if the ellipse misses those rows. Its left edge x(y) is convex and its right
+    edge concave, so their extremes over the band are at the band's row nearest the
+    ellipse's leftmost (rightmost) point. Plain floats: this runs once per strip.
+    """
+    m00, m01, m11 = float(m[0, 0]), float(m[0, 1]), float(m[1, 1])
+    det = m00 * m11 - m01 * m01
+    y_max = math.sqrt(m00 / det)
+    lo, hi = max(y0 - pad - cy, -y_max), min(y1 + pad - cy, y_max)
+    if lo > hi:
+        return None
+    y_left = min(max(m01 / math.sqrt(m11 * det), lo), hi)
+    y_right = min(max(-m01 / math.sqrt(m11 * det), lo), hi)
+    left = (-m01 * y_left - math.sqrt(max(m00 - det * y_left * y_left, 0.0))) / m00
+    right = (-m01 * y_right + math.sqrt(max(m00 - det * y_right * y_right, 0.0))) / m00
+    return cx + left - pad, cx + right + pad
+
+
+def _inner_span(m: np.ndarray, cx: float, cy: float, y0: float, y1: float, margin: float):
+    """An x-interval fully inside the ellipse on all rows y0..y1 (None if there is none).
+
+    The ellipse is convex, so its chord over a band is narrowest at one of the band's ends.
+    """
+    m00, m01, m11 = float(m[0, 0]), float(m[0, 1]), float(m[1, 1])
+    det = m00 * m11 - m01 * m01
+    lo, hi = -math.inf, math.inf
+    for y in (y0 - margin - cy, y1 + margin - cy):
+        disc = m00 - det * y * y
+        if disc <= 0:
+            return None
+        root = math.sqrt(disc)
+        lo = max(lo, (-m01 * y - root) / m00 + cx + margin)
+        hi = min(hi, (-m01 * y + root) / m00 + cx - margin)
+    return (lo, hi) if hi > lo else None
 
 
 @dataclass
@@ -470,10 +519,16 @@ class DemoAvatar:
         rx, ry = 0.86 * half * sb, 0.44 * half * sb
         box = self._box(bx, by + 1.0 * half * sb, rx, ry)
         if box is not None:
-            lin_x = box.dx * (-0.45 / rx)
-            for tile, dy, _, _ in box.strips():
-                d, k2 = _axis_ellipse(box.dx, dy, rx, ry)
-                ndl = (lin_x + dy * (-0.55 / ry)) + 0.7 * np.sqrt(_clip01(1.0 - k2))
+            m_t = np.diag([1.0 / rx**2, 1.0 / ry**2])
+            tcx, tcy = bx, by + 1.0 * half * sb
+
+            def spans(y0: float, y1: float) -> list:
+                span = _outer_span(m_t, tcx, tcy, y0, y1)
+                return [] if span is None else [span]
+
+            for tile, dx, dy, _, _, _ in box.strips(spans):
+                d, k2 = _axis_ellipse(dx, dy, rx, ry)
+                ndl = (dx * (-0.45 / rx) + dy * (-0.55 / ry)) + 0.7 * np.sqrt(_clip01(1.0 - k2))
                 _blend_mix(tile, _cov(d), SHIRT_SHADE, SHIRT_LIT, _ramp(ndl, -0.1, 0.75))
             self._put(box, group=1)
         # The neckline inside a collar band.
@@ -535,10 +590,23 @@ class DemoAvatar:
         ainv = tuple(np.linalg.cholesky(m2).T.reshape(-1).tolist())  # m2 = L^T L
         a, b, c, d = ainv
         dark = _mul(HAIR_SHADE, 0.8)
-        for tile, dy, _, _ in box.strips():
+        hc = head["c"]
+        m_in = head["m2"]
+
+        def spans(y0: float, y1: float) -> list:
+            # The shell shows only around the head: skip the head's fully covered middle.
+            outer = _outer_span(m2, center[0], center[1], y0, y1)
+            if outer is None:
+                return []
+            inner = _inner_span(m_in, hc[0], hc[1], y0, y1, margin=2.0)
+            if inner is None or inner[0] >= outer[1] or inner[1] <= outer[0]:
+                return [outer]
+            return [(outer[0], inner[0]), (inner[1], outer[1])]
+
+        for tile, dx, dy, _, _, _ in box.strips(spans):
             dyc = dy + oy
-            dist, eu, ev = _ellipse(box.dx, dyc, ainv)
-            below = _affine(box.dx, dyc, e2x, e2y, cut)
+            dist, eu, ev = _ellipse(dx, dyc, ainv)
+            below = _affine(dx, dyc, e2x, e2y, cut)
             ndl = (-0.45 * eu - 0.55 * ev) + 0.7 * np.sqrt(_clip01(1.0 - eu * eu - ev * ev))
             _blend_mix(tile, _cov(dist) * _cov(below), dark, HAIR_LIT, _ramp(ndl, -0.2, 1.3))
         self._put(box)
@@ -583,12 +651,21 @@ class DemoAvatar:
         hair_max_sy = (HAIR_SIDE_Y + 0.02) / ry  # no hair below this on the unit sphere
         dskin = [SKIN_LIT[i] - SKIN_SHADE[i] for i in range(3)]
         dhair = [HAIR_LIT[i] - HAIR_SHADE[i] for i in range(3)]
-        cov_all = np.empty(box.tile.shape[1:], dtype=np.float32)
-        xa0 = box.dx * e1x + (ox * e1x + oy * e1y)
-        ya0 = box.dx * e2x + (ox * e2x + oy * e2y)
-        for tile, dy, r0, r1 in box.strips():
-            xa = xa0 + dy * e1y
-            ya = ya0 + dy * e2y
+        cov_all = np.zeros(box.tile.shape[1:], dtype=np.float32)
+        m2 = head["m2"]
+        dropped = c + drop * head["e2"]
+
+        def spans(y0: float, y1: float) -> list:
+            # The outline, and the same shifted by the jaw's drop (the warp only adds that).
+            a = _outer_span(m2, c[0], c[1], y0, y1)
+            b = _outer_span(m2, dropped[0], dropped[1], y0, y1) if drop > 0.5 else None
+            if a is None or b is None:
+                return [s for s in (a, b) if s is not None]
+            return [(min(a[0], b[0]), max(a[1], b[1]))]
+
+        for tile, dx, dy, r0, r1, c0 in box.strips(spans):
+            xa = (dx * e1x + (ox * e1x + oy * e1y)) + dy * e1y
+            ya = (dx * e2x + (ox * e2x + oy * e2y)) + dy * e2y
             # Warp into the plain ellipsoid: a narrower chin, and a jaw that drops.
             taper = 1.0 - HEAD_TAPER * _smooth(ya, t0, t1)
             xw = xa / taper
@@ -596,7 +673,7 @@ class DemoAvatar:
             # Outline: k0 = 1 on the projected ellipse.
             k2 = xw * (mh[0][0] * xw + (2.0 * mh[0][1]) * yw) + yw * (mh[1][1] * yw)
             cov = _cov((np.sqrt(k2) - 1.0) * (rad * taper))
-            cov_all[r0:r1] = cov
+            cov_all[r0:r1, c0 : c0 + cov.shape[1]] = cov
             # Front surface: the depth, then the point on the unit sphere.
             z = np.sqrt(_clip01(1.0 - k2) * inv_qzz) - (l1 * xw + l2 * yw)
             sx = (bs[0][0] * xw + bs[0][1] * yw) + bz[0] * z
