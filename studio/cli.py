@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from studio import __version__
-from studio.errors import Cancelled, InputError, OutputError, StudioError
+from studio.errors import Cancelled, InputError, OptionError, OutputError, StudioError
 
 EXIT_USAGE = 2
 EXIT_CANCELLED = 130
@@ -106,9 +106,14 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser(
         "gui", help="open the studio window (the default)", description="Open the studio window."
     )
-    g.add_argument("--audio", metavar="FILE")
-    g.add_argument("--avatar", metavar="FILE")
-    g.add_argument("--screenshot", metavar="FILE.png")
+    g.add_argument("--audio", metavar="FILE", help="open on this speech")
+    g.add_argument("--avatar", metavar="FILE", help="open on this avatar image or folder")
+    g.add_argument(
+        "--screenshot",
+        metavar="FILE.png",
+        help="save a screenshot of the window after the first render, then exit",
+    )
+    g.add_argument("--window-size", metavar="WxH", help="initial window size, e.g. 1600x1000")
     return parser
 
 
@@ -267,12 +272,21 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_gui(args: argparse.Namespace) -> int:
-    print(
-        "The studio GUI is not built yet; use `studio render --demo --out demo.mp4` "
-        "or `studio analyze --demo`.",
-        file=sys.stderr,
-    )
-    return 0
+    from studio.gui.app import run
+
+    size = None
+    if args.window_size:
+        try:
+            w, h = (int(v) for v in args.window_size.lower().split("x"))
+        except ValueError:
+            raise OptionError(
+                "--window-size", f"must look like 1600x1000, got {args.window_size}"
+            ) from None
+        size = (w, h)
+    for option, path in (("--audio", args.audio), ("--avatar", args.avatar)):
+        if path and not Path(path).exists():
+            raise InputError(f"{option} {path}: no such file; check the path")
+    return run(audio=args.audio, avatar=args.avatar, screenshot=args.screenshot, size=size)
 
 
 def main(argv: list[str] | None = None) -> int:

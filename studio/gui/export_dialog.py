@@ -1,0 +1,128 @@
+"""The Export MP4 dialog: path, size, quality; progress, ETA and Cancel."""
+
+from __future__ import annotations
+
+import time
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+)
+
+from studio.gui.widgets.controls import SIZES
+
+
+class ExportDialog(QDialog):
+    """Collects export options and shows the export's progress."""
+
+    exportRequested = Signal(str, int, int)  # path, size, crf
+    cancelRequested = Signal()
+
+    def __init__(self, path: str, size: int, crf: int, parent=None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Export MP4")
+        self.setMinimumWidth(520)
+        self.path = QLineEdit(path)
+        browse = QPushButton("Browse…")
+        browse.clicked.connect(self._browse)
+        row = QHBoxLayout()
+        row.addWidget(self.path, 1)
+        row.addWidget(browse)
+        self.size = QComboBox()
+        for s in sorted(set(SIZES) | {size}):
+            self.size.addItem(f"{s} × {s}", s)
+        self.size.setCurrentIndex(self.size.findData(size))
+        self.crf = QSpinBox()
+        self.crf.setRange(0, 51)
+        self.crf.setValue(crf)
+        self.crf.setToolTip(
+            "H.264 constant rate factor: lower is better quality, 18 is visually lossless"
+        )
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 100)
+        self.progress.setValue(0)
+        self.status = QLabel("H.264 + AAC, 25 fps. The file appears only when the export finishes.")
+        self.status.setWordWrap(True)
+        form = QFormLayout()
+        form.addRow("File", row)
+        form.addRow("Size", self.size)
+        form.addRow("Quality (CRF)", self.crf)
+        self.buttons = QDialogButtonBox()
+        self.export_button = self.buttons.addButton(
+            "Export", QDialogButtonBox.ButtonRole.AcceptRole
+        )
+        self.cancel_button = self.buttons.addButton(QDialogButtonBox.StandardButton.Cancel)
+        self.close_button = self.buttons.addButton(QDialogButtonBox.StandardButton.Close)
+        self.export_button.clicked.connect(self._export)
+        self.cancel_button.clicked.connect(self._cancel)
+        self.close_button.clicked.connect(self.reject)
+        self.cancel_button.setEnabled(False)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.status)
+        layout.addWidget(self.buttons)
+        self.running = False
+        self._t0 = 0.0
+
+    def _browse(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export MP4", self.path.text(), "MP4 video (*.mp4)"
+        )
+        if path:
+            self.path.setText(path if path.lower().endswith(".mp4") else path + ".mp4")
+
+    def _export(self) -> None:
+        self.exportRequested.emit(
+            self.path.text().strip(), int(self.size.currentData()), self.crf.value()
+        )
+
+    def _cancel(self) -> None:
+        if self.running:
+            self.status.setText("Cancelling…")
+            self.cancelRequested.emit()
+
+    def started(self) -> None:
+        self.running = True
+        self._t0 = time.monotonic()
+        self.progress.setValue(0)
+        self.export_button.setEnabled(False)
+        self.cancel_button.setEnabled(True)
+        self.close_button.setEnabled(False)
+        self.status.setText("Exporting…")
+
+    def set_progress(self, done: int, total: int) -> None:
+        if not self.running or total <= 0:
+            return
+        frac = done / total
+        self.progress.setValue(int(100 * frac))
+        elapsed = time.monotonic() - self._t0
+        if frac > 0.02:
+            eta = elapsed * (1 - frac) / frac
+            self.status.setText(f"Exporting… {done} of {total} frames, about {eta:.0f} s left")
+
+    def finished(self, message: str, ok: bool) -> None:
+        self.running = False
+        self.export_button.setEnabled(True)
+        self.cancel_button.setEnabled(False)
+        self.close_button.setEnabled(True)
+        if ok:
+            self.progress.setValue(100)
+        self.status.setText(message)
+
+    def reject(self) -> None:  # closing while running cancels first
+        if self.running:
+            self._cancel()
+            return
+        super().reject()

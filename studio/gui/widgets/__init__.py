@@ -1,0 +1,1 @@
+"""The studio window's widgets: viewer, timeline, plots, controls, metrics."""

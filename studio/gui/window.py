@@ -1,0 +1,597 @@
+"""The studio's main window: viewer, transport, timeline, plots, controls, metrics.
+
+The window only holds state and widgets. Work happens on two workers (motion and
+render) reached through queued signals; see :mod:`studio.gui.worker`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QImageReader, QKeySequence
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QDockWidget,
+    QFileDialog,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QScrollArea,
+    QSplitter,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from studio.errors import StudioError
+from studio.export.video import check_output_path
+from studio.gui.export_dialog import ExportDialog
+from studio.gui.playback import Playback
+from studio.gui.widgets.controls import ControlsPanel
+from studio.gui.widgets.metrics import MetricsPanel
+from studio.gui.widgets.plots import MotionPlots, Timeline
+from studio.gui.widgets.viewer import FrameView
+from studio.gui.worker import (
+    ExportJob,
+    MotionJob,
+    MotionWorker,
+    RenderWorker,
+    default_export_path,
+    export_settings,
+    start_in_thread,
+)
+from studio.motion.layout import FPS
+from studio.render.pipeline import MotionResult
+from studio.settings import RenderSettings
+
+AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".oga", ".mp3", ".aiff", ".aif", ".au", ".caf"}
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff"}
+MAX_RECENT = 8
+DEBOUNCE_MS = 120
+
+
+def app_settings() -> QSettings:
+    """The studio's QSettings (an INI file under $STUDIO_CONFIG_DIR when that is set)."""
+    folder = os.environ.get("STUDIO_CONFIG_DIR")
+    if folder:
+        return QSettings(str(Path(folder) / "studio.ini"), QSettings.Format.IniFormat)
+    return QSettings("talkinghead-studio", "studio")
+
+
+class MainWindow(QMainWindow):
+    """The studio window. ``renderFinished`` fires after each completed preview render."""
+
+    requestMotion = Signal(object)
+    requestRender = Signal(int, object, int)
+    requestExport = Signal(object)
+    renderFinished = Signal(object)  # stats
+    errorShown = Signal(str)
+
+    def __init__(self, audio: str | None = None, avatar: str | None = None) -> None:
+        super().__init__()
+        self.setWindowTitle("Talking-head studio")
+        self.setAcceptDrops(True)
+        self.store = app_settings()
+        self.audio_path: str | None = audio
+        self.avatar_path: str | None = avatar
+        self.generation = 0
+        self.result: MotionResult | None = None
+        self.frames: list[np.ndarray | None] = []
+        self.rendering = False
+        self.last_fps: float | None = None
+        self.error_box: QMessageBox | None = None
+        self.export_dialog: ExportDialog | None = None
+
+        self._build_widgets()
+        self._build_actions()
+        self._start_workers()
+        self._restore()
+        self._debounce = QTimer(self)
+        self._debounce.setSingleShot(True)
+        self._debounce.setInterval(DEBOUNCE_MS)
+        self._debounce.timeout.connect(self.request_motion)
+        self.controls.changed.connect(self._controls_changed)
+        if avatar:
+            self._set_avatar(avatar, announce=False)
+        self.viewer.show_message("preparing…")
+        QTimer.singleShot(0, self.request_motion)
+
+    # --- layout ------------------------------------------------------------------------
+
+    def _build_widgets(self) -> None:
+        self.viewer = FrameView()
+        self.timeline = Timeline()
+        self.plots = MotionPlots()
+        self.plots.link_to(self.timeline)
+        self.controls = ControlsPanel()
+        self.metrics = MetricsPanel()
+        self.playback = Playback(self)
+
+        self.play_button = QToolButton()
+        self.play_button.setText("▶  Play")
+        self.play_button.setToolTip("Play / pause (Space)")
+        self.play_button.clicked.connect(self.playback.toggle)
+        self.frame_label = QLabel("frame – / –")
+        self.frame_label.setMinimumWidth(180)
+        self.loop_box = QCheckBox("Loop")
+        self.loop_box.setChecked(True)
+        self.loop_box.toggled.connect(lambda on: setattr(self.playback, "loop", on))
+        self.curve_boxes = {}
+        transport = QHBoxLayout()
+        transport.setContentsMargins(6, 2, 6, 2)
+        transport.addWidget(self.play_button)
+        transport.addWidget(self.frame_label)
+        transport.addWidget(self.loop_box)
+        transport.addStretch(1)
+        transport.addWidget(QLabel("Curves:"))
+        for family, label in (("raw", "raw"), ("sampled", "cadence"), ("smoothed", "smoothed")):
+            box = QCheckBox(label)
+            box.setChecked(True)
+            box.toggled.connect(lambda on, f=family: self.plots.set_visible(f, on))
+            transport.addWidget(box)
+            self.curve_boxes[family] = box
+
+        top = QSplitter(Qt.Orientation.Horizontal)
+        top.addWidget(self.viewer)
+        right = QWidget()
+        rl = QVBoxLayout(right)
+        rl.setContentsMargins(0, 0, 0, 0)
+        rl.addWidget(self.plots)
+        top.addWidget(right)
+        top.setStretchFactor(0, 2)
+        top.setStretchFactor(1, 3)
+        self.top_splitter = top
+
+        centre = QWidget()
+        cl = QVBoxLayout(centre)
+        cl.setContentsMargins(4, 4, 4, 0)
+        cl.setSpacing(2)
+        cl.addWidget(top, 1)
+        cl.addLayout(transport)
+        cl.addWidget(self.timeline)
+        self.setCentralWidget(centre)
+
+        side = QWidget()
+        sl = QVBoxLayout(side)
+        sl.setContentsMargins(0, 0, 0, 0)
+        sl.addWidget(self.controls)
+        sl.addWidget(self.metrics)
+        sl.addStretch(1)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setWidget(side)
+        scroll.setMinimumWidth(330)
+        self.dock = QDockWidget("Settings", self)
+        self.dock.setObjectName("settings_dock")
+        self.dock.setWidget(scroll)
+        self.dock.setFeatures(
+            QDockWidget.DockWidgetFeature.DockWidgetMovable
+            | QDockWidget.DockWidgetFeature.DockWidgetFloatable
+        )
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.dock)
+
+        self.status_engine = QLabel()
+        self.statusBar().addPermanentWidget(self.status_engine)
+        self.playback.frameChanged.connect(self._show_frame)
+        self.playback.playingChanged.connect(
+            lambda on: self.play_button.setText("❚❚  Pause" if on else "▶  Play")
+        )
+        self.timeline.scrubbed.connect(self.playback.seek)
+        self._update_engine_status()
+
+    def _build_actions(self) -> None:
+        bar = self.menuBar()
+        file_menu = bar.addMenu("&File")
+        self.act_open_audio = file_menu.addAction("Open &Audio…", self.open_audio_dialog)
+        self.act_open_audio.setShortcut(QKeySequence.StandardKey.Open)
+        self.act_open_avatar = file_menu.addAction("Open A&vatar…", self.open_avatar_dialog)
+        self.recent_menu = file_menu.addMenu("Open &Recent")
+        file_menu.addSeparator()
+        file_menu.addAction("&Load Preset…", self.load_preset_dialog)
+        file_menu.addAction("&Save Preset…", self.save_preset_dialog)
+        file_menu.addSeparator()
+        self.act_export = file_menu.addAction("&Export MP4…", self.open_export_dialog)
+        self.act_export.setShortcut(QKeySequence("Ctrl+E"))
+        file_menu.addSeparator()
+        quit_action = file_menu.addAction("&Quit", self.close)
+        quit_action.setShortcut(QKeySequence.StandardKey.Quit)
+
+        play_menu = bar.addMenu("&Playback")
+        for text, key, slot in (
+            ("Play / Pause", Qt.Key.Key_Space, self.playback.toggle),
+            ("Previous frame", Qt.Key.Key_Left, lambda: self.playback.step(-1)),
+            ("Next frame", Qt.Key.Key_Right, lambda: self.playback.step(1)),
+            ("Jump to start", Qt.Key.Key_Home, lambda: self.playback.seek(0)),
+        ):
+            act = QAction(text, self)
+            act.setShortcut(QKeySequence(key))
+            act.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+            act.triggered.connect(slot)
+            play_menu.addAction(act)
+            self.addAction(act)
+        self.act_cancel = play_menu.addAction("Cancel render", self.cancel_render)
+        self.act_cancel.setShortcut(QKeySequence(Qt.Key.Key_Escape))
+
+        tools = self.addToolBar("Main")
+        tools.setObjectName("main_toolbar")
+        tools.setMovable(False)
+        tools.addAction(self.act_open_audio)
+        tools.addAction(self.act_open_avatar)
+        tools.addSeparator()
+        tools.addAction(self.act_cancel)
+        tools.addAction(self.act_export)
+        self._rebuild_recent()
+
+    def _start_workers(self) -> None:
+        self.motion_worker = MotionWorker()
+        self.render_worker = RenderWorker()
+        self.motion_thread = start_in_thread(self.motion_worker, "studio-motion")
+        self.render_thread = start_in_thread(self.render_worker, "studio-render")
+        self.requestMotion.connect(self.motion_worker.compute)
+        self.requestRender.connect(self.render_worker.render)
+        self.requestExport.connect(self.render_worker.export)
+        # Worker -> window: always queued, so every slot runs on the GUI thread.
+        queued = Qt.ConnectionType.QueuedConnection
+        for signal, slot in (
+            (self.motion_worker.audioLoaded, self._audio_loaded),
+            (self.motion_worker.motionReady, self._motion_ready),
+            (self.motion_worker.failed, self._failed),
+            (self.render_worker.frameReady, self._frame_ready),
+            (self.render_worker.progress, self._progress),
+            (self.render_worker.renderDone, self._render_done),
+            (self.render_worker.cancelled, self._cancelled),
+            (self.render_worker.failed, self._failed),
+            (self.render_worker.exportDone, self._export_done),
+        ):
+            signal.connect(slot, queued)
+
+    # --- persistence --------------------------------------------------------------------
+
+    def _restore(self) -> None:
+        geo = self.store.value("window/geometry")
+        if isinstance(geo, QByteArray) and not geo.isEmpty():
+            self.restoreGeometry(geo)
+        else:
+            self.resize(1600, 1000)
+        state = self.store.value("window/state")
+        if isinstance(state, QByteArray) and not state.isEmpty():
+            self.restoreState(state)
+        saved = self.store.value("settings/last")
+        if isinstance(saved, str) and saved:
+            try:
+                self.controls.set_settings(RenderSettings.from_dict(json.loads(saved)))
+            except (StudioError, ValueError):
+                pass  # an unreadable old value: start from the defaults
+
+    def _save(self) -> None:
+        self.store.setValue("window/geometry", self.saveGeometry())
+        self.store.setValue("window/state", self.saveState())
+        try:
+            self.store.setValue("settings/last", json.dumps(self.controls.settings().to_dict()))
+        except StudioError:
+            pass
+        self.store.sync()
+
+    def _recent(self) -> list[str]:
+        value = self.store.value("files/recent", [])
+        if isinstance(value, str):
+            value = [value]
+        return [str(v) for v in (value or [])]
+
+    def _add_recent(self, path: str) -> None:
+        items = [p for p in self._recent() if p != path]
+        self.store.setValue("files/recent", [path, *items][:MAX_RECENT])
+        self._rebuild_recent()
+
+    def _rebuild_recent(self) -> None:
+        self.recent_menu.clear()
+        for path in self._recent():
+            self.recent_menu.addAction(path, lambda p=path: self.open_path(p))
+        self.recent_menu.setEnabled(bool(self._recent()))
+
+    # --- requests -------------------------------------------------------------------------
+
+    def current_settings(self) -> RenderSettings:
+        return self.controls.settings()
+
+    def _next_generation(self) -> int:
+        self.generation += 1
+        gen = self.generation
+        self.motion_worker.cancellation.cancel_upto(gen - 1)
+        self.render_worker.cancellation.cancel_upto(gen - 1)
+        return gen
+
+    def request_motion(self) -> None:
+        """(Re)compute motion for the current audio and settings; rendering follows."""
+        try:
+            settings = self.current_settings()
+        except StudioError as e:
+            self.show_error(str(e))
+            return
+        gen = self._next_generation()
+        self.statusBar().showMessage("computing motion…")
+        self.requestMotion.emit(MotionJob(gen, self.audio_path, settings))
+
+    def request_render(self) -> None:
+        """Re-render the preview of the current motion (e.g. after a size change)."""
+        if self.result is None:
+            return
+        gen = self._next_generation()
+        self._start_render(gen, self.result)
+
+    def _start_render(self, gen: int, result: MotionResult) -> None:
+        self.frames = [None] * result.num_frames
+        self.rendering = True
+        self.statusBar().showMessage("rendering preview…")
+        self.requestRender.emit(gen, result, self.current_settings().size)
+
+    def cancel_render(self) -> None:
+        """Stop the preview render (Esc); the frames rendered so far stay."""
+        self.render_worker.cancellation.cancel_upto(self.generation)
+        self.motion_worker.cancellation.cancel_upto(self.generation)
+
+    def _controls_changed(self, kind: str) -> None:
+        if kind == "output":
+            self.request_render()
+        else:
+            self._debounce.start()
+
+    # --- worker results --------------------------------------------------------------------
+
+    def _audio_loaded(self, gen: int, audio) -> None:
+        if gen != self.generation:
+            return
+        self.timeline.set_audio(audio.samples, 16000)
+        self.playback.set_source(audio.path, audio.num_frames)
+
+    def _motion_ready(self, gen: int, result: MotionResult) -> None:
+        if gen != self.generation:
+            return
+        self.result = result
+        self.plots.set_result(result)
+        self.timeline.set_plan(result.plan.strides, result.plan.keyframes)
+        self.metrics.set_result(result)
+        self._start_render(gen, result)
+
+    def _frame_ready(self, gen: int, index: int, frame: np.ndarray) -> None:
+        if gen != self.generation or index >= len(self.frames):
+            return
+        self.frames[index] = frame
+        if not self.playback.playing:
+            self.viewer.show_frame(frame)
+            self._set_frame_label(index)
+        elif index == self.playback.frame:
+            self.viewer.show_frame(frame)
+
+    def _progress(self, gen: int, stage: str, done: int, total: int) -> None:
+        if stage == "export" and self.export_dialog is not None:
+            self.export_dialog.set_progress(done, total)
+        elif gen == self.generation:
+            self.statusBar().showMessage(f"rendering preview… {done}/{total}")
+
+    def _render_done(self, gen: int, stats: dict) -> None:
+        if gen != self.generation:
+            return
+        self.rendering = False
+        self.last_fps = stats["fps"]
+        self.metrics.set_render_stats(stats)
+        self._update_engine_status()
+        self.statusBar().showMessage(
+            f"preview ready: {stats['frames']} frames, {stats['rendered_frames']} rendered, "
+            f"{stats['fps']:.1f} fps",
+            8000,
+        )
+        self._show_frame(self.playback.frame)
+        self.renderFinished.emit(stats)
+
+    def _cancelled(self, gen: int) -> None:
+        if gen == RenderWorker.EXPORT_GENERATION:
+            if self.export_dialog is not None:
+                self.export_dialog.finished("Export cancelled; nothing was written.", ok=False)
+            return
+        if gen == self.generation:
+            self.rendering = False
+            self.statusBar().showMessage("render cancelled", 5000)
+
+    def _failed(self, gen: int, message: str, details: str) -> None:
+        if gen == RenderWorker.EXPORT_GENERATION:
+            if self.export_dialog is not None:
+                self.export_dialog.finished(f"Export failed: {message}", ok=False)
+            self.show_error(message, details)
+            return
+        if gen != self.generation:
+            return
+        self.rendering = False
+        self.statusBar().showMessage("failed", 5000)
+        self.show_error(message, details)
+
+    def _export_done(self, path: str, report: dict) -> None:
+        self._add_recent_export(path)
+        if self.export_dialog is not None:
+            self.export_dialog.finished(
+                f"Wrote {path} ({report['frames']} frames, {report['render_fps']:.1f} fps).",
+                ok=True,
+            )
+        self.statusBar().showMessage(f"exported {path}", 8000)
+
+    def _add_recent_export(self, path: str) -> None:
+        self.store.setValue("files/last_export", path)
+
+    # --- display ------------------------------------------------------------------------------
+
+    def _set_frame_label(self, index: int) -> None:
+        n = len(self.frames)
+        self.frame_label.setText(f"frame {index + 1} / {n}   {index / FPS:6.2f} s")
+
+    def _show_frame(self, index: int) -> None:
+        self.timeline.set_frame(index)
+        self.plots.set_frame(index)
+        if not self.frames:
+            return
+        self._set_frame_label(index)
+        frame = self.frames[min(index, len(self.frames) - 1)]
+        if frame is not None:
+            self.viewer.show_frame(frame)
+
+    def _update_engine_status(self) -> None:
+        s = self.current_settings()
+        fps = f"{self.last_fps:.1f} fps" if self.last_fps else "– fps"
+        audio = "" if not self.playback.silent else f"  ·  {self.playback.silent_reason}"
+        self.status_engine.setText(
+            f"backend {s.backend}  ·  device CPU  ·  precision fp32  ·  last render {fps}{audio}"
+        )
+
+    def show_error(self, message: str, details: str = "") -> None:
+        """A dialog with a one-line explanation and a details section; non-blocking."""
+        box = QMessageBox(QMessageBox.Icon.Warning, "Studio", message.splitlines()[0], parent=self)
+        box.setDetailedText(details or message)
+        box.setWindowModality(Qt.WindowModality.WindowModal)
+        box.open()
+        self.error_box = box
+        self.errorShown.emit(message)
+
+    # --- files ----------------------------------------------------------------------------------
+
+    def open_audio(self, path: str) -> None:
+        self.audio_path = path
+        self._add_recent(path)
+        self.setWindowTitle(f"Talking-head studio — {Path(path).name}")
+        self.request_motion()
+
+    def _set_avatar(self, path: str, announce: bool = True) -> bool:
+        p = Path(path)
+        if p.is_dir():
+            if not (p / "avatar.json").exists():
+                self.show_error(
+                    f"{p} is not a cached avatar folder (no avatar.json); "
+                    "choose an image or a folder the studio saved."
+                )
+                return False
+        elif not QImageReader(str(p)).canRead():
+            self.show_error(f"Cannot read {p.name} as an image; use PNG, JPEG, BMP or WebP.")
+            return False
+        self.avatar_path = str(p)
+        self._add_recent(str(p))
+        if announce:
+            self.statusBar().showMessage(
+                f"avatar {p.name} set; the demo engine draws its own character, the Ditto "
+                "engine will animate this one",
+                10000,
+            )
+        return True
+
+    def open_path(self, path: str) -> None:
+        """Open a dropped or recent file: audio by suffix, otherwise an avatar."""
+        p = Path(path)
+        if p.suffix.lower() in AUDIO_SUFFIXES:
+            self.open_audio(str(p))
+        elif p.is_dir() or p.suffix.lower() in IMAGE_SUFFIXES:
+            self._set_avatar(str(p))
+        else:
+            self.show_error(f"{p.name}: not an audio file or an image the studio can open.")
+
+    def open_audio_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self,
+            "Open audio",
+            str(Path.home()),
+            "Audio (*.wav *.flac *.ogg *.mp3 *.aiff *.au);;All files (*)",
+        )
+        if path:
+            self.open_audio(path)
+
+    def open_avatar_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self,
+            "Open avatar",
+            str(Path.home()),
+            "Images (*.png *.jpg *.jpeg *.bmp *.webp);;All files (*)",
+        )
+        if path:
+            self._set_avatar(path)
+
+    def load_preset_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Load preset", str(Path.home()), "Presets (*.json)"
+        )
+        if path:
+            self.load_preset(path)
+
+    def load_preset(self, path: str) -> None:
+        try:
+            settings = RenderSettings.load(path)
+        except StudioError as e:
+            self.show_error(str(e))
+            return
+        self.controls.set_settings(settings)
+        self.request_motion()
+
+    def save_preset_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Save preset", str(Path.home()), "Presets (*.json)"
+        )
+        if path:
+            self.save_preset(path if path.endswith(".json") else path + ".json")
+
+    def save_preset(self, path: str) -> None:
+        try:
+            self.controls.settings().save(path)
+        except (OSError, StudioError) as e:
+            self.show_error(f"Cannot save the preset to {path}: {e}")
+
+    def dragEnterEvent(self, event) -> None:  # noqa: N802 - Qt API
+        if event.mimeData().hasUrls():
+            event.acceptProposedAction()
+
+    def dropEvent(self, event) -> None:  # noqa: N802 - Qt API
+        for url in event.mimeData().urls():
+            if url.isLocalFile():
+                self.open_path(url.toLocalFile())
+
+    # --- export --------------------------------------------------------------------------------
+
+    def open_export_dialog(self) -> ExportDialog:
+        s = self.current_settings()
+        last = self.store.value("files/last_export")
+        path = str(last) if last else default_export_path(self.audio_path)
+        dlg = ExportDialog(path, s.size, s.crf, self)
+        dlg.exportRequested.connect(self.export)
+        dlg.cancelRequested.connect(self.render_worker.cancel_export)
+        self.export_dialog = dlg
+        dlg.open()
+        return dlg
+
+    def export(self, path: str, size: int, crf: int) -> None:
+        """Export the current motion to ``path`` with the preview's settings."""
+        if self.result is None:
+            self.show_error("Nothing to export yet: wait for the motion to be computed.")
+            return
+        try:
+            target = check_output_path(path)
+            settings = export_settings(self.current_settings(), size, crf)
+        except StudioError as e:
+            if self.export_dialog is not None:
+                self.export_dialog.finished(str(e), ok=False)
+            self.show_error(str(e))
+            return
+        if self.export_dialog is not None:
+            self.export_dialog.started()
+        self.requestExport.emit(ExportJob(self.result, settings, str(target)))
+
+    # --- shutdown --------------------------------------------------------------------------------
+
+    def closeEvent(self, event) -> None:  # noqa: N802 - Qt API
+        self._save()
+        self.playback.pause()
+        self.render_worker.cancel_export()
+        self.motion_worker.cancellation.cancel_upto(1 << 62)
+        self.render_worker.cancellation.cancel_upto(1 << 62)
+        for thread in (self.motion_thread, self.render_thread):
+            thread.quit()
+            thread.wait(5000)
+        super().closeEvent(event)
