@@ -34,7 +34,6 @@ class MetricsPanel(QWidget):
         for key, label in ROWS:
             value = QLabel("–")
             value.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-            value.setWordWrap(True)
             form.addRow(label, value)
             self.values[key] = value
         outer.addWidget(box)
@@ -61,10 +60,10 @@ class MetricsPanel(QWidget):
         n, keys = r.num_frames, int(r.plan.keyframes.size)
         self.values["rendered"].setText(f"{keys} of {n} ({100.0 * keys / max(n, 1):.0f} %)")
         self.values["timings"].setText(
-            ", ".join(f"{name} {ms:.0f} ms" for name, ms in r.timings_ms.items())
+            "\n".join(f"{name}: {ms:.0f} ms" for name, ms in r.timings_ms.items())
         )
 
     def set_render_stats(self, stats: dict) -> None:
         self.values["fps"].setText(
-            f"{stats['fps']:.1f} fps ({stats['frames']} frames in {stats['wall_ms'] / 1000:.2f} s)"
+            f"{stats['fps']:.1f} fps\n{stats['frames']} frames in {stats['wall_ms'] / 1000:.2f} s"
         )

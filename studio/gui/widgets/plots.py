@@ -63,7 +63,9 @@ class Timeline(pg.PlotWidget):
         p.addItem(self.playhead)
         self.playhead.sigDragged.connect(self._dragged)
         p.setYRange(-1.5, 1.05, padding=0)
-        self.setMinimumHeight(110)
+        p.enableAutoRange(x=False, y=False)
+        self.setMinimumHeight(120)
+        self.setMaximumHeight(170)
         self._n = 0
 
     def set_audio(self, samples: np.ndarray, rate: int) -> None:
@@ -132,12 +134,18 @@ class MotionPlots(pg.GraphicsLayoutWidget):
             self.curves["smoothed"][name] = plot.plot(
                 pen=pg.mkPen(colour, width=2), name=name if plot is self.angles else None
             )
+        jerk_legend = self.jerk.addLegend(offset=(-10, 4), labelTextColor=theme.TEXT, colCount=3)
         self.jerk_raw = self.jerk.plot(pen=pg.mkPen(theme.JERK_RAW, width=1), name="raw")
-        self.jerk_smooth = self.jerk.plot(pen=pg.mkPen(theme.JERK_SMOOTHED, width=2))
+        self.jerk_smooth = self.jerk.plot(
+            pen=pg.mkPen(theme.JERK_SMOOTHED, width=2), name="smoothed"
+        )
         self.transitions = pg.ScatterPlotItem(
             symbol="o", size=5, pen=None, brush=pg.mkBrush(theme.TRANSITION)
         )
         self.jerk.addItem(self.transitions)
+        jerk_legend.addItem(self.transitions, "stride change")
+        for item in (self.angles, self.trans, self.jerk):
+            item.enableAutoRange(x=False)
         self.playheads = []
         for item in (self.angles, self.trans, self.jerk):
             line = pg.InfiniteLine(0, pen=pg.mkPen(theme.PLAYHEAD, width=1))
@@ -179,6 +187,8 @@ class MotionPlots(pg.GraphicsLayoutWidget):
         tr = stride_transitions(result.plan.strides)
         tr = tr[(tr >= 2) & (tr < jr.size + 2)]
         self.transitions.setData(x=tr / FPS, y=jr[tr - 2] if tr.size else [])
+        self.angles.setXRange(0, result.num_frames / FPS, padding=0.01)
+        self.angles.setXRange(0, result.num_frames / FPS, padding=0.01)
 
     def set_frame(self, frame: int) -> None:
         for line in self.playheads:
