@@ -3,5 +3,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh test
+# QtMultimedia needs the PulseAudio client library; install it where it is missing and we can.
+if ! ldconfig -p 2>/dev/null | grep -q "libpulse.so.0"; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    (apt-get update -qq && apt-get install -y -qq libpulse0) >/dev/null 2>&1 || true
+  fi
+fi
 .venv/bin/ruff check studio tests
 .venv/bin/python -m pytest -q "$@"
