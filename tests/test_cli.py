@@ -309,3 +309,33 @@ def test_console_entry_and_help_on_every_subcommand():
         timeout=60,
     )
     assert r.returncode == 2 and "--out" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_gui_screenshot_smoke(tmp_path):
+    shot = tmp_path / "shot.png"
+    env = {
+        **__import__("os").environ,
+        "QT_QPA_PLATFORM": "offscreen",
+        "STUDIO_CONFIG_DIR": str(tmp_path / "cfg"),
+    }
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "studio",
+            "gui",
+            "--screenshot",
+            str(shot),
+            "--window-size",
+            "1280x720",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    from PySide6.QtGui import QImage
+
+    img = QImage(str(shot))
+    assert (img.width(), img.height()) == (1280, 720)

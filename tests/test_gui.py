@@ -116,3 +116,56 @@ def test_settings_and_recent_files_persist(window, qtbot, tmp_path):
 
     assert RenderSettings.load(preset).smooth_window == 9
     again.close()
+
+
+def test_keyboard_transport_steps_and_scrubs(window, qtbot):
+    from PySide6.QtCore import Qt
+
+    qtbot.keyClick(window, Qt.Key.Key_Right)
+    qtbot.keyClick(window, Qt.Key.Key_Right)
+    assert window.playback.frame == 2
+    assert window.viewer.frame is window.frames[2]
+    qtbot.keyClick(window, Qt.Key.Key_Left)
+    assert window.playback.frame == 1
+    window.timeline.playhead.setValue(100.5 / 25)
+    window.timeline.scrubbed.emit(100)
+    assert window.playback.frame == 100 and window.viewer.frame is window.frames[100]
+    qtbot.keyClick(window, Qt.Key.Key_Home)
+    assert window.playback.frame == 0
+    qtbot.keyClick(window, Qt.Key.Key_Space)
+    assert window.playback.playing
+    qtbot.waitUntil(lambda: window.playback.frame > 3, timeout=5000)
+    qtbot.keyClick(window, Qt.Key.Key_Space)
+    assert not window.playback.playing
+
+
+def test_open_path_routes_files_and_rejects_bad_avatars(window, qtbot, tmp_path):
+    not_image = tmp_path / "face.png"
+    not_image.write_bytes(b"not really a png")
+    with qtbot.waitSignal(window.errorShown, timeout=2000) as blocker:
+        window.open_path(str(not_image))
+    assert "face.png" in blocker.args[0]
+    window.error_box.close()
+    with qtbot.waitSignal(window.errorShown, timeout=2000):
+        window.open_path(str(tmp_path / "notes.docx"))
+    window.error_box.close()
+    from PySide6.QtGui import QImage
+
+    good = tmp_path / "avatar.png"
+    img = QImage(64, 64, QImage.Format.Format_RGB32)
+    img.fill(0x336699)
+    assert img.save(str(good))
+    window.open_path(str(good))
+    assert window.avatar_path == str(good)
+
+
+def test_closing_mid_render_stops_the_workers(qtbot, tmp_path, monkeypatch):
+    monkeypatch.setenv("STUDIO_CONFIG_DIR", str(tmp_path / "config"))
+    w = MainWindow()
+    qtbot.addWidget(w)
+    w.show()
+    qtbot.waitUntil(
+        lambda: w.rendering and any(f is not None for f in w.frames), timeout=RENDER_TIMEOUT_MS
+    )
+    w.close()
+    assert w.render_thread.isFinished() and w.motion_thread.isFinished()
