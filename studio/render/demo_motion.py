@@ -33,9 +33,16 @@ def _envelope(x: np.ndarray, attack: float, release: float) -> np.ndarray:
 
 
 def _slow_noise(rng: np.random.Generator, n: int, sigma_frames: float) -> np.ndarray:
-    """Unit-variance smooth noise with the given time scale."""
-    z = gaussian_filter1d(rng.standard_normal(n + 200), sigma_frames, mode="wrap")[100 : 100 + n]
-    return z / (z.std() + 1e-9)
+    """Zero-mean, unit-variance smooth noise with the given time scale.
+
+    Drawn over a long buffer and normalised there, so a short clip is a piece of a
+    stationary process (not rescaled until its own spread is 1, which would blow up
+    a slow drift into a large constant offset).
+    """
+    span = max(n, int(20 * sigma_frames)) + 200
+    z = gaussian_filter1d(rng.standard_normal(span), sigma_frames, mode="wrap")
+    z = (z - z.mean()) / (z.std() + 1e-9)
+    return z[100 : 100 + n]
 
 
 def _damped_response(impulses: np.ndarray, freq_hz: float, damping: float) -> np.ndarray:
