@@ -52,7 +52,7 @@ from studio.settings import RenderSettings
 AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".oga", ".mp3", ".aiff", ".aif", ".au", ".caf"}
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff"}
 MAX_RECENT = 8
-DEBOUNCE_MS = 120
+DEBOUNCE_MS = 60
 
 
 def app_settings() -> QSettings:
@@ -246,7 +246,7 @@ class MainWindow(QMainWindow):
             (self.motion_worker.audioLoaded, self._audio_loaded),
             (self.motion_worker.motionReady, self._motion_ready),
             (self.motion_worker.failed, self._failed),
-            (self.render_worker.frameReady, self._frame_ready),
+            (self.render_worker.framesReady, self._frames_ready),
             (self.render_worker.progress, self._progress),
             (self.render_worker.renderDone, self._render_done),
             (self.render_worker.cancelled, self._cancelled),
@@ -341,6 +341,8 @@ class MainWindow(QMainWindow):
         self.motion_worker.cancellation.cancel_upto(self.generation)
 
     def _controls_changed(self, kind: str) -> None:
+        # Stop the outdated preview at once: it would compete with the new motion for the CPU.
+        self.render_worker.cancellation.cancel_upto(self.generation)
         if kind == "output":
             self.request_render()
         else:
@@ -363,15 +365,16 @@ class MainWindow(QMainWindow):
         self.metrics.set_result(result)
         self._start_render(gen, result)
 
-    def _frame_ready(self, gen: int, index: int, frame: np.ndarray) -> None:
-        if gen != self.generation or index >= len(self.frames):
+    def _frames_ready(self, gen: int, start: int, frames: list[np.ndarray]) -> None:
+        if gen != self.generation or start + len(frames) > len(self.frames):
             return
-        self.frames[index] = frame
+        self.frames[start : start + len(frames)] = frames
+        last = start + len(frames) - 1
         if not self.playback.playing:
-            self.viewer.show_frame(frame)
-            self._set_frame_label(index)
-        elif index == self.playback.frame:
-            self.viewer.show_frame(frame)
+            self.viewer.show_frame(frames[-1])  # follow the render
+            self._set_frame_label(last)
+        elif start <= self.playback.frame <= last:
+            self.viewer.show_frame(self.frames[self.playback.frame])
 
     def _progress(self, gen: int, stage: str, done: int, total: int) -> None:
         if stage == "export" and self.export_dialog is not None:

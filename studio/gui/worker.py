@@ -30,6 +30,10 @@ from studio.render.pipeline import (
 from studio.settings import RenderSettings
 
 
+PREVIEW_BATCH = 4  # keyframes per render call: small, so a cancel lands within ~50 ms
+FRAME_CHUNK = 6  # frames per signal: keeps the GUI's event queue short while rendering
+
+
 @dataclass(frozen=True)
 class MotionJob:
     """Compute motion for an audio file with these settings."""
@@ -119,7 +123,7 @@ class MotionWorker(QObject):
 class RenderWorker(QObject):
     """Renders preview frames and exports MP4s."""
 
-    frameReady = Signal(int, int, object)  # generation, frame index, HxWx3 uint8
+    framesReady = Signal(int, int, object)  # generation, first index, list of HxWx3 uint8
     progress = Signal(int, str, int, int)  # generation, stage, done, total
     renderDone = Signal(int, object)  # generation, stats dict
     exportDone = Signal(str, object)  # path, report dict
@@ -151,12 +155,20 @@ class RenderWorker(QObject):
             frames = iter_frames(
                 result,
                 self._renderer(size),
+                batch=PREVIEW_BATCH,
                 cancel=lambda: self.cancellation.is_cancelled(generation),
                 progress=lambda s, d, n: self.progress.emit(generation, s, d, n),
                 stats=stats,
             )
-            for i, img in enumerate(frames):
-                self.frameReady.emit(generation, i, img)
+            chunk: list = []
+            start = 0
+            for img in frames:
+                chunk.append(img)
+                if len(chunk) == FRAME_CHUNK:
+                    self.framesReady.emit(generation, start, chunk)
+                    start, chunk = start + len(chunk), []
+            if chunk:
+                self.framesReady.emit(generation, start, chunk)
         except Cancelled:
             self.cancelled.emit(generation)
             return
