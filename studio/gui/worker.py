@@ -29,7 +29,6 @@ from studio.render.pipeline import (
 )
 from studio.settings import RenderSettings
 
-
 PREVIEW_BATCH = 4  # keyframes per render call: small, so a cancel lands within ~50 ms
 FRAME_CHUNK = 6  # frames per signal: keeps the GUI's event queue short while rendering
 
