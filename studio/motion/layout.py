@@ -52,6 +52,24 @@ ANGLE_SLICES = {"pitch": PITCH, "yaw": YAW, "roll": ROLL}
 SMOOTHED_DIMS = slice(0, T.stop)  # the reference's box filter covers dims 0..201
 assert MOTION_DIM == 265 and SMOOTHED_DIMS.stop == 202
 
+# --- audio features (HuBERT) -------------------------------------------------
+HUBERT_DIM = 1024
+HUBERT_HOP = 320  # samples per HuBERT frame (50 Hz, two per video frame)
+HUBERT_RECEPTIVE_FIELD = 400  # samples seen by the conv front end per frame
+HUBERT_CHUNK = (3, 5, 2)  # (left context, valid, right context) in video frames
+HUBERT_CHUNK_EXTRA = HUBERT_RECEPTIVE_FIELD - HUBERT_HOP  # 80: brings 6400 to 20 frames
+
+# --- the LMDM condition, in this order: HuBERT, emotion, eye_open, eye_ball, sc ---
+EMOTIONS = ("Angry", "Disgust", "Fear", "Happy", "Neutral", "Sad", "Surprise", "Contempt")
+NUM_EMOTIONS = len(EMOTIONS)  # 8
+DEFAULT_EMOTION = EMOTIONS.index("Neutral")  # 4
+EMOTION_LOGIT = 8.0  # logit of a chosen label before the softmax (others 0)
+EYE_OPEN_DIM = 2  # (left, right)
+EYE_BALL_DIM = 6  # (xL, xR, yL, yR, zL, zR)
+SC_DIM = EXP_DIM  # 63: canonical keypoints of source frame 0
+COND_DIM = HUBERT_DIM + NUM_EMOTIONS + EYE_OPEN_DIM + EYE_BALL_DIM + SC_DIM  # 1103
+assert COND_DIM == 1103
+
 # --- LMDM windows and diffusion -----------------------------------------------
 SEQ_FRAMES = 80
 OVERLAP_OFFLINE = 10

@@ -1,0 +1,295 @@
+"""HuBERT audio features at the video rate, chunked exactly as Ditto does.
+
+The released ``hubert_streaming_fix_kv.onnx`` maps ``input_values`` [1, N] float32 (16 kHz)
+to ``encoding_out`` [T_h, 1024] (no batch axis) at 50 Hz. Audio goes through it in chunks
+of ``split_len = (a + b + c) * 640 + 80`` samples (6480 for the default chunk (3, 5, 2) of
+left-context, valid and right-context video frames). Of the 2 (a + b + c) = 20 HuBERT
+frames of a chunk, frames ``[-(b + c) * 2 : -c * 2]`` are kept and averaged in pairs,
+giving ``b`` features per chunk.
+
+* Offline: left pad ``a * 640 + 80`` zeros, right pad ``split_len``; chunks start every
+  ``b`` frames, at sample ``640 * i``. Feature j covers samples ~[640 j - 80, 640 j + 640).
+  Ditto computes the start as ``int(i * 0.04 * 16000)``, which for some i >= 1615 (64.6 s)
+  lands one sample early through float error; the integer start here fixes that on
+  purpose. The frame count ``ceil(len * 25 / 16000)`` is also exact integer arithmetic
+  (Ditto's float form gives one frame more for some lengths, e.g. 4480 samples).
+* Online: left pad ``a * 640`` zeros, windows every ``b * 640`` samples, zero-filled at the
+  end, so features are 80 samples later than offline and there are
+  ``b * ceil((len + a * 640) / (b * 640))`` of them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from studio.errors import InputError, StudioError
+from studio.motion.layout import (
+    FPS,
+    HUBERT_CHUNK,
+    HUBERT_CHUNK_EXTRA,
+    HUBERT_DIM,
+    SAMPLE_RATE,
+    SAMPLES_PER_FRAME,
+)
+
+INPUT_NAME = "input_values"
+OUTPUT_NAME = "encoding_out"
+
+
+def num_feature_frames(num_samples: int) -> int:
+    """Video frames covering ``num_samples`` 16 kHz samples: ceil(n * 25 / 16000), exactly."""
+    return -(-int(num_samples) * FPS // SAMPLE_RATE)
+
+
+@dataclass(frozen=True)
+class ChunkGeometry:
+    """HuBERT chunking for ``(left, valid, right)`` context in video frames."""
+
+    left: int
+    valid: int
+    right: int
+
+    @classmethod
+    def of(cls, chunksize: Sequence[int] | ChunkGeometry) -> ChunkGeometry:
+        """Validated geometry from a 3-sequence (a, b, c): a >= 0, b > 0, c > 0."""
+        if isinstance(chunksize, ChunkGeometry):
+            return chunksize
+        try:
+            a, b, c = (int(v) for v in chunksize)
+            ok = all(int(v) == v and not isinstance(v, bool) for v in chunksize)
+        except (TypeError, ValueError):
+            ok = False
+        if not ok or a < 0 or b <= 0 or c <= 0:
+            raise ValueError(
+                f"chunksize must be three integers (left >= 0, valid > 0, right > 0), got "
+                f"{chunksize!r}; right must be > 0 or the kept HuBERT slice is empty"
+            )
+        return cls(a, b, c)
+
+    @property
+    def split_len(self) -> int:
+        """Samples per HuBERT call: (a + b + c) * 640 + 80 (6480)."""
+        return (self.left + self.valid + self.right) * SAMPLES_PER_FRAME + HUBERT_CHUNK_EXTRA
+
+    @property
+    def hop(self) -> int:
+        """Samples between chunk starts: b * 640 (3200)."""
+        return self.valid * SAMPLES_PER_FRAME
+
+    @property
+    def keep(self) -> slice:
+        """HuBERT frames kept per chunk: [-(b + c) * 2 : -c * 2] (frames -14..-5)."""
+        return slice(-(self.valid + self.right) * 2, -self.right * 2)
+
+    @property
+    def min_hubert_frames(self) -> int:
+        """The fewest HuBERT frames a chunk must yield for ``keep`` to be whole."""
+        return (self.valid + self.right) * 2
+
+    @property
+    def offline_left_pad(self) -> int:
+        """split_len - (b + c) * 640 = a * 640 + 80 (2000)."""
+        return self.split_len - (self.valid + self.right) * SAMPLES_PER_FRAME
+
+    @property
+    def online_left_pad(self) -> int:
+        """a * 640 (1920)."""
+        return self.left * SAMPLES_PER_FRAME
+
+
+def offline_chunk_starts(num_frames: int, chunksize: Sequence[int] = HUBERT_CHUNK) -> range:
+    """Start samples (in the padded signal) of the offline chunks: 640 i, i = 0, b, 2b, ..."""
+    g = ChunkGeometry.of(chunksize)
+    return range(0, SAMPLES_PER_FRAME * max(int(num_frames), 0), g.hop)
+
+
+def online_feature_count(num_samples: int, chunksize: Sequence[int] = HUBERT_CHUNK) -> int:
+    """Features the online path yields: b * ceil((len + a * 640) / (b * 640))."""
+    g = ChunkGeometry.of(chunksize)
+    return g.valid * -(-(int(num_samples) + g.online_left_pad) // g.hop)
+
+
+def online_windows(
+    samples16k: np.ndarray, chunksize: Sequence[int] = HUBERT_CHUNK
+) -> Iterator[np.ndarray]:
+    """The online path's ``split_len``-sample windows (read-only views of one padded buffer)."""
+    x = _check_samples(samples16k)
+    g = ChunkGeometry.of(chunksize)
+    n = g.online_left_pad + len(x)
+    padded = np.zeros(n + g.split_len, dtype=np.float32)
+    padded[g.online_left_pad : n] = x
+    padded.flags.writeable = False
+    for start in range(0, n, g.hop):
+        yield padded[start : start + g.split_len]
+
+
+class HubertFeatures:
+    """HuBERT features from ``hubert_streaming_fix_kv.onnx`` through ONNX Runtime.
+
+    ``providers=None`` picks CUDA when ONNX Runtime offers it, else CPU. One session is
+    made per model file (and provider list) and shared by every instance.
+    """
+
+    def __init__(
+        self,
+        onnx_path: str | os.PathLike,
+        providers: Sequence[str] | None = None,
+        chunksize: Sequence[int] = HUBERT_CHUNK,
+    ) -> None:
+        self.geometry = ChunkGeometry.of(chunksize)
+        self.path = Path(onnx_path).expanduser()
+        self._session = _session_for(self.path, None if providers is None else tuple(providers))
+        _check_signature(self._session, self.path, self.geometry)
+        self._silence: dict[int, np.ndarray] = {}
+
+    @property
+    def providers(self) -> list[str]:
+        """The execution providers the session runs on, in priority order."""
+        return list(self._session.get_providers())
+
+    def chunk_features(self, chunk: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """One ``split_len``-sample chunk -> [b, 1024] features (written into ``out`` if given)."""
+        g = self.geometry
+        x = _check_samples(chunk)
+        if len(x) != g.split_len:
+            raise ValueError(f"a HuBERT chunk must have {g.split_len} samples, got {len(x)}")
+        enc = self._session.run([OUTPUT_NAME], {INPUT_NAME: np.ascontiguousarray(x)[None, :]})[0]
+        if enc.ndim != 2 or enc.shape[1] != HUBERT_DIM or enc.shape[0] < g.min_hubert_frames:
+            raise InputError(
+                f"HuBERT model '{self.path}' returned '{OUTPUT_NAME}' shaped {list(enc.shape)} "
+                f"for {g.split_len} samples; expected [>= {g.min_hubert_frames}, {HUBERT_DIM}] "
+                "(hubert_streaming_fix_kv.onnx gives [20, 1024] for 6480)."
+            )
+        kept = enc[g.keep]
+        if out is None:
+            out = np.empty((g.valid, HUBERT_DIM), dtype=np.float32)
+        np.add(kept[0::2], kept[1::2], out=out)
+        out *= 0.5
+        return out
+
+    def offline(self, samples16k: np.ndarray) -> np.ndarray:
+        """All features at once: [ceil(len * 25 / 16000), 1024] float32 (Ditto's offline path)."""
+        x = _check_samples(samples16k)
+        g = self.geometry
+        num_f = num_feature_frames(len(x))
+        starts = offline_chunk_starts(num_f, g)
+        padded = np.zeros(g.offline_left_pad + len(x) + g.split_len, dtype=np.float32)
+        padded[g.offline_left_pad : g.offline_left_pad + len(x)] = x
+        out = np.empty((len(starts) * g.valid, HUBERT_DIM), dtype=np.float32)
+        for k, start in enumerate(starts):
+            self.chunk_features(
+                padded[start : start + g.split_len], out[k * g.valid : (k + 1) * g.valid]
+            )
+        return out[:num_f]
+
+    def online_chunks(self, samples16k: np.ndarray) -> Iterator[np.ndarray]:
+        """Yield [b, 1024] blocks as Ditto's online path would (``online_feature_count`` rows)."""
+        for window in online_windows(samples16k, self.geometry):
+            yield self.chunk_features(window)
+
+    def silence(self, n_frames: int) -> np.ndarray:
+        """[n, 1024] features of n * 640 zero samples (offline path): the online priming."""
+        n = int(n_frames)
+        if n < 0:
+            raise ValueError(f"n_frames must be >= 0, got {n_frames}")
+        if n not in self._silence:
+            feats = self.offline(np.zeros(n * SAMPLES_PER_FRAME, dtype=np.float32))
+            assert len(feats) == n
+            self._silence[n] = feats
+        return self._silence[n].copy()
+
+
+# --- internals ---------------------------------------------------------------
+
+
+def _check_samples(x: Any) -> np.ndarray:
+    if not isinstance(x, np.ndarray) or x.ndim != 1 or x.dtype != np.float32:
+        desc = (
+            f"{x.dtype} array shaped {list(x.shape)}"
+            if isinstance(x, np.ndarray)
+            else type(x).__name__
+        )
+        raise ValueError(f"audio must be a 1-D float32 array of 16 kHz samples, got {desc}")
+    return x
+
+
+def default_providers() -> tuple[str, ...]:
+    """CUDA then CPU when ONNX Runtime offers CUDA, else CPU only."""
+    ort = _onnxruntime()
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        return ("CUDAExecutionProvider", "CPUExecutionProvider")
+    return ("CPUExecutionProvider",)
+
+
+def _onnxruntime() -> Any:
+    try:
+        import onnxruntime
+    except ImportError:
+        raise StudioError(
+            "HuBERT features need onnxruntime; install it with "
+            "pip install 'talkinghead-studio[onnx]'."
+        ) from None
+    return onnxruntime
+
+
+def _session_for(path: Path, providers: tuple[str, ...] | None) -> Any:
+    if not path.exists():
+        raise InputError(f"HuBERT model '{path}' does not exist; check the checkpoint folder.")
+    if path.is_dir():
+        raise InputError(f"HuBERT model path '{path}' is a directory; point it at the .onnx file.")
+    st = path.stat()
+    return _cached_session(str(path.resolve()), st.st_mtime_ns, st.st_size, providers)
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_session(
+    path: str, _mtime_ns: int, _size: int, providers: tuple[str, ...] | None
+) -> Any:
+    ort = _onnxruntime()
+    chosen = providers if providers is not None else default_providers()
+    try:
+        return ort.InferenceSession(path, providers=list(chosen))
+    except Exception as e:  # ORT raises several pybind types for bad files
+        reason = " ".join(str(e).split())[:160] or type(e).__name__
+        raise InputError(
+            f"HuBERT model '{path}' could not be loaded by ONNX Runtime ({reason}); "
+            "it is not a readable ONNX file (re-download hubert_streaming_fix_kv.onnx)."
+        ) from None
+
+
+def _check_signature(session: Any, path: Path, g: ChunkGeometry) -> None:
+    """InputError unless the model has input_values [1, N] f32 and encoding_out [T, 1024] f32."""
+    expected = (
+        f"expected one input '{INPUT_NAME}' float32 [1, N] and an output '{OUTPUT_NAME}' "
+        f"float32 [T_h, {HUBERT_DIM}] (hubert_streaming_fix_kv.onnx)"
+    )
+    inputs = session.get_inputs()
+    outputs = {o.name: o for o in session.get_outputs()}
+
+    def fail(found: str) -> None:
+        raise InputError(f"HuBERT model '{path}' has {found}; {expected}.")
+
+    if len(inputs) != 1 or inputs[0].name != INPUT_NAME:
+        fail("inputs " + ", ".join(f"'{i.name}'" for i in inputs))
+    inp = inputs[0]
+    if inp.type != "tensor(float)" or len(inp.shape) != 2:
+        fail(f"input '{INPUT_NAME}' of type {inp.type} shaped {inp.shape}")
+    batch, length = inp.shape
+    if isinstance(batch, int) and batch != 1:
+        fail(f"input batch {batch}")
+    if isinstance(length, int) and length != g.split_len:
+        fail(f"a fixed input length of {length} samples (chunks need {g.split_len})")
+    if OUTPUT_NAME not in outputs:
+        fail("outputs " + ", ".join(f"'{n}'" for n in outputs))
+    out = outputs[OUTPUT_NAME]
+    if out.type != "tensor(float)" or len(out.shape) != 2:
+        fail(f"output '{OUTPUT_NAME}' of type {out.type} shaped {out.shape}")
+    if isinstance(out.shape[1], int) and out.shape[1] != HUBERT_DIM:
+        fail(f"output '{OUTPUT_NAME}' of width {out.shape[1]}")
