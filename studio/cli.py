@@ -1,4 +1,4 @@
-"""The `studio` command: gui (default), render, analyze, doctor.
+"""The `studio` command: gui (default), render, analyze, doctor, export-onnx.
 
 User errors (bad files, bad options, unwritable outputs) print one line on
 stderr and exit with status 2; nothing is left half-written.
@@ -99,9 +99,46 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser(
         "doctor",
         help="what this machine offers the studio",
-        description="Report Python, torch, ONNX Runtime, TensorRT, GPU, Qt, PyAV.",
+        description="Report Python, torch, ONNX Runtime, TensorRT, GPU, Qt, PyAV and, with "
+        "--checkpoints, which of Ditto's checkpoint files are present or missing per stage.",
     )
     d.add_argument("--json", action="store_true", help="print JSON instead of text")
+    d.add_argument(
+        "--checkpoints",
+        metavar="DIR",
+        help="also check Ditto's checkpoint folder (the one holding ditto_pytorch/, "
+        "ditto_onnx/, ditto_trt_*/, ditto_cfg/)",
+    )
+
+    e = sub.add_parser(
+        "export-onnx",
+        help="export Ditto's PyTorch networks to ONNX, verified in ONNX Runtime",
+        description="Export the networks found in DIR/ditto_pytorch/models/ to ONNX files "
+        "with Ditto's names, I/O names and static shapes (one self-contained file each), "
+        "and check each against the PyTorch module in ONNX Runtime.",
+    )
+    e.add_argument(
+        "--checkpoints",
+        required=True,
+        metavar="DIR",
+        help="Ditto's checkpoint folder (holding ditto_pytorch/)",
+    )
+    e.add_argument("--out", required=True, metavar="DIR", help="folder for the .onnx files")
+    e.add_argument(
+        "--networks",
+        metavar="A,B",
+        help="comma-separated subset of appearance_extractor, motion_extractor, warp_network, "
+        "decoder, stitch_network, lmdm (default: every one present)",
+    )
+    e.add_argument(
+        "--opset", type=int, default=20, metavar="N", help="ONNX opset, >= 20 (default 20)"
+    )
+    e.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="skip the ONNX Runtime comparison (structure is still checked)",
+    )
+    e.add_argument("--json", metavar="OUT.json", help="also write the summary here")
 
     g = sub.add_parser(
         "gui", help="open the studio window (the default)", description="Open the studio window."
@@ -266,9 +303,89 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from studio.doctor import collect, format_text
 
+    found = None
+    if args.checkpoints is not None:
+        from studio.runtime.checkpoints import discover
+
+        found = discover(args.checkpoints)  # InputError for a bad folder, before any probing
     info = collect()
-    print(json.dumps(info, indent=2) if args.json else format_text(info))
+    if found is not None:
+        info["checkpoints"] = found.to_dict()
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        print(format_text(info))
+        if found is not None:
+            print(found.report())
     return 0
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
+
+
+def _export_table(summary: dict) -> str:
+    """The verification table of `studio export-onnx`: one row per network output."""
+    lines = [
+        f"ONNX export of {summary['checkpoints']} -> {summary['out_dir']} "
+        f"(opset {summary['opset']})",
+        f"  {'network':<21} {'output':<11} {'shape':<17} {'rel L2':>9}  result",
+    ]
+    for name, r in summary["networks"].items():
+        if r["status"] == "missing":
+            lines.append(f"  {name:<21} not exported: {r['checkpoint']} is missing")
+            continue
+        for i, o in enumerate(r["outputs"]):
+            err = r["parity"].get(o["name"])
+            rel = f"{err:9.2e}" if err is not None else f"{'-':>9}"
+            verdict = "not verified" if err is None else "ok" if err <= r["tolerance"] else "FAILED"
+            shape = "x".join(map(str, o["shape"]))
+            lines.append(
+                f"  {name if i == 0 else '':<21} {o['name']:<11} {shape:<17} {rel}  {verdict}"
+            )
+        where = r["onnx_file"] if r["ok"] else "not written"
+        lines.append(
+            f"  {'':<21} -> {where} ({_size(r['bytes'])}, export {r['export_s']:.1f} s, "
+            f"verify {r['verify_s']:.1f} s)"
+        )
+    bad = [n for n, r in summary["networks"].items() if not r["ok"]]
+    lines.append(
+        f"FAILED: {', '.join(bad)} (ONNX Runtime differs from torch beyond the tolerance)"
+        if bad
+        else "all exported networks match torch within the tolerance"
+        if any(r["parity"] for r in summary["networks"].values() if r["status"] != "missing")
+        else "exported (not verified)"
+    )
+    return "\n".join(lines)
+
+
+def cmd_export_onnx(args: argparse.Namespace) -> int:
+    from studio.models.onnx_export import check_opset, export_onnx
+
+    check_opset(args.opset, "--opset")
+    json_path = _check_json_target(args.json, "--json")
+    progress = _ProgressLine()
+
+    def step(name: str) -> None:
+        if progress.live:
+            sys.stderr.write(f"\r\033[Kexporting {name} ...")
+            sys.stderr.flush()
+
+    try:
+        summary = export_onnx(
+            args.checkpoints,
+            args.out,
+            networks=args.networks,
+            opset=args.opset,
+            verify=not args.no_verify,
+            progress=step,
+        )
+    finally:
+        progress.close()
+    if json_path is not None:
+        _write_json(json_path, summary)
+    print(_export_table(summary))
+    return 0 if summary["ok"] else 1
 
 
 def cmd_gui(args: argparse.Namespace) -> int:
@@ -295,9 +412,13 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command or "gui"
     if args.command is None:
         args = parser.parse_args(["gui"])
-    handler = {"render": cmd_render, "analyze": cmd_analyze, "doctor": cmd_doctor, "gui": cmd_gui}[
-        command
-    ]
+    handler = {
+        "render": cmd_render,
+        "analyze": cmd_analyze,
+        "doctor": cmd_doctor,
+        "export-onnx": cmd_export_onnx,
+        "gui": cmd_gui,
+    }[command]
     try:
         return handler(args)
     except (InputError, OutputError, StudioError) as e:
