@@ -1,0 +1,239 @@
+"""The lmdm bench suite on the CPU: result layout, reference accuracy, Markdown, JSON, CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from studio.bench import lmdm as B
+from studio.bench import timing as BT
+from studio.models.lmdm import LMDM, REDUCED_KWARGS
+from studio.motion.diffusion import DeviceDDIM, ddim_sample, draw_noises, make_schedule
+
+CUDA_PATHS = [s.name for s in B.FAST_PATHS]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Reduced tensors are tiny: extra threads only add overhead."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def result() -> dict:
+    return B.run_lmdm_suite(device="cpu", reduced=True, steps=(1, 2), repeats=2, warmup=1)
+
+
+def test_documented_keys(result):
+    for key in ("suite", "facts", "config", "published", "targets", "paths", "summary", "notes"):
+        assert key in result
+    assert result["suite"] == "lmdm"
+    assert set(B.ALL_PATHS) - {p.name for p in B.COMPILED_PATHS} <= set(result["paths"])
+    for key in ("name", "capability", "torch", "cuda_runtime", "date"):
+        assert key in result["facts"]
+    eager = result["paths"]["eager_fp32"]
+    assert eager["status"] == "ok" and eager["settings"]["dtype"] == "float32"
+    assert eager["step"]["median_ms"] > 0 and eager["step"]["repeats"] == 2
+    assert set(eager["ddim"]) == {"1", "2"}
+    for rec in eager["ddim"].values():
+        for key in (
+            "median_ms",
+            "min_ms",
+            "max_ms",
+            "samples_ms",
+            "motion_fps",
+            "cosine",
+            "rel_l2",
+        ):
+            assert key in rec
+        assert rec["motion_fps"] == pytest.approx(80 / (rec["median_ms"] / 1e3))
+
+
+def test_eager_against_itself_is_exact(result):
+    for rec in result["paths"]["eager_fp32"]["ddim"].values():
+        assert rec["cosine"] == pytest.approx(1.0, abs=1e-12)
+        assert rec["rel_l2"] == 0.0
+
+
+def test_cuda_paths_skipped_with_reason_on_cpu(result):
+    for name in CUDA_PATHS:
+        rec = result["paths"][name]
+        assert rec["status"] == "skipped"
+        assert "cuda" in rec["reason"]
+    trt = result["paths"]["tensorrt"]
+    assert trt["status"] in ("unavailable", "skipped") and trt["reason"]
+    if trt["status"] == "unavailable":
+        assert trt["reason"].startswith("unavailable: ")
+
+
+def test_onnxruntime_cpu_matches_eager(result):
+    rec = result["paths"]["onnxruntime_cpu"]
+    if rec["status"] != "ok":
+        pytest.skip(rec["reason"])
+    for r in rec["ddim"].values():
+        assert r["cosine"] > 0.99999 and r["rel_l2"] < 1e-4
+
+
+def test_markdown_tables_and_published_figures(result):
+    text = B.to_markdown(result)
+    for header in (
+        "### Single network step",
+        "### DDIM latency, ms (median)",
+        "### Effective motion FPS",
+        "### Final x0 vs fp32 eager",
+        "### Targets",
+        "### Paths not measured",
+        "| path | T=1 | T=2 |",
+    ):
+        assert header in text
+    for figure in (
+        "5.24",
+        "5.05",
+        "9.80",
+        "19.65",
+        "49.12",
+        "249.04",
+        "24.34",
+        "1118.95",
+        "0.9928",
+    ):
+        assert figure in text
+    assert "eager_fp32" in text and "fast_bf16_graph" in text
+
+
+def test_json_serialisable(result):
+    text = json.dumps(result, allow_nan=False)
+    assert json.loads(text)["paths"]["eager_fp32"]["ddim"]["1"]["median_ms"] > 0
+
+
+def test_plots_written_or_skipped_with_note(result, tmp_path):
+    info = B.save_plots(dict(result), tmp_path)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert info["files"] == [] and "matplotlib" in info["skipped"]
+    else:
+        assert info["files"] and all(Path(f).is_file() for f in info["files"])
+
+
+def test_main_writes_json_and_markdown(tmp_path, capsys):
+    js, md = tmp_path / "o" / "lmdm.json", tmp_path / "o" / "lmdm.md"
+    argv = ["--device", "cpu", "--reduced", "--steps", "1", "--repeats", "1", "--no-onnx"]
+    argv += ["--json", str(js), "--markdown", str(md), "--input-sets", "1"]
+    assert B.main(argv) == 0
+    data = json.loads(js.read_text())
+    assert data["config"]["steps"] == [1]
+    assert data["paths"]["onnxruntime_cpu"]["status"] == "skipped"
+    assert "### DDIM latency" in md.read_text()
+    assert "studio bench --suite lmdm" in data["facts"]["command"]
+    assert B.main(["--device", "cpu", "--paths", "nope"]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+def _window(model: LMDM, steps: int, seed: int = 3):
+    g = torch.Generator().manual_seed(seed)
+    cf = torch.randn(1, 265, generator=g)
+    cond = torch.randn(1, 80, model.cond_dim, generator=g)
+    sched = make_schedule(steps)
+    x_t, noises = draw_noises(sched, (1, 80, 265), g)
+    with torch.no_grad():
+        ref = ddim_sample(lambda x, t: model(x, cf, cond, t), x_t, noises, sched)
+    return cf, cond, sched, x_t, noises, ref
+
+
+@pytest.mark.parametrize("hoist", [True, False])
+def test_fast_path_fp32_equals_module_forward(hoist):
+    torch.manual_seed(0)
+    model = LMDM(**REDUCED_KWARGS).eval()
+    cf, cond, sched, x_t, noises, ref = _window(model, 4)
+    fast = B.FastLMDM(model, B.PathSpec("t", "float32", "fp32", hoist=hoist), "cpu")
+    fast.load_condition(cf, cond)
+    sampler = DeviceDDIM(sched, (1, 80, 265), noises, "cpu")
+    out = fast.sample(sampler, x_t)
+    assert out.data_ptr() == sampler.out.data_ptr()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    pred_noise, x0 = fast.run_step(x_t, torch.full((1,), 999))
+    ref_noise, ref_x0 = model(x_t, cf, cond, torch.full((1,), 999))
+    torch.testing.assert_close(x0, ref_x0, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(pred_noise, ref_noise, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype,mode", [("bfloat16", "cast"), ("bfloat16", "autocast")])
+def test_fast_path_low_precision_is_close(dtype, mode):
+    torch.manual_seed(0)
+    model = LMDM(**REDUCED_KWARGS).eval()
+    cf, cond, sched, x_t, noises, ref = _window(model, 2)
+    fast = B.FastLMDM(model, B.PathSpec("t", dtype, mode), "cpu")
+    if mode == "cast":
+        assert fast.model.final_layer.weight.dtype == torch.bfloat16
+        assert model.final_layer.weight.dtype == torch.float32  # the base is untouched
+    fast.load_condition(cf, cond)
+    out = fast.sample(DeviceDDIM(sched, (1, 80, 265), noises, "cpu"), x_t)
+    assert out.dtype == torch.float32
+    cos, rel = B._compare(out, ref)
+    assert cos > 0.999 and rel < 0.05
+
+
+def test_fast_sample_reads_nothing_back_to_host(monkeypatch):
+    """What is captured into a CUDA graph must not sync: no item/tolist/cpu/numpy/bool."""
+    torch.manual_seed(0)
+    model = LMDM(**REDUCED_KWARGS).eval()
+    cf, cond, sched, x_t, noises, _ = _window(model, 4)
+    fast = B.FastLMDM(model, B.PathSpec("t", "bfloat16", "cast"), "cpu")
+    fast.load_condition(cf, cond)
+    sampler = DeviceDDIM(sched, (1, 80, 265), noises, "cpu")
+    calls: list[str] = []
+    for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__"):
+        orig = getattr(torch.Tensor, name)
+
+        def spy(self, *a, _orig=orig, _name=name, **k):
+            calls.append(_name)
+            return _orig(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, spy)
+    fast.sample(sampler, x_t)
+    fast.run_step(x_t, torch.full((1,), 999))
+    assert calls == []
+
+
+def test_measure_runs_setup_before_each_run():
+    seen: list[tuple[str, int]] = []
+    t = BT.measure(
+        lambda: seen.append(("run", -1)),
+        device="cpu",
+        repeats=3,
+        warmup=2,
+        setup=lambda i: seen.append(("setup", i)),
+    )
+    assert len(t.samples_ms) == 3 and t.method == "perf_counter"
+    assert [s for s in seen if s[0] == "setup"] == [("setup", i) for i in (0, 1, 0, 1, 2)]
+    d = t.to_dict()
+    assert d["repeats"] == 3 and d["min_ms"] <= d["median_ms"] <= d["max_ms"]
+    with pytest.raises(ValueError):
+        BT.measure(lambda: None, device="cpu", repeats=0)
+
+
+def test_markdown_profile_section_and_kernel_kinds(result):
+    assert B._kernel_category("nvjet_sm90_tst_64x16_64x16_2x4_h_bz_bias_TNT") == "matmul"
+    assert B._kernel_category("pytorch_flash::flash_fwd_kernel") == "attention"
+    assert B._kernel_category("triton_poi_fused_gelu_view_8") == "triton (fused)"
+    fake = dict(result)
+    fake["profile"] = {
+        "path": "fast_fp16_graph",
+        "steps": 4,
+        "replay_ms": 4.9,
+        "kernels_per_step": 450.0,
+        "kernel_ms": 4.0,
+        "busy_fraction": 0.82,
+        "by_category": {"matmul": {"kernels_per_step": 103.0, "ms_per_step": 0.43}},
+        "top_kernels": [{"name": "nvjet_sm90_x", "count": 224, "ms": 0.87}],
+    }
+    text = B.to_markdown(fake)
+    assert "### Where the time goes: fast_fp16_graph, T=4" in text
+    assert "| matmul | 103 | 0.4300 |" in text
