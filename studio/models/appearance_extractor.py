@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from studio.models.blocks import DownBlock2d, ResBlock3d, SameBlock2d
+from studio.models.blocks import DownBlock2d, ResBlock3d, SameBlock2d, check_reshape
 
 IMAGE_SIZE = 256  # the crop side the pipeline feeds (Ditto's ONNX input is static)
 
@@ -48,11 +48,7 @@ class AppearanceExtractor(nn.Module):
         num_resblocks: int = 6,
     ) -> None:
         super().__init__()
-        if reshape_channel * reshape_depth != max_features:
-            raise ValueError(
-                f"reshape_channel * reshape_depth ({reshape_channel} * {reshape_depth}) "
-                f"must equal max_features ({max_features})"
-            )
+        check_reshape(reshape_channel, reshape_depth, max_features)
         self.image_channel = image_channel
         self.num_down_blocks = num_down_blocks
         self.reshape_channel = reshape_channel

@@ -197,3 +197,12 @@ class Hourglass(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.decoder(self.encoder(x))
+
+
+def check_reshape(reshape_channel: int, reshape_depth: int, max_features: int) -> None:
+    """The 2-D features are viewed as a [channel, depth] volume: their counts must agree."""
+    if reshape_channel * reshape_depth != max_features:
+        raise ValueError(
+            f"reshape_channel * reshape_depth ({reshape_channel} * {reshape_depth}) "
+            f"must equal max_features ({max_features})"
+        )

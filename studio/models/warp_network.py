@@ -19,7 +19,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from studio.models.blocks import Hourglass, SameBlock2d, kp_to_gaussian, make_coordinate_grid
+from studio.models.blocks import (
+    Hourglass,
+    SameBlock2d,
+    check_reshape,
+    kp_to_gaussian,
+    make_coordinate_grid,
+)
 from studio.motion.layout import KP_DIMS, NUM_KP
 
 FEATURE_SIZE = 64  # H and W of f_s for the pipeline's 256x256 crops
@@ -159,11 +165,7 @@ class WarpNetwork(nn.Module):
         reshape_depth: int = 16,
     ) -> None:
         super().__init__()
-        if reshape_channel * reshape_depth != max_features:
-            raise ValueError(
-                f"reshape_channel * reshape_depth ({reshape_channel} * {reshape_depth}) "
-                f"must equal max_features ({max_features})"
-            )
+        check_reshape(reshape_channel, reshape_depth, max_features)
         self.num_kp = num_kp
         self.reshape_channel = reshape_channel
         self.reshape_depth = reshape_depth
