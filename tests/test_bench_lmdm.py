@@ -16,13 +16,7 @@ from studio.motion.diffusion import DeviceDDIM, ddim_sample, draw_noises, make_s
 CUDA_PATHS = [s.name for s in B.FAST_PATHS]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Reduced tensors are tiny: extra threads only add overhead."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +174,7 @@ def test_fast_path_low_precision_is_close(dtype, mode):
     assert cos > 0.999 and rel < 0.05
 
 
-def test_fast_sample_reads_nothing_back_to_host(monkeypatch):
+def test_fast_sample_reads_nothing_back_to_host(host_reads):
     """What is captured into a CUDA graph must not sync: no item/tolist/cpu/numpy/bool."""
     torch.manual_seed(0)
     model = LMDM(**REDUCED_KWARGS).eval()
@@ -188,17 +182,11 @@ def test_fast_sample_reads_nothing_back_to_host(monkeypatch):
     fast = B.FastLMDM(model, B.PathSpec("t", "bfloat16", "cast"), "cpu")
     fast.load_condition(cf, cond)
     sampler = DeviceDDIM(sched, (1, 80, 265), noises, "cpu")
-    calls: list[str] = []
-    for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__"):
-        orig = getattr(torch.Tensor, name)
-
-        def spy(self, *a, _orig=orig, _name=name, **k):
-            calls.append(_name)
-            return _orig(self, *a, **k)
-
-        monkeypatch.setattr(torch.Tensor, name, spy)
-    fast.sample(sampler, x_t)
-    fast.run_step(x_t, torch.full((1,), 999))
+    with host_reads(
+        ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
+    ) as calls:
+        fast.sample(sampler, x_t)
+        fast.run_step(x_t, torch.full((1,), 999))
     assert calls == []
 
 

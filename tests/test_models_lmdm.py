@@ -26,13 +26,7 @@ def _manifest_path() -> Path | None:
     return None
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """The reduced tensors are tiny: extra threads only add overhead (and stall on busy CI)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -417,23 +411,15 @@ def test_ddim_sample_replays_and_matches_the_reference_loop(reduced):
     assert torch.equal(seeded, reduced.ddim_sample(kp, aud, steps, *drawn))
 
 
-def test_ddim_sample_reads_nothing_back_to_host(reduced, monkeypatch):
+def test_ddim_sample_reads_nothing_back_to_host(reduced, host_reads):
     """Given x_T and noises (and a cached schedule), the loop never syncs with the host."""
     steps = 3
     sched = reduced.schedule(steps)
     kp = torch.randn(1, MOTION_DIM)
     aud = torch.randn(1, SEQ_FRAMES, reduced.cond_dim)
     x_t, noises = D.draw_noises(sched, (1, SEQ_FRAMES, MOTION_DIM), torch.Generator())
-    calls = []
-    for name in ("item", "tolist", "cpu", "numpy"):
-        orig = getattr(torch.Tensor, name)
-
-        def spy(self, *a, _orig=orig, _name=name, **k):
-            calls.append(_name)
-            return _orig(self, *a, **k)
-
-        monkeypatch.setattr(torch.Tensor, name, spy)
-    out = reduced.ddim_sample(kp, aud, steps, x_T=x_t, noises=noises)
+    with host_reads() as calls:
+        out = reduced.ddim_sample(kp, aud, steps, x_T=x_t, noises=noises)
     assert calls == [] and out.shape == (1, SEQ_FRAMES, MOTION_DIM)
 
 
