@@ -150,3 +150,11 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="noises must be"):
         D.DeviceDDIM(s, (1, 2, 265), torch.zeros(2, 1, 2, 265))
     assert np.isfinite(D.make_schedule(1).alpha_next_sqrt.numpy()).all()
+
+
+def test_host_read_guard_sees_reads(host_reads):
+    """The guard the no-sync tests rely on really records a host read, and only inside."""
+    with host_reads() as calls:
+        torch.ones(2).sum().item()
+    torch.ones(1).item()
+    assert calls == ["item"]

@@ -1128,20 +1128,11 @@ def to_markdown(result: dict[str, Any]) -> str:
 
     out += ["", "### Effective motion FPS (80 frames / DDIM time)", ""]
     rows = [
-        [
-            "published TensorRT",
-            *(
-                _f(_fps(pub["tensorrt_ddim_ms"][k]), 1) if k in pub["tensorrt_ddim_ms"] else "–"
-                for k in keys
-            ),
-        ],
-        [
-            "published PyTorch eager",
-            *(
-                _f(_fps(pub["eager_ddim_ms"][k]), 1) if k in pub["eager_ddim_ms"] else "–"
-                for k in keys
-            ),
-        ],
+        [label, *(_f(_fps(table[k]), 1) if k in table else "–" for k in keys)]
+        for label, table in (
+            ("published TensorRT", pub["tensorrt_ddim_ms"]),
+            ("published PyTorch eager", pub["eager_ddim_ms"]),
+        )
     ]
     for name, rec in ok.items():
         if rec.get("ddim"):
