@@ -62,6 +62,7 @@ from studio.motion.diffusion import (
     ddim_sample,
     draw_noises,
     make_schedule,
+    noise_tables,
     predict_noise_from_start,
 )
 from studio.motion.layout import DIFFUSION_STEPS, GUIDANCE_WEIGHT, MOTION_DIM, SEQ_FRAMES
@@ -206,7 +207,7 @@ class FastLMDM:
         self.model = model.eval().requires_grad_(False)
         self.cond_frame = torch.zeros(1, MOTION_DIM, dtype=self.input_dtype, device=dev)
         self.cond = torch.zeros(1, SEQ_FRAMES, base.cond_dim, dtype=self.input_dtype, device=dev)
-        self.ac = alphas_cumprod().to(dev)
+        self.noise_tables = noise_tables(alphas_cumprod()).to(dev)
         self._core: Callable[..., Tensor] = self._x0
         if spec.compile:
             self._core = torch.compile(self._x0, mode=compile_mode, dynamic=False)
@@ -260,7 +261,7 @@ class FastLMDM:
         cond_tokens, hidden = self._condition()
         t_vec, time_tokens = self.model.time_embedding(time_cond)
         x0 = self._core(x, t_vec, time_tokens, cond_tokens, hidden)
-        return predict_noise_from_start(x, time_cond, x0, self.ac), x0
+        return predict_noise_from_start(x, time_cond, x0, self.noise_tables), x0
 
     def run_step(self, x: Tensor, time_cond: Tensor) -> tuple[Tensor, Tensor]:
         """:meth:`step` inside :meth:`context`."""
@@ -281,7 +282,7 @@ class FastLMDM:
             def denoise(x: Tensor, time_cond: Tensor) -> tuple[Tensor, Tensor]:
                 k = next(order)
                 x0 = self._core(x, t_vecs[k : k + 1], t_tokens[k : k + 1], cond_tokens, hidden)
-                return predict_noise_from_start(x, time_cond, x0, self.ac), x0
+                return predict_noise_from_start(x, time_cond, x0, self.noise_tables), x0
 
             return sampler.sample(denoise, x_t)
 

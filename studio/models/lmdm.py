@@ -33,6 +33,7 @@ from studio.motion.diffusion import (
     alphas_cumprod,
     draw_noises,
     make_schedule,
+    noise_tables,
     predict_noise_from_start,
 )
 from studio.motion.layout import DIFFUSION_STEPS, GUIDANCE_WEIGHT, MOTION_DIM, SEQ_FRAMES
@@ -310,6 +311,7 @@ class LMDM(nn.Module):
         self.final_layer = nn.Linear(d, MOTION_DIM)
 
         self.register_buffer("alphas_cumprod", alphas_cumprod(), persistent=False)
+        self.register_buffer("noise_tables", noise_tables(self.alphas_cumprod), persistent=False)
         self._schedules: dict[int, DDIMSchedule] = {}
 
     @classmethod
@@ -420,7 +422,7 @@ class LMDM(nn.Module):
         """
         time_cond = self._check_inputs(x, cond_frame, cond, time_cond)
         x_start = self.guided_x0(x, cond_frame, cond, time_cond)
-        pred_noise = predict_noise_from_start(x, time_cond, x_start, self.alphas_cumprod)
+        pred_noise = predict_noise_from_start(x, time_cond, x_start, self.noise_tables)
         return pred_noise, x_start
 
     def _check_inputs(

@@ -102,24 +102,31 @@ def draw_noises(
     return x_t.to(device), noises.to(device)
 
 
+def noise_tables(ac: torch.Tensor) -> torch.Tensor:
+    """[2, n]: (1 - a_t)^-1/2 and sqrt(1/a_t - 1) for every t, computed once (reference buffers)."""
+    return torch.stack([torch.sqrt(1.0 / (1.0 - ac)), torch.sqrt(1.0 / ac - 1)])
+
+
 def predict_noise_from_start(
-    x_t: torch.Tensor, time_cond: torch.Tensor, x0: torch.Tensor, ac: torch.Tensor
+    x_t: torch.Tensor, time_cond: torch.Tensor, x0: torch.Tensor, tables: torch.Tensor
 ) -> torch.Tensor:
-    """eps = x_t * (1 - a_t)^-1/2 - x0 / sqrt(1/a_t - 1), the reference's algebraic form."""
-    ac = ac.to(x_t.device)
-    a = torch.sqrt(1.0 / (1.0 - ac)).gather(-1, time_cond)
-    b = torch.sqrt(1.0 / ac - 1).gather(-1, time_cond)
+    """eps = x_t * (1 - a_t)^-1/2 - x0 / sqrt(1/a_t - 1), the reference's algebraic form.
+
+    ``tables`` comes from :func:`noise_tables` and should live on x_t's device.
+    """
+    a = tables[0].gather(-1, time_cond)
+    b = tables[1].gather(-1, time_cond)
     shape = (time_cond.shape[0],) + (1,) * (x_t.dim() - 1)
     return a.reshape(shape) * x_t - x0 / b.reshape(shape)
 
 
 def x0_denoiser(predict_x0: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Denoiser:
     """Adapt an x0-predicting network (the LMDM decoder with guidance) to a Denoiser."""
-    ac = alphas_cumprod()
+    tables = noise_tables(alphas_cumprod())
 
     def denoise(x: torch.Tensor, time_cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x0 = predict_x0(x, time_cond)
-        return predict_noise_from_start(x, time_cond, x0, ac), x0
+        return predict_noise_from_start(x, time_cond, x0, tables.to(x.device)), x0
 
     return denoise
 
