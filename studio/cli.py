@@ -64,6 +64,61 @@ def _motion_options(p: argparse.ArgumentParser) -> None:
         help="render cadence: auto (from the speech) or a fixed stride (default auto)",
     )
     g.add_argument("--seed", type=int, help="random seed of the motion generator (default 0)")
+    _ditto_options(p)
+
+
+def _ditto_options(p: argparse.ArgumentParser) -> None:
+    from studio.motion.layout import DEFAULT_SAMPLING_STEPS, EMOTIONS
+    from studio.settings import FRAMES, MEMORY_MODES, PRECISIONS
+
+    g = p.add_argument_group("Ditto engine (with --checkpoints)")
+    g.add_argument(
+        "--checkpoints",
+        metavar="DIR",
+        help="Ditto's checkpoint folder (holding ditto_pytorch/): selects the Ditto engine",
+    )
+    g.add_argument("--avatar", metavar="IMAGE", help="the face to animate (PNG/JPEG)")
+    g.add_argument(
+        "--emotion",
+        type=int,
+        metavar="N",
+        help="emotion label: " + ", ".join(f"{i} {n}" for i, n in enumerate(EMOTIONS))
+        + " (default 4)",
+    )
+    for axis in ("pitch", "yaw", "roll"):
+        g.add_argument(
+            f"--delta-{axis}", type=float, metavar="DEG", help=f"add DEG degrees of {axis}"
+        )
+    g.add_argument(
+        "--steps",
+        type=int,
+        metavar="T",
+        help=f"DDIM sampling steps of the motion model (default {DEFAULT_SAMPLING_STEPS})",
+    )
+    g.add_argument(
+        "--memory",
+        metavar="MODE",
+        help=f"{'|'.join(MEMORY_MODES)}: keep a batch's tensors on the GPU, or stream them "
+        "through pinned host buffers; auto picks from free VRAM (default auto)",
+    )
+    g.add_argument("--batch", type=int, metavar="N", help="frames per batch (default: automatic)")
+    g.add_argument(
+        "--precision",
+        metavar="P",
+        help=f"warp/decoder precision: {'|'.join(PRECISIONS)} (default auto: fp16 on a GPU)",
+    )
+    g.add_argument(
+        "--frame",
+        metavar="KIND",
+        help=f"{'|'.join(FRAMES)}: the avatar image with the face pasted back (default), "
+        "or the 512² face crop resized to --size",
+    )
+    g.add_argument("--device", metavar="DEV", help="cpu, cuda or cuda:N (default: a GPU if any)")
+    g.add_argument(
+        "--avatar-cache",
+        metavar="DIR",
+        help="where registered avatars are kept (default ~/.cache/talkinghead-studio/avatars)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -166,8 +221,19 @@ def _settings(args: argparse.Namespace, **extra):
         "accel_limit": args.accel_limit,
         "stride": args.stride,
         "seed": args.seed,
+        "emotion": args.emotion,
+        "delta_pitch": args.delta_pitch,
+        "delta_yaw": args.delta_yaw,
+        "delta_roll": args.delta_roll,
+        "steps": args.steps,
+        "memory": args.memory,
+        "batch": args.batch,
+        "precision": args.precision,
+        "frame": args.frame,
         **extra,
     }
+    if args.checkpoints:
+        given["backend"] = "ditto"
     values = {k: v for k, v in given.items() if v is not None}
     if args.no_smooth:
         values["smooth"] = False
@@ -235,16 +301,55 @@ def _summary(report: dict) -> str:
         "timings: " + ", ".join(f"{name} {ms:.0f} ms" for name, ms in t.items()),
     ]
     if "render_fps" in report:
-        lines.append(
-            f"wrote {report['output']} ({report['size']}², {report['render_fps']:.1f} fps)"
-        )
+        w, h = report.get("frame_size", (report["size"], report["size"]))
+        lines.append(f"wrote {report['output']} ({w}x{h}, {report['render_fps']:.1f} fps)")
     return "\n".join(lines)
 
 
-def _engine(args: argparse.Namespace):
+def _engine(args: argparse.Namespace, settings):
+    """The demo engine, or with --checkpoints the Ditto engine on a registered --avatar."""
     from studio.render.demo import DemoEngine
 
-    return DemoEngine()
+    if not args.checkpoints:
+        if args.avatar:
+            raise OptionError("--avatar", "needs --checkpoints DIR (the demo engine has its own)")
+        return DemoEngine()
+    if args.demo:
+        raise OptionError("--demo", "cannot be combined with --checkpoints; pick one engine")
+    if not args.avatar:
+        raise OptionError("--avatar", "the Ditto engine needs --avatar IMAGE (a face photo)")
+    from studio.avatar.register import register_avatar
+    from studio.render.ditto import DittoEngine, describe_avatar, require, resolve_device
+    from studio.runtime.checkpoints import discover
+
+    found = discover(args.checkpoints)
+    require(found, ("hubert", "lmdm", "stitch_network", "warp_network", "decoder"))
+    device = resolve_device(args.device)
+    progress = _ProgressLine()
+    try:
+        avatar = register_avatar(
+            args.avatar, found, cache_dir=args.avatar_cache, device=device, progress=progress
+        )
+    finally:
+        progress.close()
+    print(describe_avatar(avatar), file=sys.stderr)
+    return DittoEngine(found, avatar, settings, device=device)
+
+
+def _engine_report(engine) -> dict:
+    """What ran: the engine, and for Ditto the device, memory plan and avatar."""
+    info: dict = {"name": engine.name}
+    if engine.name == "ditto":
+        plan = engine.memory_plan()
+        info.update(
+            device=str(engine.device),
+            memory=plan.to_dict(),
+            steps=engine.settings.steps,
+            avatar=str(getattr(engine.avatar, "folder", "")),
+            eye_method=getattr(engine.avatar, "eye_method", None),
+            notes=list(getattr(engine.avatar, "notes", []) or []),
+        )
+    return info
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -256,7 +361,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     out = check_output_path(args.out)
     report_path = _check_json_target(args.report, "--report")
     audio = _load_audio(args)
-    engine = _engine(args)
+    engine = _engine(args, settings)
     result = analyze(audio, settings, engine)
     progress = _ProgressLine()
     try:
@@ -272,6 +377,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         progress.close()
     report["audio"] = audio.path
     report["settings"] = settings.to_dict()
+    report["engine"] = _engine_report(engine)
     if report_path is not None:
         _write_json(report_path, report)
     print(_summary(report))
@@ -285,7 +391,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     settings = _settings(args)
     json_path = _check_json_target(args.json, "--json")
     audio = _load_audio(args)
-    result = analyze(audio, settings, _engine(args))
+    result = analyze(audio, settings, _engine(args, settings))
     timings = dict(result.timings_ms)
     timings["total"] = (time.perf_counter() - started) * 1000.0
     report = build_report(result, timings, rendered=False)

@@ -20,11 +20,23 @@ from studio.motion.kinematics import (
     DEFAULT_WINDOW,
     SmoothingSettings,
 )
+from studio.motion.layout import DEFAULT_EMOTION, DEFAULT_SAMPLING_STEPS, EMOTIONS
 
 PRESET_FORMAT = "talkinghead-studio/preset-1"
 MIN_SIZE, MAX_SIZE = 64, 2048
 MAX_WINDOW = 101
 PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow")
+BACKENDS = ("demo", "ditto")
+MEMORY_MODES = ("auto", "resident", "streamed")
+PRECISIONS = ("auto", "fp32", "fp16", "bf16")
+FRAMES = ("full", "crop")
+MAX_STEPS = 1000
+MAX_BATCH = 256
+MAX_DELTA_DEG = 45.0
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 @dataclass(frozen=True)
@@ -42,6 +54,16 @@ class RenderSettings:
     crf: int = 18
     preset: str = "medium"
     backend: str = "demo"
+    # Ditto engine (ignored by the demo engine)
+    emotion: int = DEFAULT_EMOTION
+    delta_pitch: float = 0.0
+    delta_yaw: float = 0.0
+    delta_roll: float = 0.0
+    steps: int = DEFAULT_SAMPLING_STEPS
+    memory: str = "auto"
+    batch: int = 0  # 0 = chosen from the device
+    precision: str = "auto"
+    frame: str = "full"
 
     @property
     def smoothing(self) -> SmoothingSettings:
@@ -85,9 +107,40 @@ class RenderSettings:
             raise OptionError(
                 "cadence", "thresholds need plosive_guard >= 0 and 0 <= calm_flux < fast_flux"
             )
-        if self.backend != "demo":
-            raise OptionError("--backend", f"unknown backend {self.backend!r}; available: demo")
+        if self.backend not in BACKENDS:
+            raise OptionError(
+                "--backend", f"unknown backend {self.backend!r}; available: {', '.join(BACKENDS)}"
+            )
+        self._validate_ditto()
         return self
+
+    def _validate_ditto(self) -> None:
+        names = ", ".join(f"{i} {n}" for i, n in enumerate(EMOTIONS))
+        if not _is_int(self.emotion) or not 0 <= self.emotion < len(EMOTIONS):
+            raise OptionError("--emotion", f"must be a label 0..{len(EMOTIONS) - 1} ({names})")
+        for axis in ("pitch", "yaw", "roll"):
+            v = getattr(self, f"delta_{axis}")
+            if not isinstance(v, (int, float)) or not -MAX_DELTA_DEG <= v <= MAX_DELTA_DEG:
+                raise OptionError(
+                    f"--delta-{axis}",
+                    f"must be degrees in [-{MAX_DELTA_DEG:g}, {MAX_DELTA_DEG:g}], got {v}",
+                )
+        if not _is_int(self.steps) or not 1 <= self.steps <= MAX_STEPS:
+            raise OptionError(
+                "--steps", f"must be an integer 1..{MAX_STEPS} (DDIM steps), got {self.steps}"
+            )
+        for option, value, allowed in (
+            ("--memory", self.memory, MEMORY_MODES),
+            ("--precision", self.precision, PRECISIONS),
+            ("--frame", self.frame, FRAMES),
+        ):
+            if value not in allowed:
+                raise OptionError(option, f"must be one of {', '.join(allowed)}, got {value!r}")
+        if not _is_int(self.batch) or not 0 <= self.batch <= MAX_BATCH:
+            raise OptionError(
+                "--batch",
+                f"must be 0 (automatic) or a frame count 1..{MAX_BATCH}, got {self.batch}",
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": PRESET_FORMAT, **asdict(self)}

@@ -159,3 +159,13 @@ def test_host_read_guard_sees_reads(host_reads):
         torch.ones(2).sum().item()
     torch.ones(1).item()
     assert calls == ["item"]
+
+
+def test_every_step_count_has_finite_constants() -> None:
+    """c² rounds below 0 at T = 3 (t = 999, a ≈ 0); the reference's sqrt gives NaN there."""
+    from studio.motion.diffusion import make_schedule
+
+    for steps in range(1, 61):
+        s = make_schedule(steps)
+        for name in ("alpha_next_sqrt", "sigma", "c"):
+            assert torch.isfinite(getattr(s, name)).all(), (steps, name)

@@ -92,14 +92,17 @@ def _calibrate_batchnorm(module: nn.Module, gen: torch.Generator) -> None:
         m.num_batches_tracked.fill_(int(torch.randint(10_000, 200_000, (1,), generator=gen)))
 
 
-def random_network(name: str, reduced: bool = False, seed: int = 0) -> nn.Module:
+def random_network(
+    name: str, reduced: bool = False, seed: int = 0, **overrides: Any
+) -> nn.Module:
     """One network with random weights (see the module docstring), in eval mode, on the CPU.
 
-    Full size has the released shapes; ``reduced`` uses the module's ``REDUCED_KWARGS``. The
+    Full size has the released shapes; ``reduced`` uses the module's ``REDUCED_KWARGS``;
+    ``overrides`` replace constructor keywords (e.g. ``cond_dim`` of a reduced LMDM). The
     global RNG state of the caller is left untouched.
     """
     spec = network_spec(name)
-    kwargs = spec.reduced_kwargs if reduced else {}
+    kwargs = {**(spec.reduced_kwargs if reduced else {}), **overrides}
     s = _seed_for(seed, name)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(s)
@@ -194,12 +197,15 @@ def write_checkpoint_tree(
     seed: int = 0,
     networks: Iterable[str] | None = None,
     cfg: bool = True,
+    lmdm_cond_dim: int | None = None,
 ) -> Path:
     """Write ``<root>/ditto_pytorch/models/*.pth`` (and the PyTorch cfg pkl); return ``root``.
 
     ``networks`` (default: all six) picks which files are written; ``cfg`` adds
     ``ditto_cfg/v0.4_hubert_cfg_pytorch.pkl`` whose ``audio_feat_dim`` is the written LMDM's
-    condition width. Full-size files are 0.2-220 MB each (about 710 MB in all).
+    condition width. ``lmdm_cond_dim`` overrides LMDM's condition width (a reduced tree with
+    1103 makes an LMDM the real condition fits). Full-size files are 0.2-220 MB each (about
+    710 MB in all).
     """
     base = Path(root).expanduser()
     names = list(NETWORK_NAMES if networks is None else networks)
@@ -207,13 +213,16 @@ def write_checkpoint_tree(
         network_spec(name)  # validate every name before writing anything
     models = base / "ditto_pytorch" / "models"
     for name in names:
-        module = random_network(name, reduced=reduced, seed=seed)
+        extra = {"cond_dim": lmdm_cond_dim} if name == "lmdm" and lmdm_cond_dim else {}
+        module = random_network(name, reduced=reduced, seed=seed, **extra)
         obj = _container(name, module, reduced, seed)
         target = models / network_spec(name).checkpoint_file
         _atomic_write(target, lambda p, obj=obj: torch.save(obj, p))
         del module, obj
     if cfg:
-        cond_dim = network_spec("lmdm").reduced_kwargs["cond_dim"] if reduced else 1103
+        cond_dim = lmdm_cond_dim or (
+            network_spec("lmdm").reduced_kwargs["cond_dim"] if reduced else 1103
+        )
         data = pickle.dumps(plausible_cfg(cond_dim), protocol=4)
         _atomic_write(base / "ditto_cfg" / CFG_FILE, lambda p: p.write_bytes(data))
     return base

@@ -71,6 +71,8 @@ def make_schedule(steps: int, eta: float = DDIM_ETA) -> DDIMSchedule:
     """The reference's LMDM.setup(T).
 
     sigma = eta * sqrt((1 - a/a') (1 - a') / (1 - a)) and c = sqrt(1 - a' - sigma²).
+    c² is clamped at 0: at t = 999 (a ≈ 0) it is zero in exact arithmetic but can round
+    below it (T = 3 does), where the reference gets NaN motion.
     """
     ac = alphas_cumprod()
     pairs = ddim_time_pairs(steps)
@@ -82,7 +84,7 @@ def make_schedule(steps: int, eta: float = DDIM_ETA) -> DDIMSchedule:
         sigma = eta * ((1 - a / a_next) * (1 - a_next) / (1 - a)).sqrt()
         nxt.append(a_next.sqrt())
         sig.append(sigma)
-        cs.append((1 - a_next - sigma**2).sqrt())
+        cs.append((1 - a_next - sigma**2).clamp_min(0).sqrt())
     return DDIMSchedule(steps, pairs, _stack(nxt), _stack(sig), _stack(cs), ac)
 
 

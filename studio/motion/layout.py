@@ -238,3 +238,13 @@ def transform_keypoints(
     shift = np.asarray(t, dtype=np.float64).copy()
     shift[:, 2] = 0.0
     return (x + shift[:, None, :]).astype(np.float32)
+
+
+def motion_from_info(info: dict) -> np.ndarray:
+    """[265] motion vector of one keypoint-info dict (motion extractor heads, leading 1s
+    allowed): the reference's ``dic2arr`` (scale stored minus 1, pose kept as bin logits)."""
+    m = np.empty(MOTION_DIM, dtype=np.float32)
+    m[SCALE] = np.reshape(info["scale"], -1) - 1.0
+    for name, sl in (("pitch", PITCH), ("yaw", YAW), ("roll", ROLL), ("t", T), ("exp", EXP)):
+        m[sl] = np.reshape(info[name], -1)
+    return m

@@ -38,11 +38,24 @@ class MotionEngine(Protocol):
 
 
 class FrameRenderer(Protocol):
-    """Turns motion rows into RGB frames of one size."""
+    """Turns motion rows into RGB frames of one size.
+
+    Optional: ``width``/``height`` (frames that are not square; default ``size``),
+    ``batch`` (keyframes per call), ``prepare(motion)`` + ``render_frames(indices)`` (a
+    renderer that wants the whole clip first, e.g. to keep it on the device) and
+    ``timings_ms`` (its own stage split, which replaces the single "render" timing).
+    """
 
     size: int
 
     def render_batch(self, motion: np.ndarray) -> np.ndarray: ...
+
+
+def frame_shape(renderer: FrameRenderer) -> tuple[int, int]:
+    """(height, width) of the renderer's frames."""
+    return int(getattr(renderer, "height", renderer.size)), int(
+        getattr(renderer, "width", renderer.size)
+    )
 
 
 @dataclass
@@ -78,7 +91,12 @@ def generate(
     raw = np.asarray(engine.generate(audio, phon, seed), dtype=np.float32)
     if raw.shape != (audio.num_frames, layout.MOTION_DIM):
         raise RuntimeError(f"engine {engine.name} returned motion {raw.shape}")
-    return phon, raw, {"features": t_feat, "motion": _ms(t0)}
+    timings = {"features": t_feat, "motion": _ms(t0)}
+    split = getattr(engine, "last_timings", None)
+    if split:  # the engine's own split (e.g. hubert, lmdm) replaces the aggregate
+        del timings["motion"]
+        timings.update(split)
+    return phon, raw, timings
 
 
 def postprocess(
@@ -113,16 +131,29 @@ def blend(a: np.ndarray, b: np.ndarray, w: float) -> np.ndarray:
 def iter_frames(
     result: MotionResult,
     renderer: FrameRenderer,
-    batch: int = DEFAULT_RENDER_BATCH,
+    batch: int | None = None,
     cancel: CancelCheck | None = None,
     progress: Progress | None = None,
     stats: dict | None = None,
 ) -> Iterator[np.ndarray]:
     """All frames in order: keyframes rendered in batches, in-betweens blended.
 
-    ``stats['render_s']`` accumulates the time spent rendering and blending.
+    ``stats['render_s']`` accumulates the time spent rendering and blending. ``batch``
+    defaults to the renderer's own ``batch`` (else DEFAULT_RENDER_BATCH).
     """
     plan = result.plan
+    batch = batch or int(getattr(renderer, "batch", DEFAULT_RENDER_BATCH))
+    prepare = getattr(renderer, "prepare", None)
+    if prepare is not None:
+        prepare(result.smoothed)
+
+        def render(chunk: np.ndarray) -> np.ndarray:
+            return renderer.render_frames(chunk)  # type: ignore[attr-defined]
+    else:
+
+        def render(chunk: np.ndarray) -> np.ndarray:
+            return renderer.render_batch(result.smoothed[chunk])
+
     prv, nxt, w = blend_weights(plan)
     keys = plan.keyframes
     rendered: dict[int, np.ndarray] = {}
@@ -135,7 +166,7 @@ def iter_frames(
             raise Cancelled()
         t0 = time.perf_counter()
         chunk = keys[start : start + batch]
-        images = renderer.render_batch(result.smoothed[chunk])
+        images = render(chunk)
         rendered.update(zip(chunk.tolist(), images, strict=True))
         stats["render_s"] += time.perf_counter() - t0
         last = int(chunk[-1])
@@ -187,10 +218,11 @@ def render_video(
     started = time.perf_counter() if started is None else started
     stats: dict = {}
     t0 = time.perf_counter()
+    height, width = frame_shape(renderer)
     with VideoWriter(
         out_path,
-        renderer.size,
-        renderer.size,
+        width,
+        height,
         audio=result.audio,
         crf=settings.crf,
         preset=settings.preset,
@@ -201,11 +233,17 @@ def render_video(
             raise Cancelled()
     loop_s = time.perf_counter() - t0
     timings = dict(result.timings_ms)
-    timings["render"] = stats["render_s"] * 1000.0
+    split = getattr(renderer, "timings_ms", None)
+    if split:  # the renderer's stages; what is left of the render time is in-between blending
+        timings.update(split)
+        timings["blend"] = max(0.0, stats["render_s"] * 1000.0 - sum(split.values()))
+    else:
+        timings["render"] = stats["render_s"] * 1000.0
     timings["encode"] = max(0.0, loop_s - stats["render_s"]) * 1000.0
     timings["total"] = _ms(started)
     report = build_report(result, timings, rendered=True)
     report["output"] = str(out_path)
     report["size"] = renderer.size
+    report["frame_size"] = [width, height]
     report["render_fps"] = round(result.num_frames / max(loop_s, 1e-9), 2)
     return report

@@ -1,0 +1,456 @@
+"""The Ditto engine: HuBERT, condition, LMDM motion; then stitch, warp, decode, paste-back.
+
+It plugs into the same pipeline as the demo engine (:mod:`studio.render.pipeline`):
+:meth:`DittoEngine.generate` makes the clip's [N, 265] motion, :meth:`DittoEngine.renderer`
+returns a :class:`DittoRenderer` that turns motion rows into frames in batches on the device.
+Networks are loaded once per checkpoint folder and device and shared by every engine.
+
+Precision (the released set's choice): HuBERT and LMDM run in fp32; warp and decoder run
+under fp16 autocast on a GPU (grid sampling stays fp32 under autocast) and fp32 on the CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from studio.audio.features import HubertFeatures
+from studio.audio.io import Audio
+from studio.audio.phonetics import PhoneticFrames
+from studio.avatar.putback import PasteBack
+from studio.errors import InputError
+from studio.motion.condition import ConditionConfig, ConditionSource, assemble
+from studio.motion.generator import generate_motion
+from studio.motion.layout import MOTION_DIM, motion_from_info
+from studio.motion.stitch import StitchConfig, StitchControls, stitch_motion
+from studio.runtime.checkpoints import CheckpointSet, discover, load_cfg
+from studio.settings import RenderSettings
+
+CROP = 512  # the decoder's output side
+MAX_AUTO_BATCH = 32
+CPU_BATCH = 4
+STREAMED_MAX_BATCH = 4
+# Working memory of warp + decode per frame of a batch (activations, fp32), with headroom;
+# half precision needs about half. Used to pick a batch from free VRAM.
+WORK_BYTES_PER_FRAME = 640 * 2**20
+VRAM_FRACTION = 0.6  # of the free memory a batch may take
+RESIDENT_MIN_FREE = 8 * 2**30  # below this much free VRAM, auto streams
+
+# Files the engine needs (registration needs its own, see studio.avatar.register).
+ENGINE_ROLES = ("hubert", "lmdm", "stitch_network", "warp_network", "decoder")
+NETWORK_ROLES = ("lmdm", "stitch_network", "warp_network", "decoder")
+
+Progress = Callable[[str, int, int], None]
+
+
+def require(checkpoints: CheckpointSet, roles: Sequence[str], layout: str = "pytorch") -> None:
+    """InputError listing every missing or broken file of ``roles``, by name and stage."""
+    problems = []
+    for role in roles:
+        try:
+            checkpoints.path(role, layout)
+        except InputError:
+            status = next(f for f in checkpoints.missing(layout) if f.role == role)
+            problems.append(checkpoints.describe(status))
+    if problems:
+        raise InputError(
+            f"the Ditto engine cannot run from {checkpoints.root}: "
+            + "; ".join(problems)
+            + " (`studio doctor --checkpoints DIR` lists every file)"
+        )
+
+
+def resolve_device(name: str | torch.device | None = None) -> torch.device:
+    """``None``/"auto": the first CUDA device when there is one, else the CPU."""
+    if name is None or name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"device {name} was asked for, but torch sees no CUDA GPU here")
+    return dev
+
+
+def render_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """The warp/decoder compute dtype for a ``--precision`` value on ``device``."""
+    if precision == "auto":
+        return torch.float16 if device.type == "cuda" else torch.float32
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+    if device.type == "cpu" and dtype == torch.float16:
+        raise InputError("--precision fp16 needs a GPU; on the CPU use fp32 or bf16")
+    return dtype
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Which memory mode runs and the batch size, with the reason (for the report)."""
+
+    mode: str  # "resident" or "streamed"
+    batch: int
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "batch": self.batch, "reason": self.reason}
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+def plan_memory(
+    mode: str, batch: int, device: torch.device, dtype: torch.dtype, free_bytes: int | None = None
+) -> MemoryPlan:
+    """Resolve ``--memory`` and ``--batch`` (0 = automatic) for ``device``.
+
+    resident: the clip's stitched keypoints and each batch's frames stay on the device, and
+    batches are as large as free memory allows; streamed: keypoints per batch, small batches,
+    frames copied out through a pinned host buffer before the next batch starts.
+    """
+    if device.type != "cuda":
+        chosen = "resident" if mode == "auto" else mode
+        return MemoryPlan(chosen, batch or CPU_BATCH, "CPU: host memory is the device memory")
+    if free_bytes is None:
+        free_bytes, _ = torch.cuda.mem_get_info(device)
+    per_frame = WORK_BYTES_PER_FRAME // (2 if dtype != torch.float32 else 1)
+    fits = _pow2_floor(min(MAX_AUTO_BATCH, int(free_bytes * VRAM_FRACTION // per_frame)))
+    gib = free_bytes / 2**30
+    if mode == "auto":
+        chosen = "resident" if free_bytes >= RESIDENT_MIN_FREE else "streamed"
+        reason = f"{gib:.1f} GiB free VRAM"
+    else:
+        chosen, reason = mode, f"asked for ({gib:.1f} GiB free VRAM)"
+    if chosen == "streamed":
+        fits = min(fits, STREAMED_MAX_BATCH)
+    return MemoryPlan(chosen, batch or fits, reason)
+
+
+# --- networks -------------------------------------------------------------------------------
+
+
+@dataclass
+class DittoNetworks:
+    """The four networks the engine runs, loaded strictly, in eval mode, on one device."""
+
+    lmdm: nn.Module
+    stitch: nn.Module
+    warp: nn.Module
+    decoder: nn.Module
+    device: torch.device
+
+
+_NETS: dict[tuple, DittoNetworks] = {}
+_NETS_LOCK = threading.Lock()
+
+
+def _fingerprint(path: Path) -> tuple:
+    st = path.stat()
+    return (str(path.resolve()), st.st_size, st.st_mtime_ns)
+
+
+def load_networks(checkpoints: CheckpointSet, device: torch.device) -> DittoNetworks:
+    """The engine's networks from the pytorch layout; one set is kept (reloaded on change)."""
+    from studio.models import load_network
+
+    require(checkpoints, NETWORK_ROLES)
+    paths = {role: checkpoints.path(role) for role in NETWORK_ROLES}
+    key = (str(device), *(_fingerprint(p) for p in paths.values()))
+    with _NETS_LOCK:
+        if key not in _NETS:
+            _NETS.clear()  # one set at a time: full size is ~700 MB
+            loaded = {role: load_network(role, p, device) for role, p in paths.items()}
+            _NETS[key] = DittoNetworks(
+                loaded["lmdm"],
+                loaded["stitch_network"],
+                loaded["warp_network"],
+                loaded["decoder"],
+                device,
+            )
+        return _NETS[key]
+
+
+def _condition_config(checkpoints: CheckpointSet, emotion: int) -> tuple[ConditionConfig, dict]:
+    """Condition flags from the PyTorch cfg pkl when present (defaults otherwise)."""
+    try:
+        cfg = load_cfg(checkpoints.path("cfg_pytorch", "cfg"))
+    except InputError:
+        cfg = {}
+    a2m = cfg.get("audio2motion_cfg", {}) if isinstance(cfg, dict) else {}
+    defaults = cfg.get("default_kwargs", {}) if isinstance(cfg, dict) else {}
+    return ConditionConfig.from_mapping(a2m, emotion=int(emotion)), dict(defaults)
+
+
+# --- timing ---------------------------------------------------------------------------------
+
+
+class StageClock:
+    """Per-stage time without host syncs: CUDA events on a GPU, perf_counter on the CPU.
+
+    ``ms()`` resolves pending events; call it once the work is known to be done (after a
+    download), so timing never adds a sync of its own.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._pending: list[tuple[str, Any, Any]] = []
+        self._ms: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        if self.cuda:
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            yield
+            end.record()
+            self._pending.append((name, start, end))
+        else:
+            t0 = time.perf_counter()
+            yield
+            self._ms[name] = self._ms.get(name, 0.0) + (time.perf_counter() - t0) * 1000.0
+
+    def ms(self) -> dict[str, float]:
+        for name, start, end in self._pending:
+            end.synchronize()
+            self._ms[name] = self._ms.get(name, 0.0) + start.elapsed_time(end)
+        self._pending.clear()
+        return dict(self._ms)
+
+
+# --- renderer -------------------------------------------------------------------------------
+
+
+def _controls(settings: RenderSettings) -> StitchControls:
+    """Pose deltas in degrees; a zero delta stays absent (the reference tells them apart)."""
+    deltas = {
+        f"delta_{a}": float(getattr(settings, f"delta_{a}")) or None
+        for a in ("pitch", "yaw", "roll")
+    }
+    return StitchControls(**deltas)
+
+
+class DittoRenderer:
+    """Motion rows -> RGB frames: stitch, warp, decode and paste back, batched on the device.
+
+    ``frame="full"`` pastes the 512² render back into the avatar image (its resolution);
+    ``"crop"`` returns the render itself, resized to ``size``. Call :meth:`prepare` with the
+    clip's motion first (it fixes the relative-driving frame d0 = frame 0 and, resident, stitches
+    the whole clip), then :meth:`render_frames` with frame indices; :meth:`render_batch` renders
+    rows directly (stitching them as they come).
+    """
+
+    def __init__(
+        self,
+        networks: DittoNetworks,
+        avatar: Any,
+        settings: RenderSettings,
+        size: int,
+        memory: MemoryPlan,
+    ) -> None:
+        self.nets = networks
+        self.device = dev = networks.device
+        self.dtype = render_dtype(settings.precision, dev)
+        self.memory = memory
+        self.batch = memory.batch
+        self.full = settings.frame == "full"
+        self.f_s = torch.as_tensor(np.asarray(avatar.f_s, dtype=np.float32)).to(dev)
+        self.source = {
+            k: torch.as_tensor(np.asarray(v, dtype=np.float32)).to(dev)
+            for k, v in avatar.x_s_info.items()
+        }
+        self.controls = _controls(settings)
+        if self.full:
+            self.paste = PasteBack(avatar.image, avatar.m_c2o, CROP, dev)
+            self.height, self.width = (int(v) for v in np.asarray(avatar.image).shape[:2])
+        else:
+            self.height = self.width = int(size)
+        self.size = self.width
+        self.d0: Tensor | None = None
+        self._x: tuple[Tensor, Tensor] | None = None  # resident: the clip's (x_s, x_d)
+        self._motion: Tensor | None = None  # streamed: the clip's motion, stitched per batch
+        self.clock = StageClock(dev)
+        self._pinned: Tensor | None = None
+
+    # - keypoints -
+    def _stitch(self, rows: Tensor) -> tuple[Tensor, Tensor]:
+        d0 = rows[0] if self.d0 is None else self.d0
+        with self.clock.stage("stitching"):
+            return stitch_motion(
+                self.source, rows, StitchConfig(d0=d0), self.controls, self.nets.stitch
+            )
+
+    def prepare(self, motion: np.ndarray) -> None:
+        """Take the clip's motion: d0 is its frame 0; resident mode stitches every frame now."""
+        rows = self._upload(motion)
+        self.d0 = rows[0].clone()
+        self._x = self._stitch(rows) if self.memory.mode == "resident" else None
+        self._motion = rows if self._x is None else None
+
+    def _upload(self, motion: np.ndarray) -> Tensor:
+        m = np.ascontiguousarray(motion, dtype=np.float32)
+        if m.ndim != 2 or m.shape[1] != MOTION_DIM:
+            raise ValueError(f"motion must be [K, {MOTION_DIM}], got {list(m.shape)}")
+        return torch.from_numpy(m).to(self.device)
+
+    # - rendering -
+    def render_frames(self, frames: np.ndarray) -> np.ndarray:
+        """Frames ``frames`` (indices into the prepared motion) -> [K, H, W, 3] uint8."""
+        idx = torch.as_tensor(np.asarray(frames, dtype=np.int64)).to(self.device)
+        if self._x is not None:
+            x_s, x_d = self._x[0][idx], self._x[1][idx]
+        elif self._motion is not None:
+            x_s, x_d = self._stitch(self._motion[idx])
+        else:
+            raise RuntimeError("render_frames() needs prepare(motion) first")
+        return self._render(x_s, x_d)
+
+    def render_batch(self, motion: np.ndarray) -> np.ndarray:
+        """[K, 265] motion rows -> [K, H, W, 3] uint8 (d0 from :meth:`prepare` or row 0)."""
+        return self._render(*self._stitch(self._upload(motion)))
+
+    @torch.no_grad()
+    def _render(self, x_s: Tensor, x_d: Tensor) -> np.ndarray:
+        k = x_d.shape[0]
+        out = np.empty((k, self.height, self.width, 3), dtype=np.uint8)
+        for s in range(0, k, self.batch):
+            b = min(self.batch, k - s)
+            frames = self._frames(x_s[s : s + b], x_d[s : s + b])
+            out[s : s + b] = self._download(frames)
+        return out
+
+    def _frames(self, x_s: Tensor, x_d: Tensor) -> Tensor:
+        b = x_d.shape[0]
+        dev = self.device
+        half = self.dtype != torch.float32
+        autocast = torch.autocast(dev.type, dtype=self.dtype) if half else contextlib.nullcontext()
+        with self.clock.stage("warp_decode"), autocast:
+            feat = self.nets.warp(self.f_s.expand(b, *self.f_s.shape[1:]), x_s, x_d)
+            img = self.nets.decoder(feat).float()
+        with self.clock.stage("putback"):
+            if self.full:
+                return self.paste(img)
+            if self.width != CROP:
+                img = F.interpolate(img, size=(self.height, self.width), mode="area")
+            return (img.clamp(0, 1) * 255).to(torch.uint8).permute(0, 2, 3, 1)
+
+    def _download(self, frames: Tensor) -> np.ndarray:
+        """Device frames -> host numpy; through a reused pinned buffer on a GPU."""
+        if self.device.type != "cuda":
+            return frames.numpy()
+        if self._pinned is None or self._pinned.shape[0] < frames.shape[0]:
+            self._pinned = torch.empty(frames.shape, dtype=torch.uint8, pin_memory=True)
+        buf = self._pinned[: frames.shape[0]]
+        buf.copy_(frames, non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()  # the frame is needed on the host
+        return buf.numpy()
+
+    @property
+    def timings_ms(self) -> dict[str, float]:
+        """Accumulated stitching, warp_decode and putback time in ms."""
+        return self.clock.ms()
+
+
+# --- engine ---------------------------------------------------------------------------------
+
+
+class DittoEngine:
+    """Ditto's pipeline on a user's checkpoints and a registered avatar.
+
+    ``avatar`` is what :func:`studio.avatar.register.register_avatar` returns (f_s, x_s_info,
+    eye info, the crop matrix and the image). ``settings`` supplies emotion, sampling steps,
+    pose deltas, precision, memory mode, batch and frame mode.
+    """
+
+    name = "ditto"
+
+    def __init__(
+        self,
+        checkpoints: str | os.PathLike[str] | CheckpointSet,
+        avatar: Any,
+        settings: RenderSettings,
+        device: str | torch.device | None = None,
+        providers: Sequence[str] | None = None,
+    ) -> None:
+        self.checkpoints = (
+            checkpoints if isinstance(checkpoints, CheckpointSet) else discover(checkpoints)
+        )
+        require(self.checkpoints, ENGINE_ROLES)
+        self.device = resolve_device(device)
+        self.settings = settings
+        self.avatar = avatar
+        self.networks = load_networks(self.checkpoints, self.device)
+        if providers is None and self.device.type == "cpu":
+            providers = ("CPUExecutionProvider",)
+        self.hubert = HubertFeatures(self.checkpoints.path("hubert"), providers)
+        self.condition, self.cfg_defaults = _condition_config(self.checkpoints, settings.emotion)
+        lmdm_c = self.networks.lmdm.cond_dim
+        if self.condition.width != lmdm_c:
+            raise InputError(
+                f"{self.checkpoints.path('lmdm')} takes a {lmdm_c}-wide condition, but the "
+                f"config's parts make {self.condition.width}: check ditto_cfg/ matches the LMDM"
+            )
+        self.last_timings: dict[str, float] = {}
+        self.progress: Progress | None = None
+
+    def with_settings(self, settings: RenderSettings) -> DittoEngine:
+        """The same engine (networks, avatar) with other settings."""
+        other = object.__new__(DittoEngine)
+        other.__dict__.update(self.__dict__)
+        other.settings = settings
+        other.condition = replace(self.condition, emotion=int(settings.emotion))
+        other.last_timings = {}
+        return other
+
+    def generate(self, audio: Audio, phon: PhoneticFrames, seed: int) -> np.ndarray:
+        """[N, 265] motion: HuBERT features, the 1103-wide condition, LMDM windows."""
+        dev = self.device
+        t0 = time.perf_counter()
+        feats = self.hubert.offline(audio.samples)
+        source = ConditionSource.from_source_info(self.avatar.source_info())
+        cond = assemble(feats[: audio.num_frames], 0, source, self.condition)
+        t_hubert = (time.perf_counter() - t0) * 1000.0
+        t0 = time.perf_counter()
+        kp_source = torch.from_numpy(motion_from_info(self.avatar.x_s_info))
+        progress = self.progress
+
+        def on_window(done: int, total: int) -> None:
+            if progress is not None:
+                progress("motion", done, total)
+
+        motion = generate_motion(
+            self.networks.lmdm,
+            torch.from_numpy(cond).to(dev),
+            kp_source,
+            self.settings.steps,
+            seed,
+            on_window=on_window,
+        )
+        host = motion.cpu().numpy()  # the one read-back: cadence, smoothing and plots need it
+        self.last_timings = {"hubert": t_hubert, "lmdm": (time.perf_counter() - t0) * 1000.0}
+        return host
+
+    def memory_plan(self, settings: RenderSettings | None = None) -> MemoryPlan:
+        s = settings or self.settings
+        return plan_memory(s.memory, s.batch, self.device, render_dtype(s.precision, self.device))
+
+    def renderer(self, size: int, settings: RenderSettings | None = None) -> DittoRenderer:
+        s = settings or self.settings
+        return DittoRenderer(self.networks, self.avatar, s, size, self.memory_plan(s))
+
+
+def describe_avatar(avatar: Any) -> str:
+    """One line about a registered avatar for the CLI and the GUI status bar."""
+    h, w = np.asarray(avatar.image).shape[:2]
+    notes = "; ".join(getattr(avatar, "notes", []) or [])
+    eye = getattr(avatar, "eye_method", "unknown")
+    folder = getattr(avatar, "folder", None)
+    where = f", cache {Path(folder)}" if folder else ""
+    return f"avatar {w}x{h}, eye features: {eye}{where}" + (f" ({notes})" if notes else "")
