@@ -87,3 +87,113 @@ def test_every_missing_file_is_named_with_its_stage(tmp_path) -> None:
         assert f"missing ditto_pytorch/{name} (stage: {stage})" in msg
     assert "lmdm_v0.4_hubert.pth" not in msg and "decoder.pth" not in msg
     assert np.char.count(msg, "missing ") == 3
+
+
+# --- the renderer, on reduced networks and an avatar made from them ------------------------
+
+
+class _Avatar:
+    """What registration hands the engine, built here from the real (reduced) extractors."""
+
+    def __init__(self) -> None:
+        from studio.models.random_tree import random_network
+
+        gen = torch.Generator().manual_seed(3)
+        crop = torch.rand(1, 3, 256, 256, generator=gen)
+        with torch.no_grad():
+            heads = random_network("motion_extractor", reduced=True)(crop)
+            self.f_s = random_network("appearance_extractor", reduced=True)(crop).numpy()
+        names = ("pitch", "yaw", "roll", "t", "exp", "scale", "kp")
+        self.x_s_info = {k: v.numpy() for k, v in zip(names, heads, strict=True)}
+        rng = np.random.default_rng(0)
+        self.image = rng.integers(0, 256, (300, 420, 3), dtype=np.uint8)
+        # crop -> image: the 512 crop shrunk to 200 px at (100, 40)
+        s = 200 / 512
+        self.m_c2o = np.array([[s, 0, 100], [0, s, 40], [0, 0, 1]], dtype=np.float32)
+
+
+@pytest.fixture(scope="module")
+def render_nets():
+    from studio.render.ditto import DittoNetworks
+
+    names = ("stitch_network", "warp_network", "decoder")
+    nets = {n: random_network(n, reduced=True) for n in names}
+    return DittoNetworks(
+        random_network("lmdm", reduced=True, cond_dim=COND_DIM),
+        nets["stitch_network"],
+        nets["warp_network"],
+        nets["decoder"],
+        torch.device("cpu"),
+    )
+
+
+def _renderer(nets, settings=None, mode="resident", batch=2, size=512):
+    from studio.render.ditto import DittoRenderer, MemoryPlan
+    from studio.settings import RenderSettings
+
+    s = settings or RenderSettings(backend="ditto")
+    return DittoRenderer(nets, _Avatar(), s, size, MemoryPlan(mode, batch, "test"))
+
+
+def _motion(n=5):
+    from studio.motion.layout import motion_from_info
+
+    base = motion_from_info(_Avatar().x_s_info)
+    rng = np.random.default_rng(1)
+    return (base + rng.normal(0, 0.05, (n, MOTION_DIM))).astype(np.float32)
+
+
+def test_full_frames_paste_the_face_into_the_avatar_image(render_nets) -> None:
+    r = _renderer(render_nets)
+    motion = _motion()
+    r.prepare(motion)
+    frames = r.render_frames(np.arange(5))
+    img = _Avatar().image
+    assert frames.shape == (5, 300, 420, 3) and frames.dtype == np.uint8
+    assert (r.height, r.width) == (300, 420)
+    # outside the pasted square the avatar image is untouched; inside it changes
+    assert np.array_equal(frames[:, :, :95], np.broadcast_to(img[:, :95], (5, 300, 95, 3)))
+    assert np.array_equal(frames[:, 250:], np.broadcast_to(img[250:], (5, 50, 420, 3)))
+    assert (frames[:, 60:220, 120:280] != img[60:220, 120:280]).mean() > 0.5
+    assert not np.array_equal(frames[0], frames[4])  # the motion moves the face
+    t = r.timings_ms
+    assert set(t) == {"stitching", "warp_decode", "putback"} and all(v > 0 for v in t.values())
+
+
+def test_memory_modes_batches_and_row_calls_agree(render_nets) -> None:
+    motion = _motion()
+    ref = _renderer(render_nets, batch=5)
+    ref.prepare(motion)
+    want = ref.render_frames(np.arange(5))
+    for mode, batch in (("resident", 2), ("streamed", 1), ("streamed", 3)):
+        r = _renderer(render_nets, mode=mode, batch=batch)
+        r.prepare(motion)
+        got = r.render_frames(np.array([3, 0, 4]))
+        _same_frames(got, want[[3, 0, 4]])
+    rows = _renderer(render_nets)
+    rows.prepare(motion)
+    _same_frames(rows.render_batch(motion[[1, 2]]), want[[1, 2]])
+
+
+def _same_frames(a: np.ndarray, b: np.ndarray) -> None:
+    """Equal up to float rounding of a different batch size (a level here and there)."""
+    diff = np.abs(a.astype(int) - b)
+    assert diff.max() <= 1 and (diff > 0).mean() < 1e-3
+
+
+def test_crop_frames_and_pose_delta(render_nets) -> None:
+    from dataclasses import replace
+
+    from studio.settings import RenderSettings
+
+    motion = _motion(2)
+    s = RenderSettings(backend="ditto", frame="crop")
+    r = _renderer(render_nets, s, size=256)
+    r.prepare(motion)
+    crop = r.render_frames(np.arange(2))
+    assert crop.shape == (2, 256, 256, 3)
+    turned = _renderer(render_nets, replace(s, delta_yaw=20.0), size=256)
+    turned.prepare(motion)
+    assert np.abs(turned.render_frames(np.arange(2)).astype(int) - crop).mean() > 1.0
+    with pytest.raises(RuntimeError, match="prepare"):
+        _renderer(render_nets).render_frames(np.arange(1))
