@@ -45,6 +45,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from studio.bench.report import compare as _compare
+from studio.bench.report import fmt as _f
+from studio.bench.report import fmt_cos as _cos
+from studio.bench.report import is_ok as _ok
+from studio.bench.report import jsonable as _jsonable
+from studio.bench.report import table as _table
+from studio.bench.report import worst as _worst
 from studio.bench.timing import (
     Timing,
     capture_graph,
@@ -320,26 +327,6 @@ def _make_inputs(
         x_t[steps_t] = [p[0] for p in pairs]
         noises[steps_t] = [p[1] for p in pairs]
     return _Inputs(cf, cond, xs, x_t, noises)
-
-
-def _compare(got: Tensor, ref: Tensor) -> tuple[float | None, float | None]:
-    """(cosine, relative L2) of flattened tensors in float64; None where not finite."""
-    a = got.detach().double().flatten().cpu()
-    b = ref.detach().double().flatten().cpu()
-    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
-        return None, None
-    na, nb = a.norm().item(), b.norm().item()
-    cos = float(a @ b / (na * nb)) if na > 0 and nb > 0 else float(na == nb)
-    rel = float((a - b).norm().item() / nb) if nb > 0 else float((a - b).norm().item())
-    return cos, rel
-
-
-def _worst(pairs: list[tuple[float | None, float | None]]) -> dict[str, Any]:
-    coss = [c for c, _ in pairs]
-    rels = [r for _, r in pairs]
-    if any(c is None for c in coss) or any(r is None for r in rels):
-        return {"cosine": None, "rel_l2": None, "finite": False}
-    return {"cosine": min(coss), "rel_l2": max(rels), "finite": True}
 
 
 def _fps(ms: float) -> float:
@@ -967,10 +954,6 @@ def _progress_line(name: str, rec: dict[str, Any]) -> str:
     return f"[lmdm] {name}: step {rec['step']['median_ms']:.3f} ms; {cells}"
 
 
-def _ok(rec: dict[str, Any]) -> bool:
-    return rec.get("status") == "ok"
-
-
 def _summary(result: dict[str, Any]) -> dict[str, Any]:
     """Speed-ups over our eager, the best path per T, and the target checks."""
     paths = result["paths"]
@@ -1040,28 +1023,6 @@ def _summary(result: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- reporting -----------------------------------------------------------------------------
-
-
-def _f(value: Any, digits: int = 2) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, bool):
-        return "yes" if value else "**no**"
-    if isinstance(value, float):
-        if math.isinf(value):
-            return "inf"
-        return f"{value:,.{digits}f}"
-    return str(value)
-
-
-def _cos(value: float | None) -> str:
-    return "–" if value is None else f"{value:.6f}"
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return lines
 
 
 def to_markdown(result: dict[str, Any]) -> str:
@@ -1325,17 +1286,6 @@ def save_plots(result: dict[str, Any], folder: str | Path) -> dict[str, Any]:
     info = {"files": files}
     result["plots"] = info
     return info
-
-
-def _jsonable(value: Any) -> Any:
-    """Replace non-finite floats by None (strict JSON)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    return value
 
 
 def _parse_steps(text: str) -> tuple[int, ...]:
