@@ -512,35 +512,15 @@ def cmd_gui(args: argparse.Namespace) -> int:
     return run(audio=args.audio, avatar=args.avatar, screenshot=args.screenshot, size=size)
 
 
-BENCH_SUITES = ("lmdm",)
-
-
 def cmd_bench(argv: list[str]) -> int:
-    """`studio bench --suite lmdm [suite options]`: the suite parses the rest."""
-    rest = list(argv)
-    suite = "lmdm"
-    if "--suite" in rest:
-        i = rest.index("--suite")
-        if i + 1 >= len(rest):
-            print("studio bench: error: --suite needs a value (lmdm)", file=sys.stderr)
-            return EXIT_USAGE
-        suite = rest[i + 1]
-        del rest[i : i + 2]
-    if rest[:1] in (["-h"], ["--help"]) and suite == "lmdm" and "--suite" not in argv:
-        print(
-            "usage: studio bench --suite {lmdm} [suite options]; "
-            "`studio bench --suite lmdm --help` lists them"
-        )
-    if suite not in BENCH_SUITES:
-        print(
-            f"studio bench: error: --suite {suite}: available now: {', '.join(BENCH_SUITES)} "
-            "(render, pipeline and kinematics come with the Ditto engine)",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
-    from studio.bench.lmdm import main as lmdm_main
+    """`studio bench --suite NAME [suite options]`: NAME from ``studio.bench.SUITES`` or all.
 
-    return lmdm_main(rest)
+    The dispatch table (suite name -> module with ``main(argv)``) lives in ``studio.bench``;
+    the suite parses the rest of the command line.
+    """
+    from studio.bench import main as bench_main
+
+    return bench_main(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,12 +1,206 @@
 """``studio bench``: measured suites with the published reference figures beside ours.
 
-Suites live in their own modules (:mod:`studio.bench.lmdm`, ...) and share the timing
-helpers of :mod:`studio.bench.timing`: warm-up, CUDA events on a GPU (``perf_counter``
-on the CPU), the median of repeats, rotating input sets and CUDA-graph capture.
+Suites live in their own modules (:mod:`studio.bench.lmdm`, :mod:`studio.bench.render`,
+:mod:`studio.bench.kinematics`, ...), each with ``main(argv) -> int`` that parses its own
+options (``--device --json --markdown --plots --repeats --warmup`` in common) and writes its
+JSON and Markdown. They share the timing helpers of :mod:`studio.bench.timing` (warm-up, CUDA
+events on a GPU, ``perf_counter`` on the CPU, the median of repeats, rotating input sets,
+CUDA-graph capture) and the report helpers of :mod:`studio.bench.report`.
+
+:data:`SUITES` is the dispatch table (name -> module); ``--suite all`` runs every suite in
+turn and writes one JSON holding each suite's result and one Markdown concatenating them.
+This package imports no torch: a suite's module is imported only when it runs.
 """
 
 from __future__ import annotations
 
-__all__ = ["SUITES"]
+import argparse
+import gc
+import importlib
+import json
+import shlex
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
-SUITES = ("lmdm",)
+from studio.bench.report import write_outputs
+
+__all__ = ["ALL", "SUITES", "build_all_parser", "main", "run_all", "suite_main"]
+
+SUITES: dict[str, str] = {
+    "lmdm": "studio.bench.lmdm",
+    "render": "studio.bench.render",
+    "kinematics": "studio.bench.kinematics",
+}
+ALL = "all"
+DEFAULT_SUITE = "lmdm"
+USAGE = (
+    f"usage: studio bench --suite {{{','.join((*SUITES, ALL))}}} [suite options]; "
+    "`studio bench --suite NAME --help` lists a suite's options"
+)
+
+
+def suite_main(name: str) -> Callable[[list[str]], int]:
+    """The ``main(argv)`` of suite ``name`` (its module is imported here)."""
+    return importlib.import_module(SUITES[name]).main
+
+
+def _accepts(name: str, option: str) -> bool:
+    """Whether suite ``name``'s parser (``build_parser()``, when it has one) knows ``option``."""
+    build = getattr(importlib.import_module(SUITES[name]), "build_parser", None)
+    if build is None:
+        return False
+    return option in build()._option_string_actions
+
+
+def main(argv: Sequence[str]) -> int:
+    """``studio bench --suite NAME [options]``: NAME's ``main`` parses the rest (2: bad usage)."""
+    rest = list(argv)
+    suite = DEFAULT_SUITE
+    given = False
+    for i, arg in enumerate(rest):
+        if arg == "--suite" or arg.startswith("--suite="):
+            if arg == "--suite":
+                if i + 1 >= len(rest):
+                    print(f"studio bench: error: --suite needs a value\n{USAGE}", file=sys.stderr)
+                    return 2
+                suite = rest[i + 1]
+                del rest[i : i + 2]
+            else:
+                suite = arg.split("=", 1)[1]
+                del rest[i]
+            given = True
+            break
+    if not given and rest[:1] in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
+    if suite == ALL:
+        return run_all(rest)
+    if suite not in SUITES:
+        print(
+            f"studio bench: error: --suite {suite}: expected one of {', '.join((*SUITES, ALL))}",
+            file=sys.stderr,
+        )
+        return 2
+    return suite_main(suite)(rest)
+
+
+def build_all_parser() -> argparse.ArgumentParser:
+    """Options of ``--suite all``: common ones (passed to every suite) and per-suite extras."""
+    p = argparse.ArgumentParser(
+        prog="studio bench --suite all",
+        description="Every suite in turn; one JSON with each suite's result, one Markdown.",
+    )
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda if seen")
+    p.add_argument("--json", metavar="OUT", help="write all results as one JSON")
+    p.add_argument("--markdown", metavar="OUT", help="write all tables as one Markdown file")
+    p.add_argument("--plots", metavar="DIR", help="every suite's PNG plots (needs matplotlib)")
+    p.add_argument("--repeats", type=int, default=None, help="passed to every suite")
+    p.add_argument("--warmup", type=int, default=None, help="passed to every suite")
+    p.add_argument("--reduced", action="store_true", help="passed to the suites that have it")
+    p.add_argument(
+        "--suites",
+        default=",".join(SUITES),
+        metavar="A,B",
+        help=f"which suites, in order (default {','.join(SUITES)})",
+    )
+    for name in SUITES:
+        p.add_argument(
+            f"--{name}-args",
+            default="",
+            metavar="'ARGS'",
+            help=f"more options for the {name} suite, one string: --{name}-args='--a 1 --b'",
+        )
+    return p
+
+
+def _release_device_memory() -> None:
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def run_all(argv: Sequence[str]) -> int:
+    """Run the chosen suites one after the other; 0 when all succeeded, else the first failure's
+    status (the others still run and are written)."""
+    args = build_all_parser().parse_args(list(argv))
+    names = [s.strip() for s in args.suites.split(",") if s.strip()]
+    unknown = [n for n in names if n not in SUITES]
+    if not names or unknown:
+        print(
+            f"studio bench --suite all: error: --suites: unknown {unknown}; "
+            f"known: {', '.join(SUITES)}",
+            file=sys.stderr,
+        )
+        return 2
+    common: list[str] = []
+    if args.device:
+        common += ["--device", args.device]
+    if args.repeats is not None:
+        common += ["--repeats", str(args.repeats)]
+    if args.warmup is not None:
+        common += ["--warmup", str(args.warmup)]
+    if args.plots:
+        common += ["--plots", args.plots]
+    from studio.bench.timing import git_commit, utc_now  # torch: the suites need it anyway
+
+    started = utc_now()
+    combined: dict[str, Any] = {
+        "suite": ALL,
+        "facts": {
+            "date": started,
+            "commit": git_commit(),
+            "command": " ".join(["studio bench --suite all", *argv]),
+            "argv": list(argv),
+        },
+        "runs": {},
+        "suites": {},
+    }
+    texts: list[str] = []
+    status = 0
+    with tempfile.TemporaryDirectory(prefix="studio-bench-all-") as tmp:
+        for name in names:
+            js, md = Path(tmp) / f"{name}.json", Path(tmp) / f"{name}.md"
+            sub = list(common)
+            if args.reduced and _accepts(name, "--reduced"):
+                sub.append("--reduced")
+            sub += shlex.split(getattr(args, f"{name}_args"))
+            sub += ["--json", str(js), "--markdown", str(md)]
+            t0 = time.perf_counter()
+            reason = None
+            try:
+                rc = int(suite_main(name)(sub) or 0)
+            except SystemExit as e:  # argparse rejected an option of the suite
+                rc = e.code if isinstance(e.code, int) else 2
+                reason = f"exited with status {rc} (bad options?)"
+            except Exception as e:  # one failing suite does not stop the others
+                traceback.print_exc()
+                rc, reason = 1, f"{type(e).__name__}: {e}"
+            wall = time.perf_counter() - t0
+            _release_device_memory()
+            combined["runs"][name] = {"rc": rc, "wall_s": round(wall, 1), "argv": sub[:-4]}
+            if rc == 0 and js.is_file():
+                combined["suites"][name] = json.loads(js.read_text())
+                texts.append(md.read_text() if md.is_file() else "")
+            else:
+                why = reason or f"exited with status {rc}"
+                combined["suites"][name] = {"suite": name, "status": "error", "reason": why}
+                texts.append(f"## {name}\n\nNot measured: {why}.\n")
+                status = status or rc or 1
+            print(f"[all] {name}: {'ok' if rc == 0 else 'failed'} in {wall:.1f} s", file=sys.stderr)
+    head = [
+        "# studio bench --suite all",
+        "",
+        f"{started}; command `{combined['facts']['command']}`; suites "
+        + ", ".join(f"{n} ({combined['runs'][n]['wall_s']} s)" for n in names)
+        + ".",
+        "",
+    ]
+    text = "\n".join(head) + "\n".join(texts)
+    write_outputs(combined, text, args.json, args.markdown)
+    return status

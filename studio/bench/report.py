@@ -1,7 +1,8 @@
 """Reporting helpers shared by the bench suites: accuracy metrics, Markdown cells, JSON output.
 
 Moved here from :mod:`studio.bench.lmdm` so that every suite formats its tables, compares its
-fast paths with its fp32 reference and writes its files the same way.
+fast paths with its fp32 reference and writes its files the same way. Importing this module
+does not import torch.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = [
     "compare",
@@ -31,6 +32,8 @@ __all__ = [
 
 def compare(got: Tensor, ref: Tensor) -> tuple[float | None, float | None]:
     """(cosine, relative L2) of flattened tensors in float64; None where not finite."""
+    import torch  # here, so that the package imports without torch
+
     a = got.detach().double().flatten().cpu()
     b = ref.detach().double().flatten().cpu()
     if not (torch.isfinite(a).all() and torch.isfinite(b).all()):

@@ -1,0 +1,495 @@
+"""The ``kinematics`` bench suite: pose jerk before and after C² smoothing, exp fidelity.
+
+For each clip (the demo speech, plus any ``--audio`` files) the demo engine's motion is
+generated once; then, for each stride setting, the pipeline's own post-processing
+(:func:`studio.render.pipeline.postprocess`: the cadence plan of :mod:`studio.motion.cadence`,
+cadence sampling, :func:`studio.motion.kinematics.smooth_motion`) runs and
+:func:`studio.motion.kinematics.kinematics_report` measures it: mean pose jerk (rad/s³) of the
+cadence-sampled ("raw") and smoothed motion, the jerk peak around stride transitions, the
+exp MAE and velocity correlation, the largest |Δ²θ| against the limit. The cadence and
+smoothing stages are timed (median of repeats, ``perf_counter``: numpy on the host).
+
+The published figure (pose jerk 23.31 -> 19.76 rad/s³, -15.2 %, exp untouched) was measured
+on LMDM motion from the released weights; the Ditto engine with those weights is not
+available here, so these are our kinematics on DemoEngine motion: compare the change and the
+exp fidelity, not the absolute jerk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from studio.audio.io import Audio, load_audio
+from studio.bench.report import fmt, table, write_outputs
+from studio.bench.timing import device_facts, git_commit, measure, utc_now
+from studio.errors import StudioError
+from studio.motion import layout
+from studio.motion.cadence import plan_cadence, sample_motion
+from studio.motion.kinematics import pose_jerk, smooth_motion, stride_transitions
+from studio.render import pipeline
+from studio.render.demo import DemoEngine, demo_audio_path
+from studio.settings import RenderSettings
+
+__all__ = [
+    "DEFAULT_STRIDES",
+    "PUBLISHED",
+    "main",
+    "run_kinematics_suite",
+    "save_plots",
+    "to_markdown",
+]
+
+DEFAULT_STRIDES: tuple[str, ...] = ("auto", "1")
+STRIDE_CHOICES = ("auto", "1", "2", "3")
+
+PUBLISHED: dict[str, Any] = {
+    "source": "Ditto reference (LMDM motion from the released weights)",
+    "pose_jerk_raw": 23.31,
+    "pose_jerk_smoothed": 19.76,
+    "change_pct": -15.2,
+    "exp": "untouched",
+    "smoothing_ms": 5.3,
+    "clip_frames": 165,
+}
+CAPTION = (
+    "Our kinematics on **DemoEngine** motion (procedural, with per-frame pose jitter): the "
+    "Ditto engine with the released LMDM weights is not available here, so compare the change "
+    "and the exp fidelity with the published row, not the absolute jerk."
+)
+
+
+def _label(path: Path, taken: set[str]) -> str:
+    base = re.sub(r"[^A-Za-z0-9_.-]+", "_", path.stem) or "audio"
+    label, i = base, 2
+    while label in taken:
+        label, i = f"{base}_{i}", i + 1
+    taken.add(label)
+    return label
+
+
+def _clip_record(
+    audio: Audio,
+    settings: RenderSettings,
+    strides: Sequence[str],
+    repeats: int,
+    warmup: int,
+    keep: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """Generate the clip's motion once, then post-process and measure it per stride."""
+    engine = DemoEngine()
+    t0 = time.perf_counter()
+    phon, raw, gen_ms = pipeline.generate(engine, audio, settings.seed)
+    generate_ms = (time.perf_counter() - t0) * 1e3
+    jerk_gen = pose_jerk(raw)
+    rec: dict[str, Any] = {
+        "path": audio.path,
+        "frames": int(raw.shape[0]),
+        "duration_s": round(audio.duration_s, 4),
+        "sample_rate": int(audio.original_rate),
+        "engine": engine.name,
+        "generate_ms": {**{k: round(v, 3) for k, v in gen_ms.items()}, "total": generate_ms},
+        "pose_jerk_mean_generated": float(jerk_gen.mean()) if jerk_gen.size else 0.0,
+        "runs": {},
+    }
+    for stride in strides:
+        s = replace(settings, stride=stride)
+        result = pipeline.postprocess(audio, phon, raw, s)
+        kin = dict(result.kinematics)
+        jr, js = pose_jerk(result.sampled), pose_jerk(result.smoothed)
+        mean_raw = kin["pose_jerk_mean_raw"]
+        run: dict[str, Any] = {
+            "stride": stride,
+            "stride_histogram": result.plan.histogram(),
+            "rendered_fraction": round(result.plan.rendered_fraction, 4),
+            "transitions": int(stride_transitions(result.plan.strides).size),
+            **kin,
+            "pose_jerk_change_pct": 100.0 * (kin["pose_jerk_mean_smoothed"] - mean_raw) / mean_raw
+            if mean_raw > 0
+            else 0.0,
+            "pose_jerk_p95_raw": float(np.percentile(jr, 95)) if jr.size else 0.0,
+            "pose_jerk_p95_smoothed": float(np.percentile(js, 95)) if js.size else 0.0,
+            "exp_bit_identical": bool(
+                np.array_equal(result.sampled[:, layout.EXP], result.smoothed[:, layout.EXP])
+            ),
+            "scale_bit_identical": bool(
+                np.array_equal(result.sampled[:, layout.SCALE], result.smoothed[:, layout.SCALE])
+            ),
+            "within_accel_limit": kin["accel_max_smoothed"] <= kin["accel_limit"],
+        }
+        cadence = measure(
+            lambda s=s: sample_motion(raw, plan_cadence(phon, s.stride, s.cadence, motion=raw)),
+            device="cpu",
+            repeats=repeats,
+            warmup=warmup,
+        )
+        smoothing = measure(
+            lambda s=s, m=result.sampled: smooth_motion(m, s.smoothing),
+            device="cpu",
+            repeats=repeats,
+            warmup=warmup,
+        )
+        run["timings"] = {"cadence": cadence.to_dict(), "smoothing": smoothing.to_dict()}
+        rec["runs"][stride] = run
+        if keep is not None and stride == strides[0]:
+            keep.update(
+                sampled=result.sampled, smoothed=result.smoothed, strides=result.plan.strides
+            )
+    return rec
+
+
+def run_kinematics_suite(
+    audio: Sequence[str | Path] = (),
+    strides: Sequence[str] = DEFAULT_STRIDES,
+    settings: RenderSettings | None = None,
+    repeats: int | None = None,
+    warmup: int | None = None,
+    device: str | None = None,
+    demo: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Measure the kinematics per clip and stride; a JSON-ready dict (module docstring).
+
+    ``audio``: extra speech files (any format and rate ``load_audio`` reads); ``demo``: the
+    built-in demo speech first. ``settings``: smoothing and seed (default
+    :class:`RenderSettings`). ``repeats``/``warmup`` None: 20 and 2. ``device`` is recorded
+    and otherwise ignored (the stages are numpy). Keys: suite, facts, config, published,
+    clips (label -> path, frames, runs[stride]), summary, notes. Per-clip series for plots
+    are kept in ``result["_series"]`` (dropped from JSON by :func:`main`).
+    """
+    say = progress or (lambda _line: None)
+    settings = (settings or RenderSettings()).validate()
+    strides = tuple(str(s) for s in strides)
+    bad = [s for s in strides if s not in STRIDE_CHOICES]
+    if not strides or bad:
+        raise ValueError(f"strides must be some of {', '.join(STRIDE_CHOICES)}, got {strides}")
+    repeats = 20 if repeats is None else repeats
+    warmup = 2 if warmup is None else warmup
+    sources: list[tuple[str, Path]] = []
+    taken: set[str] = set()
+    if demo:
+        taken.add("demo")
+        sources.append(("demo", demo_audio_path()))
+    for a in audio:
+        sources.append((_label(Path(a), taken), Path(a)))
+    if not sources:
+        raise ValueError("no clip: give --audio FILE or keep the demo clip")
+    result: dict[str, Any] = {
+        "suite": "kinematics",
+        "facts": {**device_facts("cpu"), "date": utc_now(), "commit": git_commit()},
+        "config": {
+            "strides": list(strides),
+            "smoothing": {
+                "enabled": settings.smooth,
+                "window": settings.smooth_window,
+                "order": settings.smooth_order,
+                "accel_limit_deg_per_frame2": settings.accel_limit,
+            },
+            "seed": settings.seed,
+            "engine": "demo (studio.render.demo.DemoEngine)",
+            "repeats": repeats,
+            "warmup": warmup,
+            "device_requested": device,
+            "timing": "perf_counter per run (numpy on the host); median of repeats",
+            "fps": layout.FPS,
+        },
+        "published": PUBLISHED,
+        "clips": {},
+        "notes": [CAPTION.replace("**", "")],
+        "_series": {},
+    }
+    if device not in (None, "cpu"):
+        result["notes"].append(f"--device {device} ignored: smoothing and cadence are numpy")
+    clips = [(label, load_audio(path)) for label, path in sources]  # every file checked first
+    for label, clip in clips:
+        keep: dict[str, Any] = {}
+        rec = _clip_record(clip, settings, strides, repeats, warmup, keep)
+        rec["label"] = label
+        result["clips"][label] = rec
+        result["_series"][label] = keep
+        run = rec["runs"][strides[0]]
+        say(
+            f"[kinematics] {label} ({rec['frames']} frames), stride {strides[0]}: pose jerk "
+            f"{run['pose_jerk_mean_raw']:.2f} -> {run['pose_jerk_mean_smoothed']:.2f} rad/s³ "
+            f"({run['pose_jerk_change_pct']:+.1f}%), exp MAE {run['exp_mae']:.3g}"
+        )
+    result["summary"] = _summary(result)
+    return result
+
+
+def _summary(result: dict[str, Any]) -> dict[str, Any]:
+    runs = [r for c in result["clips"].values() for r in c["runs"].values()]
+    return {
+        "exp_untouched_everywhere": all(r["exp_bit_identical"] for r in runs),
+        "jerk_reduced_everywhere": all(
+            r["pose_jerk_mean_smoothed"] <= r["pose_jerk_mean_raw"] for r in runs
+        ),
+        "within_accel_limit_everywhere": all(r["within_accel_limit"] for r in runs),
+        "change_pct": {
+            label: {s: r["pose_jerk_change_pct"] for s, r in c["runs"].items()}
+            for label, c in result["clips"].items()
+        },
+        "published_change_pct": PUBLISHED["change_pct"],
+    }
+
+
+def to_markdown(result: dict[str, Any]) -> str:
+    """The kinematics table, the published row first, then timings."""
+    facts, cfg, pub = result["facts"], result["config"], result["published"]
+    sm = cfg["smoothing"]
+    out = [
+        "## Kinematics: pose jerk before and after smoothing",
+        "",
+        CAPTION,
+        "",
+        f"Measured on {facts.get('name')}, {facts.get('date')}, commit `{facts.get('commit')}`"
+        + (f", command `{facts['command']}`" if facts.get("command") else "")
+        + f". Smoothing: Savitzky–Golay window {sm['window']}, order {sm['order']}, "
+        f"acceleration limit {sm['accel_limit_deg_per_frame2']} deg/frame²"
+        + ("" if sm["enabled"] else " (**off**)")
+        + f"; seed {cfg['seed']}; {cfg['fps']} fps. 'raw' is the cadence-sampled motion the "
+        "smoother receives (stride 1: the generated motion itself).",
+        "",
+        "### Pose jerk (rad/s³, mean over frames), transition peaks, exp fidelity",
+        "",
+    ]
+    header = [
+        "clip",
+        "stride",
+        "frames",
+        "strides 1/2/3",
+        "jerk raw",
+        "jerk smoothed",
+        "change",
+        "transition peak raw → smoothed",
+        "exp MAE",
+        "exp velocity corr",
+        "exp bit-identical",
+        "max Δ²θ, deg/frame² (limit)",
+    ]
+    rows = [
+        [
+            "published",
+            "–",
+            str(pub["clip_frames"]),
+            "–",
+            fmt(pub["pose_jerk_raw"]),
+            fmt(pub["pose_jerk_smoothed"]),
+            f"{pub['change_pct']:+.1f}%",
+            "–",
+            pub["exp"],
+            "–",
+            "–",
+            "–",
+        ]
+    ]
+    for label, clip in result["clips"].items():
+        for stride, r in clip["runs"].items():
+            h = r["stride_histogram"]
+            rows.append(
+                [
+                    label,
+                    stride,
+                    str(clip["frames"]),
+                    f"{h.get('1', 0)}/{h.get('2', 0)}/{h.get('3', 0)}",
+                    fmt(r["pose_jerk_mean_raw"]),
+                    fmt(r["pose_jerk_mean_smoothed"]),
+                    f"{r['pose_jerk_change_pct']:+.1f}%",
+                    f"{fmt(r['transition_jerk_peak_raw'])} → "
+                    f"{fmt(r['transition_jerk_peak_smoothed'])}"
+                    if r["transitions"]
+                    else "no transitions",
+                    f"{r['exp_mae']:.3g}",
+                    f"{r['exp_velocity_corr']:.6f}",
+                    fmt(r["exp_bit_identical"]),
+                    f"{r['accel_max_smoothed']:.4f} ({r['accel_limit']})",
+                ]
+            )
+    out += table(header, rows)
+    out += ["", "### Stage timings (ms, median)", ""]
+    rows = [["published", "–", str(pub["clip_frames"]), "–", fmt(pub["smoothing_ms"]), "–"]]
+    for label, clip in result["clips"].items():
+        for stride, r in clip["runs"].items():
+            t = r["timings"]
+            rows.append(
+                [
+                    label,
+                    stride,
+                    str(clip["frames"]),
+                    fmt(t["cadence"]["median_ms"], 3),
+                    fmt(t["smoothing"]["median_ms"], 3),
+                    fmt(t["smoothing"]["median_ms"] * pub["clip_frames"] / clip["frames"], 3),
+                ]
+            )
+    out += table(
+        ["clip", "stride", "frames", "cadence", "smoothing", "smoothing per 165 frames"], rows
+    )
+    out += ["", "### Generated motion (before cadence sampling)", ""]
+    out += table(
+        ["clip", "audio", "duration s", "jerk of the generated motion", "generate ms"],
+        [
+            [
+                label,
+                Path(c["path"]).name if c["path"] else "–",
+                fmt(c["duration_s"]),
+                fmt(c["pose_jerk_mean_generated"]),
+                fmt(c["generate_ms"]["total"], 1),
+            ]
+            for label, c in result["clips"].items()
+        ],
+    )
+    plots = result.get("plots")
+    if plots:
+        out += [""]
+        if plots.get("files"):
+            out += [f"![{Path(p).stem}]({Path(p).name})" for p in plots["files"]]
+        else:
+            out.append(f"Plots: {plots.get('skipped')}")
+    notes = result.get("notes") or []
+    if len(notes) > 1:
+        out += ["", *(f"- {n}" for n in notes[1:])]
+    return "\n".join(out) + "\n"
+
+
+def save_plots(result: dict[str, Any], folder: str | Path) -> dict[str, Any]:
+    """Per clip: pose angles and jerk, raw vs smoothed, stride transitions marked (PNG).
+
+    Returns ``{"files": [...]}`` or ``{"files": [], "skipped": reason}``; also stored in
+    ``result["plots"]``. matplotlib is not a dependency: without it nothing is drawn.
+    """
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as e:
+        info: dict[str, Any] = {"files": [], "skipped": f"matplotlib is not installed ({e})"}
+        result["plots"] = info
+        return info
+    out_dir = Path(folder)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files: list[str] = []
+    stride = result["config"]["strides"][0]
+    for label, series in result.get("_series", {}).items():
+        if not series:
+            continue
+        raw, smoothed = series["sampled"], series["smoothed"]
+        fps = result["config"]["fps"]
+        t = np.arange(raw.shape[0]) / fps
+        fig = Figure(figsize=(9, 6))
+        ax1, ax2 = fig.add_subplot(2, 1, 1), fig.add_subplot(2, 1, 2)
+        ang_r, ang_s = layout.pose_degrees(raw), layout.pose_degrees(smoothed)
+        for i, name in enumerate(("pitch", "yaw", "roll")):
+            line = ax1.plot(t, ang_r[:, i], lw=0.7, alpha=0.6, label=f"{name} raw")[0]
+            ax1.plot(t, ang_s[:, i], lw=1.2, color=line.get_color(), label=f"{name} smoothed")
+        ax1.set(ylabel="degrees")
+        ax1.set_title(f"{label}: pose, stride {stride}")
+        ax1.legend(fontsize=6, ncol=3)
+        jr, js = pose_jerk(raw), pose_jerk(smoothed)
+        tj = (np.arange(jr.size) + 1.5) / fps
+        ax2.plot(tj, jr, lw=0.7, label="raw")
+        ax2.plot(tj, js, lw=1.2, label="smoothed")
+        for k in stride_transitions(series["strides"]):
+            ax2.axvline(k / fps, color="grey", lw=0.3)
+        ax2.set(xlabel="s", ylabel="pose jerk, rad/s³")
+        ax2.legend(fontsize=7)
+        FigureCanvasAgg(fig)
+        fig.tight_layout()
+        path = out_dir / f"kinematics_{label}.png"
+        fig.savefig(path, dpi=120)
+        files.append(str(path))
+    info = {"files": files}
+    result["plots"] = info
+    return info
+
+
+def _stride_list(text: str) -> tuple[str, ...]:
+    values = tuple(s.strip() for s in text.split(",") if s.strip())
+    if not values or any(v not in STRIDE_CHOICES for v in values):
+        raise argparse.ArgumentTypeError(
+            f"strides must be some of {', '.join(STRIDE_CHOICES)}: {text}"
+        )
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The suite's command-line options (``studio bench --suite kinematics`` maps onto these)."""
+    d = RenderSettings()
+    p = argparse.ArgumentParser(
+        prog="studio bench --suite kinematics",
+        description="Pose jerk raw vs smoothed, transition peaks, exp fidelity, stage timings.",
+    )
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="recorded; numpy")
+    p.add_argument("--json", metavar="OUT", help="write the full result as JSON")
+    p.add_argument("--markdown", metavar="OUT", help="write the tables as Markdown")
+    p.add_argument("--plots", metavar="DIR", help="write PNG plots (needs matplotlib)")
+    p.add_argument("--repeats", type=int, default=None, help="timed runs per stage (default 20)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed runs per stage (default 2)")
+    p.add_argument(
+        "--audio",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="real speech to measure too (repeatable), e.g. ../shared/fixtures/*.wav",
+    )
+    p.add_argument("--no-demo", action="store_true", help="leave the demo clip out")
+    p.add_argument("--strides", type=_stride_list, default=DEFAULT_STRIDES, metavar="auto,1")
+    p.add_argument("--smooth-window", type=int, default=d.smooth_window)
+    p.add_argument("--smooth-order", type=int, default=d.smooth_order)
+    p.add_argument("--accel-limit", type=float, default=d.accel_limit)
+    p.add_argument("--no-smooth", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the suite, write the outputs asked for, print the Markdown; 0, or 2 on errors."""
+    args = build_parser().parse_args(argv)
+    for name in ("repeats", "warmup"):
+        value = getattr(args, name)
+        if value is not None and value < (1 if name == "repeats" else 0):
+            print(f"--{name} must be >= {1 if name == 'repeats' else 0}", file=sys.stderr)
+            return 2
+    try:
+        settings = RenderSettings(
+            smooth=not args.no_smooth,
+            smooth_window=args.smooth_window,
+            smooth_order=args.smooth_order,
+            accel_limit=args.accel_limit,
+            seed=args.seed,
+        ).validate()
+        result = run_kinematics_suite(
+            audio=args.audio,
+            strides=args.strides,
+            settings=settings,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            device=args.device,
+            demo=not args.no_demo,
+            progress=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+    except (StudioError, ValueError) as e:
+        print(f"studio bench kinematics: {e}", file=sys.stderr)
+        return 2
+    given = list(sys.argv[1:] if argv is None else argv)
+    result["facts"]["command"] = " ".join(["studio bench --suite kinematics", *given])
+    result["facts"]["argv"] = given
+    if args.plots:
+        info = save_plots(result, args.plots)
+        if info.get("skipped"):
+            print(f"plots skipped: {info['skipped']}", file=sys.stderr)
+    result.pop("_series", None)
+    text = to_markdown(result)
+    write_outputs(result, text, args.json, args.markdown)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
