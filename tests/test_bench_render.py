@@ -200,6 +200,8 @@ def test_suite_all_writes_one_json_and_one_markdown(tmp_path):
     assert "--reduced" in data["runs"]["lmdm"]["argv"]
     assert "--reduced" not in data["runs"]["kinematics"]["argv"]  # it has no such option
     assert data["suites"]["kinematics"]["config"]["strides"] == ["1"]
+    for name in ("lmdm", "kinematics"):  # each suite's own files, kept as it ends
+        assert json.loads((tmp_path / f"bench_{name}.json").read_text())["suite"] == name
     text = md.read_text()
     assert text.startswith("# studio bench --suite all")
     assert "## LMDM" in text and "## Kinematics" in text

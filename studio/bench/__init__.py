@@ -8,7 +8,8 @@ events on a GPU, ``perf_counter`` on the CPU, the median of repeats, rotating in
 CUDA-graph capture) and the report helpers of :mod:`studio.bench.report`.
 
 :data:`SUITES` is the dispatch table (name -> module); ``--suite all`` runs every suite in
-turn and writes one JSON holding each suite's result and one Markdown concatenating them.
+turn and writes one JSON holding each suite's result and one Markdown concatenating them
+(and, beside that JSON, each suite's own ``bench_NAME.json`` / ``bench_NAME.md`` as it ends).
 This package imports no torch: a suite's module is imported only when it runs.
 """
 
@@ -164,17 +165,21 @@ def run_all(argv: Sequence[str]) -> int:
     texts: list[str] = []
     status = 0
     with tempfile.TemporaryDirectory(prefix="studio-bench-all-") as tmp:
+        # Each suite's own files go beside the combined JSON (bench_NAME.json/.md), so that a
+        # run cut short still leaves the suites it finished; without --json, a temporary folder.
+        folder = Path(args.json).parent if args.json else Path(tmp)
         for name in names:
-            js, md = Path(tmp) / f"{name}.json", Path(tmp) / f"{name}.md"
+            js, md = folder / f"bench_{name}.json", folder / f"bench_{name}.md"
+            for stale in (js, md):
+                stale.unlink(missing_ok=True)
             sub = list(common)
-            if args.reduced and _accepts(name, "--reduced"):
-                sub.append("--reduced")
-            sub += shlex.split(getattr(args, f"{name}_args"))
-            sub += ["--json", str(js), "--markdown", str(md)]
             t0 = time.perf_counter()
             reason = None
-            try:
-                rc = int(suite_main(name)(sub) or 0)
+            try:  # importing a suite can fail too (a package missing on this machine)
+                if args.reduced and _accepts(name, "--reduced"):
+                    sub.append("--reduced")
+                sub += shlex.split(getattr(args, f"{name}_args"))
+                rc = int(suite_main(name)([*sub, "--json", str(js), "--markdown", str(md)]) or 0)
             except SystemExit as e:  # argparse rejected an option of the suite
                 rc = e.code if isinstance(e.code, int) else 2
                 reason = f"exited with status {rc} (bad options?)"
@@ -183,7 +188,7 @@ def run_all(argv: Sequence[str]) -> int:
                 rc, reason = 1, f"{type(e).__name__}: {e}"
             wall = time.perf_counter() - t0
             _release_device_memory()
-            combined["runs"][name] = {"rc": rc, "wall_s": round(wall, 1), "argv": sub[:-4]}
+            combined["runs"][name] = {"rc": rc, "wall_s": round(wall, 1), "argv": sub}
             if rc == 0 and js.is_file():
                 combined["suites"][name] = json.loads(js.read_text())
                 texts.append(md.read_text() if md.is_file() else "")
@@ -201,6 +206,6 @@ def run_all(argv: Sequence[str]) -> int:
         + ".",
         "",
     ]
-    text = "\n".join(head) + "\n".join(texts)
+    text = "\n".join(head) + "\n" + "\n".join(texts)
     write_outputs(combined, text, args.json, args.markdown)
     return status
