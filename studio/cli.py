@@ -195,6 +195,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--json", metavar="OUT.json", help="also write the summary here")
 
+    c = sub.add_parser(
+        "compile",
+        help="build TensorRT engines for Ditto's networks (cached, rebuilt when stale)",
+        description="Build TensorRT engines from ditto_onnx/ or from ONNX exported from "
+        "ditto_pytorch/, with per-network precision, a timing cache, and an engine cache that "
+        "rebuilds stale engines (other GPU, TensorRT version, precision or ONNX) instead of "
+        "failing. Needs tensorrt (pip install 'talkinghead-studio[trt]').",
+    )
+    from studio.runtime.compile_cli import add_arguments as _compile_arguments
+
+    _compile_arguments(c)
+
     g = sub.add_parser(
         "gui", help="open the studio window (the default)", description="Open the studio window."
     )
@@ -494,6 +506,12 @@ def cmd_export_onnx(args: argparse.Namespace) -> int:
     return 0 if summary["ok"] else 1
 
 
+def cmd_compile(args: argparse.Namespace) -> int:
+    from studio.runtime.compile_cli import run
+
+    return run(args)
+
+
 def cmd_gui(args: argparse.Namespace) -> int:
     from studio.gui.app import run
 
@@ -537,6 +555,7 @@ def main(argv: list[str] | None = None) -> int:
         "analyze": cmd_analyze,
         "doctor": cmd_doctor,
         "export-onnx": cmd_export_onnx,
+        "compile": cmd_compile,
         "gui": cmd_gui,
     }[command]
     try:

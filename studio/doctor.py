@@ -1,5 +1,8 @@
 """`studio doctor`: what this machine offers the studio, and what is missing.
 
+The ``backends`` section says, per engine backend (torch, onnxruntime, tensorrt) and device
+kind, whether it can run here and which precisions, with the reason for each one it cannot.
+
 Everything is probed without side effects: no QApplication is created, no GPU
 memory is allocated beyond what querying free memory needs.
 """
@@ -116,6 +119,41 @@ def _pyav() -> dict[str, Any]:
     }
 
 
+def _backends() -> dict[str, Any]:
+    """Which engine backends and precisions are usable here, and why not (never raises)."""
+    try:
+        from studio.runtime.engine import backends_report
+
+        return backends_report()
+    except Exception as e:  # noqa: BLE001 - the report must not fail the doctor
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def _backend_lines(b: dict[str, Any]) -> list[str]:
+    if "error" in b:
+        return [f"backends: not probed ({b['error']})"]
+    lines = [
+        "backends (precisions usable here; defaults: "
+        + ", ".join(f"{k} {v}" for k, v in b.get("defaults", {}).items())
+        + "):"
+    ]
+    for backend, kinds in b.items():
+        if backend == "defaults":
+            continue
+        for kind, e in kinds.items():
+            label = f"  {backend} {kind}:"
+            if not e["usable"]:
+                lines.append(f"{label} no ({e['reason']})")
+                continue
+            by_reason: dict[str, list[str]] = {}
+            for p, why in e["unsupported"].items():
+                if p not in ("fp8", "int8") or backend == "tensorrt":
+                    by_reason.setdefault(why, []).append(p)
+            off = "; ".join(f"{'/'.join(ps)}: {why}" for why, ps in by_reason.items())
+            lines.append(f"{label} {', '.join(e['precisions'])}" + (f" (not {off})" if off else ""))
+    return lines
+
+
 def collect() -> dict[str, Any]:
     """Every probe, as a JSON-ready dict."""
     return {
@@ -127,6 +165,7 @@ def collect() -> dict[str, Any]:
         "tensorrt": _tensorrt(),
         "qt": _qt(),
         "pyav": _pyav(),
+        "backends": _backends(),
         "numpy": _version("numpy"),
         "scipy": _version("scipy"),
         "soundfile": _version("soundfile"),
@@ -171,4 +210,6 @@ def format_text(info: dict[str, Any]) -> str:
         lines.append(f"PyAV {a['version']}: {enc}")
     else:
         lines.append(f"PyAV: not usable ({a['reason']})")
+    if "backends" in info:
+        lines.extend(_backend_lines(info["backends"]))
     return "\n".join(lines)

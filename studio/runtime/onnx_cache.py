@@ -1,0 +1,131 @@
+"""ONNX files made for engines: any static batch, fp32 or half precision, cached by content.
+
+:func:`export_for_engine` exports a studio network module through
+:func:`studio.models.onnx_export.export_module` (atomic write, structural checks, and for
+fp32 the ONNX Runtime parity check) wrapped in a
+:class:`~studio.runtime.torch_engine.PrecisionAdapter`, so that
+
+- the graph's static batch is ``batch`` (Ditto's files are batch 1),
+- ``precision`` fp16/bf16 gives a *typed* half graph with fp32 inputs and outputs, Cast nodes
+  at the boundaries and every GridSample kept fp32 (what a strongly typed TensorRT network
+  needs, since TensorRT 11 has no FP16 builder flag), traced from the torch engine's ``cast``
+  policy. Half graphs are not verified in ONNX Runtime (its CPU provider lacks most half
+  kernels); the TensorRT build checks them.
+
+The file name carries a key over the network, batch, precision, opset, torch version and a
+SHA-256 of the module's state dict, so a changed checkpoint is exported anew and an unchanged
+one is reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from studio.errors import OutputError
+
+__all__ = ["EXPORT_FORMAT", "export_for_engine", "module_digest", "onnx_cache_key"]
+
+EXPORT_FORMAT = 1  # bump when the exported graph changes for the same inputs
+
+
+def module_digest(module: nn.Module) -> str:
+    """SHA-256 over the state dict's names, dtypes, shapes and bytes (device independent)."""
+    h = hashlib.sha256()
+    for name, t in module.state_dict().items():
+        data = t.detach().to("cpu").contiguous().reshape(-1)
+        h.update(f"{name}|{str(t.dtype)}|{tuple(t.shape)}|".encode())
+        if data.numel():
+            h.update(data.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def onnx_cache_key(
+    network: str, digest: str, batch: int, precision: str, opset: int, cls: str = ""
+) -> str:
+    """A short key over everything that changes the exported file."""
+    fields = {
+        "format": EXPORT_FORMAT,
+        "network": network,
+        "class": cls,
+        "weights": digest,
+        "batch": batch,
+        "precision": precision,
+        "opset": opset,
+        "torch": torch.__version__,
+    }
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def export_for_engine(
+    network: str,
+    module: nn.Module,
+    out_dir: str | os.PathLike[str],
+    batch: int = 1,
+    precision: str = "fp32",
+    device: torch.device | str | None = None,
+    opset: int | None = None,
+    verify: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> Path:
+    """The cached ONNX file of ``module`` for an engine (exported when absent); its path.
+
+    ``device`` is where the export traces (default: the module's); half graphs trace best
+    on CUDA (on the CPU 3-D average pooling is kept fp32 as well, having no half kernels).
+    ``tf32`` exports the fp32 graph (TF32 is a math mode, not a graph property). fp8/int8
+    export the fp16 graph, which the TensorRT builder then quantizes.
+    RuntimeError when verification fails (nothing is written then).
+    """
+    from studio.models.onnx_export import DEFAULT_OPSET, export_module
+    from studio.runtime.torch_engine import PrecisionAdapter
+
+    graph_precision = {"tf32": "fp32", "fp8": "fp16", "int8": "fp16"}.get(precision, precision)
+    opset = DEFAULT_OPSET if opset is None else opset
+    digest = module_digest(module)
+    key = onnx_cache_key(network, digest, batch, graph_precision, opset, type(module).__name__)
+    from studio.models import REGISTRY
+
+    stem = REGISTRY[network].onnx_file.removesuffix(".onnx") if network in REGISTRY else network
+    out = Path(out_dir).expanduser()
+    target = out / f"{stem}.b{batch}.{graph_precision}.{key}.onnx"
+    if target.is_file():
+        return target
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"cannot create the engine cache {out}: {e.strerror or e}") from None
+    dev = torch.device(device) if device is not None else None
+    if dev is None:
+        dev = next((p.device for p in module.parameters()), torch.device("cpu"))
+    if log is not None:
+        log(f"exporting {network} to ONNX (batch {batch}, {graph_precision}) -> {target}")
+    adapter = _BatchedAdapter(PrecisionAdapter(network, module, graph_precision, dev), batch).eval()
+    half = graph_precision != "fp32"
+    record: dict[str, Any] = export_module(adapter, target, opset=opset, verify=verify and not half)
+    if not record["ok"]:
+        raise RuntimeError(f"{network}: {record.get('error', 'export failed')}")
+    return target
+
+
+class _BatchedAdapter(nn.Module):
+    """An adapter whose ``example_inputs`` have a fixed batch (the exporter asks for 1)."""
+
+    def __init__(self, adapter: nn.Module, batch: int) -> None:
+        super().__init__()
+        self.adapter = adapter
+        self.batch = batch
+        self.INPUT_NAMES = adapter.INPUT_NAMES
+        self.OUTPUT_NAMES = adapter.OUTPUT_NAMES
+
+    def example_inputs(self, batch: int = 1) -> tuple[torch.Tensor, ...]:
+        return self.adapter.example_inputs(self.batch)
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.adapter(*inputs)

@@ -1,0 +1,189 @@
+"""The ONNX Runtime engine: CPU with zero-copy numpy views, CUDA through IOBinding.
+
+- CPU: inputs are handed to ``InferenceSession.run`` as numpy views of the torch tensors
+  (no copy for contiguous tensors) and the outputs come back as torch views of ORT's arrays.
+- CUDA: the session runs on a stream of its own, given to the CUDA provider as its
+  ``user_compute_stream``; inputs are bound by device pointer (``bind_input`` with
+  ``data_ptr()``, re-bound only when a pointer or shape changes), outputs are preallocated
+  torch tensors bound once, and ``disable_synchronize_execution_providers`` keeps ``run`` from
+  waiting on the GPU. The caller's current stream and the session's stream are ordered with
+  device-side waits both ways, so no host sync happens. Outputs are the engine's persistent
+  buffers: the next ``run`` overwrites them.
+
+Graphs with dynamic dimensions (HuBERT's ``input_values`` [1, N]) accept any size there; on
+CUDA their outputs cannot be preallocated, so ORT allocates them and they come back through
+the host (said here because it is a host round trip).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from studio.errors import InputError
+from studio.runtime.engine import (
+    INSTALL_HINTS,
+    BackendUnavailable,
+    EngineBase,
+    TensorSpec,
+    torch_dtype,
+)
+
+__all__ = ["OrtEngine", "import_onnxruntime"]
+
+_NUMPY = {
+    torch.float32: np.float32,
+    torch.float16: np.float16,
+    torch.float64: np.float64,
+    torch.int64: np.int64,
+    torch.int32: np.int32,
+    torch.int8: np.int8,
+    torch.uint8: np.uint8,
+    torch.bool: np.bool_,
+}
+RUN_NO_SYNC = "disable_synchronize_execution_providers"
+
+
+def import_onnxruntime() -> Any:
+    try:
+        import onnxruntime as ort
+    except Exception as e:  # noqa: BLE001 - any import failure means "not usable"
+        raise BackendUnavailable(
+            f"onnxruntime is not importable ({type(e).__name__}: {e}): "
+            f"{INSTALL_HINTS['onnxruntime']}"
+        ) from None
+    return ort
+
+
+def _dims(shape: Any) -> tuple[int, ...]:
+    return tuple(d if isinstance(d, int) and d > 0 else -1 for d in shape)
+
+
+def _static(shape: tuple[int, ...]) -> bool:
+    return all(d > 0 for d in shape)
+
+
+class OrtEngine(EngineBase):
+    """One ONNX file in ONNX Runtime as an :class:`~studio.runtime.engine.Engine`.
+
+    ``precision`` describes the graph (fp32 files run fp32; a half file made by
+    :func:`~studio.runtime.onnx_cache.export_for_engine` runs fp16 with fp32 I/O) and, on
+    CUDA, sets the provider's TF32 switch (on only for ``tf32``). ``threads`` sets ORT's
+    intra-op threads on the CPU.
+    """
+
+    backend = "onnxruntime"
+
+    def __init__(
+        self,
+        name: str,
+        path: str | os.PathLike[str],
+        precision: str = "fp32",
+        device: torch.device | str = "cpu",
+        threads: int | None = None,
+    ) -> None:
+        ort = import_onnxruntime()
+        dev = torch.device(device)
+        self.path = Path(path).expanduser()
+        if not self.path.is_file():
+            raise InputError(f"ONNX file {self.path} does not exist")
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        if threads is not None:
+            opts.intra_op_num_threads = int(threads)
+        self._stream: torch.cuda.Stream | None = None
+        if dev.type == "cuda":
+            if "CUDAExecutionProvider" not in ort.get_available_providers():
+                raise BackendUnavailable(
+                    "ONNX Runtime has no CUDAExecutionProvider here: pip install onnxruntime-gpu"
+                )
+            self._stream = torch.cuda.Stream(dev)
+            cuda_opts = {
+                "device_id": dev.index or 0,
+                "user_compute_stream": str(self._stream.cuda_stream),
+                "use_tf32": "1" if precision == "tf32" else "0",
+            }
+            try:
+                session = self._session(ort, opts, cuda_opts)
+            except Exception:  # noqa: BLE001 - an older ORT without use_tf32
+                cuda_opts.pop("use_tf32")
+                session = self._session(ort, opts, cuda_opts)
+            if "CUDAExecutionProvider" not in session.get_providers():
+                raise BackendUnavailable(f"ONNX Runtime could not put {self.path.name} on CUDA")
+        else:
+            session = ort.InferenceSession(str(self.path), opts, providers=["CPUExecutionProvider"])
+        self.session = session
+        inputs = tuple(
+            TensorSpec(i.name, _dims(i.shape), torch_dtype(i.type)) for i in session.get_inputs()
+        )
+        outputs = tuple(
+            TensorSpec(o.name, _dims(o.shape), torch_dtype(o.type)) for o in session.get_outputs()
+        )
+        super().__init__(name, precision, dev, inputs, outputs)
+        self.run_options = ort.RunOptions()
+        self._io: Any = None
+        self._bound: dict[str, tuple[int, tuple[int, ...]]] = {}
+        self._out: dict[str, Tensor] = {}
+        if dev.type == "cuda":
+            self.run_options.add_run_config_entry(RUN_NO_SYNC, "1")
+            self._io = session.io_binding()
+            for s in outputs:
+                if _static(s.shape):
+                    buf = torch.empty(s.shape, dtype=s.dtype, device=dev)
+                    self._io.bind_output(
+                        s.name, "cuda", dev.index or 0, _NUMPY[s.dtype], s.shape, buf.data_ptr()
+                    )
+                    self._out[s.name] = buf
+                else:
+                    self._io.bind_output(s.name, "cuda", dev.index or 0)
+
+    def _session(self, ort: Any, opts: Any, cuda_opts: dict[str, Any]) -> Any:
+        return ort.InferenceSession(
+            str(self.path),
+            opts,
+            providers=[("CUDAExecutionProvider", cuda_opts), "CPUExecutionProvider"],
+        )
+
+    def _input(self, spec: TensorSpec, t: Tensor) -> Tensor:
+        """The tensor as the graph's dtype, contiguous (a copy only when it is not already)."""
+        if t.dtype != spec.dtype:
+            t = t.to(spec.dtype)
+        return t if t.is_contiguous() else t.contiguous()
+
+    def run(self, feed: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        self.check_feed(feed)
+        if self._io is None:
+            arrays = {s.name: self._input(s, feed[s.name]).numpy() for s in self.inputs}
+            got = self.session.run(list(self.output_names), arrays, self.run_options)
+            return {n: torch.from_numpy(a) for n, a in zip(self.output_names, got, strict=True)}
+        index = self.device.index or 0
+        keep = []
+        for s in self.inputs:
+            t = self._input(s, feed[s.name])
+            keep.append(t)  # alive until the session has read it (ordered below)
+            key = (t.data_ptr(), tuple(t.shape))
+            if self._bound.get(s.name) != key:
+                self._io.bind_input(
+                    s.name, "cuda", index, _NUMPY[s.dtype], tuple(t.shape), t.data_ptr()
+                )
+                self._bound[s.name] = key
+        assert self._stream is not None
+        current = torch.cuda.current_stream(self.device)
+        self._stream.wait_stream(current)
+        self.session.run_with_iobinding(self._io, self.run_options)
+        current.wait_stream(self._stream)
+        for t in keep:
+            t.record_stream(self._stream)
+        out = dict(self._out)
+        if len(out) < len(self.outputs):  # dynamic outputs: through the host
+            values = self._io.copy_outputs_to_cpu()
+            for s, v in zip(self.outputs, values, strict=True):
+                if s.name not in out:
+                    out[s.name] = torch.from_numpy(v).to(self.device)
+        return {n: out[n] for n in self.output_names}

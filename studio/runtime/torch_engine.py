@@ -1,0 +1,369 @@
+"""The PyTorch engine: eager fp32/TF32, bf16/fp16 (cast weights or autocast), channels_last,
+CUDA graphs with static buffers, and torch.compile on request.
+
+Precision policy (:class:`PrecisionAdapter`, also what the half-precision ONNX export traces):
+
+- ``mode="cast"``: floating parameters and buffers are cast to the compute dtype on a copy
+  of the module, except what must stay fp32 (:data:`KEEP_FP32`): LMDM's noise schedule
+  (``alphas_cumprod``, ``noise_tables``) and its sinusoidal time MLP (timesteps up to 999 lose
+  all precision in half types; its output is cast to the compute dtype). Operations in
+  :data:`FP32_OPS` (``grid_sample``; on the CPU also 3-D average pooling, which has no half
+  kernels there) run in fp32 inside the half graph. LMDM's classifier-free guidance and its
+  noise prediction are combined in fp32.
+- ``mode="autocast"``: fp32 weights under ``torch.autocast(cache_enabled=False)`` (the cache
+  must be off for CUDA-graph capture); autocast keeps grid sampling in fp32 by itself.
+- Default: ``cast``, except the warp network, whose keypoint grids are more accurate under
+  autocast (they stay fp32 there, while ``cast`` would build them from half keypoints).
+
+Inputs and outputs are fp32 (as in Ditto's engines) unless ``io_dtype`` says otherwise;
+integer inputs (LMDM's ``time_cond``) keep their dtype.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
+
+from studio.runtime.engine import (
+    HALF_DTYPES,
+    EngineBase,
+    TensorSpec,
+    capture_cuda_graph,
+    math_mode,
+)
+
+__all__ = ["FP32_OPS", "KEEP_FP32", "PrecisionAdapter", "TorchEngine", "default_mode"]
+
+MODES = ("fp32", "cast", "autocast")
+
+# (submodule names kept fp32 with their outputs cast to the compute dtype, buffer names kept).
+KEEP_FP32: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "lmdm": (("time_mlp",), ("alphas_cumprod", "noise_tables")),
+}
+
+
+def _fp32_ops(device: torch.device) -> tuple[Callable[..., Any], ...]:
+    ops: tuple[Callable[..., Any], ...] = (F.grid_sample,)
+    if device.type == "cpu":
+        ops += (F.avg_pool3d,)
+    return ops
+
+
+FP32_OPS = ("grid_sample", "avg_pool3d (CPU only)")
+
+
+class Fp32Islands(TorchFunctionMode):
+    """Run the listed torch functions in fp32 on half inputs, casting the result back."""
+
+    def __init__(self, ops: tuple[Callable[..., Any], ...]) -> None:
+        super().__init__()
+        self.ops = ops
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        if func in self.ops:
+            low = [a.dtype for a in args if isinstance(a, Tensor) and a.dtype in _HALVES]
+            if low:
+                up = [
+                    a.float() if isinstance(a, Tensor) and a.dtype in _HALVES else a for a in args
+                ]
+                return func(*up, **kwargs).to(low[0])
+        return func(*args, **kwargs)
+
+
+_HALVES = (torch.float16, torch.bfloat16)
+
+
+class _CastOutput(nn.Module):
+    """Run ``inner`` in fp32 and cast its output to ``dtype``."""
+
+    def __init__(self, inner: nn.Module, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.inner = inner
+        self.dtype = dtype
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.inner(x).to(self.dtype)
+
+
+def default_mode(network: str, precision: str) -> str:
+    """``fp32`` for fp32/tf32; for bf16/fp16 ``autocast`` for the warp network, else ``cast``."""
+    if precision not in HALF_DTYPES:
+        return "fp32"
+    return "autocast" if network == "warp_network" else "cast"
+
+
+def _io_names(module: nn.Module) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    from studio.models.onnx_export import _io_names as names
+
+    return names(module)
+
+
+def _as_tuple(out: Any) -> tuple[Tensor, ...]:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _module_device(module: nn.Module) -> torch.device:
+    for t in module.parameters():
+        return t.device
+    for t in module.buffers():
+        return t.device
+    return torch.device("cpu")
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (a.type != "cuda" or (a.index or 0) == (b.index or 0))
+
+
+def _to_channels_last(module: nn.Module) -> None:
+    """4-D parameters/buffers to channels_last, 5-D to channels_last_3d (in place)."""
+    with torch.no_grad():
+        for t in list(module.parameters()) + list(module.buffers()):
+            if t.dim() == 4:
+                t.data = t.data.contiguous(memory_format=torch.channels_last)
+            elif t.dim() == 5:
+                t.data = t.data.contiguous(memory_format=torch.channels_last_3d)
+
+
+def _memory_format(t: Tensor) -> torch.memory_format | None:
+    return {4: torch.channels_last, 5: torch.channels_last_3d}.get(t.dim())
+
+
+class PrecisionAdapter(nn.Module):
+    """A studio network under a precision policy, with fp32 (or ``io_dtype``) I/O.
+
+    ``forward(*inputs)`` takes the inputs in ``INPUT_NAMES`` order and returns the outputs in
+    ``OUTPUT_NAMES`` order as a tuple. ``example_inputs(batch)`` are the module's, so the
+    adapter exports to ONNX like the module itself (:mod:`studio.runtime.onnx_cache`).
+    The adapter owns a cast copy of the module in ``cast`` mode; otherwise it wraps
+    ``module`` itself (moved to ``device`` on a copy when it lives elsewhere).
+    """
+
+    def __init__(
+        self,
+        network: str,
+        module: nn.Module,
+        precision: str = "fp32",
+        device: torch.device | str = "cpu",
+        mode: str | None = None,
+        io_dtype: torch.dtype | None = None,
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__()
+        dev = torch.device(device)
+        mode = mode or default_mode(network, precision)
+        if mode not in MODES:
+            raise ValueError(f"unknown precision mode {mode!r}: one of {', '.join(MODES)}")
+        if precision not in ("fp32", "tf32", *HALF_DTYPES):
+            raise ValueError(f"the torch engine runs fp32, tf32, fp16 or bf16, not {precision}")
+        if mode != "fp32" and precision not in HALF_DTYPES:
+            raise ValueError(f"mode {mode} needs precision fp16 or bf16, got {precision}")
+        if mode == "fp32" and precision in HALF_DTYPES:
+            raise ValueError(f"precision {precision} needs mode cast or autocast")
+        self.network = network
+        self.precision = precision
+        self.mode = mode
+        self.device_ = dev
+        self.compute_dtype = HALF_DTYPES.get(precision, torch.float32)
+        self.io_dtype = io_dtype or torch.float32
+        self.INPUT_NAMES, self.OUTPUT_NAMES = _io_names(module)
+        module = module.eval()
+        if mode == "cast" or channels_last or not _same_device(_module_device(module), dev):
+            module = copy.deepcopy(module).requires_grad_(False)
+        if mode == "cast":
+            self._cast(network, module, self.compute_dtype)
+        module.to(dev)
+        if channels_last:
+            _to_channels_last(module)
+        self.inner = module
+        self.is_lmdm = network == "lmdm"
+        self.islands = _fp32_ops(dev)
+
+    @staticmethod
+    def _cast(network: str, module: nn.Module, dtype: torch.dtype) -> None:
+        keep_modules, keep_buffers = KEEP_FP32.get(network, ((), ()))
+        # Copies taken before the cast: casting back afterwards would keep the rounding.
+        kept = {name: copy.deepcopy(getattr(module, name)).float() for name in keep_modules}
+        saved = {name: getattr(module, name).detach().clone().float() for name in keep_buffers}
+        module.to(dtype)  # floating parameters and buffers
+        for name, sub in kept.items():
+            setattr(module, name, _CastOutput(sub, dtype))
+        for name, buf in saved.items():
+            setattr(module, name, buf)
+
+    def example_inputs(self, batch: int = 1) -> tuple[Tensor, ...]:
+        ex = self.inner.example_inputs(batch)
+        return tuple(
+            t.to(self.device_, self.io_dtype) if t.is_floating_point() else t.to(self.device_)
+            for t in ex
+        )
+
+    @contextlib.contextmanager
+    def policy(self) -> Iterator[None]:
+        """Autocast (mode autocast) and the fp32 islands (mode cast)."""
+        with contextlib.ExitStack() as stack:
+            if self.mode == "autocast":
+                stack.enter_context(
+                    torch.autocast(self.device_.type, dtype=self.compute_dtype, cache_enabled=False)
+                )
+            if self.mode == "cast":
+                stack.enter_context(Fp32Islands(self.islands))
+            yield
+
+    def _compute(self, t: Tensor) -> Tensor:
+        if not t.is_floating_point():
+            return t
+        return t.to(self.compute_dtype) if self.mode == "cast" else t.float()
+
+    def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
+        if self.is_lmdm:
+            outs = self._lmdm(*inputs)
+        else:
+            args = [self._compute(t) for t in inputs]
+            with self.policy():
+                outs = _as_tuple(self.inner(*args))
+        return tuple(o.to(self.io_dtype) if o.is_floating_point() else o for o in outs)
+
+    def _lmdm(
+        self, x: Tensor, cond_frame: Tensor, cond: Tensor, time_cond: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """The guided step with guidance and noise prediction in fp32 (batched guidance)."""
+        from studio.motion.diffusion import predict_noise_from_start
+        from studio.motion.layout import GUIDANCE_WEIGHT
+
+        m = self.inner
+        time_cond = time_cond.long()
+        if self.mode == "fp32":
+            pred_noise, x_start = m(x.float(), cond_frame.float(), cond.float(), time_cond)
+            return pred_noise, x_start
+        b = x.shape[0]
+        with self.policy():
+            tokens = m.embed_motion(self._compute(x), self._compute(cond_frame))
+            t_vec, time_tokens = m.time_embedding(time_cond)
+            null_tokens, null_hidden = m.null_condition(b)
+            cond_tokens, cond_hidden = m.encode_condition(self._compute(cond))
+            dt = tokens.dtype
+            both = m.decode(
+                torch.cat((tokens, tokens)),
+                torch.cat((t_vec, t_vec)).to(dt),
+                torch.cat((time_tokens, time_tokens)).to(dt),
+                torch.cat((null_tokens.to(dt), cond_tokens.to(dt))),
+                torch.cat((null_hidden.to(dt), cond_hidden.to(dt))),
+            )
+        both = both.float()
+        uncond, conditioned = both[:b], both[b:]
+        x0 = uncond + (conditioned - uncond) * GUIDANCE_WEIGHT
+        pred_noise = predict_noise_from_start(x.float(), time_cond, x0, m.noise_tables.float())
+        return pred_noise, x0
+
+
+class TorchEngine(EngineBase):
+    """One studio network as an :class:`~studio.runtime.engine.Engine` on torch.
+
+    ``module`` is the network module (``load_network``/``random_network``); ``precision`` is
+    fp32, tf32 (CUDA), bf16 or fp16 (CUDA); ``mode`` cast/autocast for half precisions (see
+    the module docstring); ``channels_last`` converts weights (and, in graph mode, the static
+    input buffers) to channels-last layouts; ``compile`` runs the forward through
+    ``torch.compile`` (``compile_mode``); ``batch`` is the static batch size. The output
+    specs are found by one warm-up forward on example inputs at construction.
+
+    :meth:`capture` records a CUDA graph: static input buffers (``static_inputs``; write into
+    them to skip the copy), warm-up on a side stream, then ``run`` copies the feed into the
+    buffers and replays; the returned outputs are the graph's static outputs.
+    """
+
+    backend = "torch"
+
+    def __init__(
+        self,
+        name: str,
+        module: nn.Module,
+        precision: str = "fp32",
+        device: torch.device | str = "cpu",
+        batch: int = 1,
+        mode: str | None = None,
+        channels_last: bool = False,
+        compile: bool = False,
+        compile_mode: str = "default",
+        io_dtype: torch.dtype | None = None,
+    ) -> None:
+        dev = torch.device(device)
+        self.adapter = PrecisionAdapter(
+            name, module, precision, dev, mode, io_dtype, channels_last
+        ).eval()
+        self.mode = self.adapter.mode
+        self.channels_last = channels_last
+        self._fn: Callable[..., tuple[Tensor, ...]] = self.adapter
+        if compile:
+            self._fn = torch.compile(self.adapter, mode=compile_mode, dynamic=False)
+        example = self.adapter.example_inputs(batch)
+        names = self.adapter.INPUT_NAMES
+        inputs = tuple(
+            TensorSpec(n, tuple(t.shape), t.dtype) for n, t in zip(names, example, strict=True)
+        )
+        with self.context():
+            outs = self._call(example)
+        outputs = tuple(
+            TensorSpec(n, tuple(t.shape), t.dtype)
+            for n, t in zip(self.adapter.OUTPUT_NAMES, outs, strict=True)
+        )
+        super().__init__(name, precision, dev, inputs, outputs)
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._static_out: tuple[Tensor, ...] | None = None
+
+    @contextlib.contextmanager
+    def context(self) -> Iterator[None]:
+        """no_grad + the TF32 setting of the precision (CUDA)."""
+        with torch.no_grad(), math_mode(self.adapter.precision, self.adapter.device_):
+            yield
+
+    def _call(self, args: tuple[Tensor, ...] | list[Tensor]) -> tuple[Tensor, ...]:
+        if self.channels_last and self._graph is None:
+            args = [
+                t.contiguous(memory_format=fmt)
+                if t.is_floating_point() and (fmt := _memory_format(t)) is not None
+                else t
+                for t in args
+            ]
+        return self._fn(*args)
+
+    def run(self, feed: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        self.check_feed(feed)
+        if self._graph is not None:
+            self._fill_static(feed)
+            self._graph.replay()
+            assert self._static_out is not None
+            return dict(zip(self.output_names, self._static_out, strict=True))
+        with self.context():
+            outs = self._call([feed[n] for n in self.input_names])
+        return dict(zip(self.output_names, outs, strict=True))
+
+    def capture(self, warmup: int = 3) -> bool:
+        """Capture the forward into a CUDA graph (CUDA only; False on the CPU)."""
+        if self.device.type != "cuda":
+            return False
+        if self._graph is not None:
+            return True
+        static: dict[str, Tensor] = {}
+        for s, t in zip(self.inputs, self.adapter.example_inputs(self.batch), strict=True):
+            fmt = _memory_format(t) if self.channels_last and t.is_floating_point() else None
+            buf = torch.empty(
+                s.shape,
+                dtype=s.dtype,
+                device=self.device,
+                memory_format=fmt or torch.contiguous_format,
+            )
+            buf.copy_(t)
+            static[s.name] = buf
+        args = [static[n] for n in self.input_names]
+        graph, out = capture_cuda_graph(lambda: self._fn(*args), warmup, self.context)
+        self._graph, self._static_out = graph, out
+        self.static_inputs = static
+        return True

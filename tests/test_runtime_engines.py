@@ -1,0 +1,335 @@
+"""Engines: torch vs ONNX Runtime parity on the CPU, precision policy and parsing, the factory,
+and (on a GPU) fp16/bf16/CUDA-graph paths against fp32 eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from studio.errors import InputError, OptionError
+from studio.models import NETWORK_NAMES
+from studio.models.random_tree import random_network, write_checkpoint_tree
+from studio.runtime.engine import (
+    DEFAULT_PRECISION,
+    ENGINE_NETWORKS,
+    Engine,
+    backends_report,
+    make_engine,
+    parse_precision,
+    precision_support,
+)
+from studio.runtime.onnx_cache import export_for_engine, module_digest
+from studio.runtime.ort_engine import OrtEngine
+from studio.runtime.torch_engine import TorchEngine
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (torch sees none here)")
+# Batched where the renderer batches (warp and decoder run a batch of frames at once).
+BATCH = {"warp_network": 2, "decoder": 2}
+
+
+def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double().cpu(), b.double().cpu()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(F.cosine_similarity(a.double().flatten().cpu(), b.double().flatten().cpu(), dim=0))
+
+
+@pytest.fixture(scope="module")
+def nets():
+    return {n: random_network(n, reduced=True) for n in NETWORK_NAMES}
+
+
+@pytest.fixture(scope="module")
+def onnx_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("onnx")
+
+
+@pytest.mark.parametrize("network", NETWORK_NAMES)
+def test_torch_and_onnxruntime_agree_in_fp32_on_cpu(network, nets, onnx_dir, one_torch_thread):
+    """Every network, reduced: same I/O specs, relative L2 <= 1e-4 per output."""
+    batch = BATCH.get(network, 1)
+    te = TorchEngine(network, nets[network], "fp32", "cpu", batch=batch)
+    path = export_for_engine(network, nets[network], onnx_dir, batch=batch, verify=False)
+    oe = OrtEngine(network, path, "fp32", "cpu", threads=1)
+    assert isinstance(te, Engine) and isinstance(oe, Engine)
+    assert te.inputs == oe.inputs and te.outputs == oe.outputs
+    assert te.batch == oe.batch == batch
+    for seed in (0, 1):
+        feed = te.example_feed(seed)
+        a, b = te.run(feed), oe.run(feed)
+        assert list(a) == list(b) == list(te.output_names)
+        for name in a:
+            assert a[name].dtype == b[name].dtype == torch.float32
+            assert rel_l2(b[name], a[name]) <= 1e-4, (network, name)
+
+
+def test_export_cache_reuses_and_keys_on_weights(nets, onnx_dir, one_torch_thread):
+    m = nets["stitch_network"]
+    first = export_for_engine("stitch_network", m, onnx_dir, verify=False)
+    mtime = first.stat().st_mtime_ns
+    assert export_for_engine("stitch_network", m, onnx_dir, verify=False) == first
+    assert first.stat().st_mtime_ns == mtime  # reused, not rewritten
+    other = random_network("stitch_network", reduced=True, seed=1)
+    assert module_digest(other) != module_digest(m)
+    assert export_for_engine("stitch_network", other, onnx_dir, verify=False) != first
+    assert export_for_engine("stitch_network", m, onnx_dir, batch=3, verify=False) != first
+
+
+def test_feed_is_validated_by_name_shape_and_dtype(nets):
+    e = TorchEngine("stitch_network", nets["stitch_network"], "fp32", "cpu")
+    feed = e.example_feed()
+    with pytest.raises(ValueError, match="missing kp_driving"):
+        e.run({"kp_source": feed["kp_source"]})
+    with pytest.raises(ValueError, match="unexpected extra"):
+        e.run({**feed, "extra": feed["kp_source"]})
+    with pytest.raises(ValueError, match=r"kp_source must be \[1x21x3\]"):
+        e.run({**feed, "kp_source": torch.zeros(2, 21, 3)})
+    with pytest.raises(ValueError, match="kp_driving must be float32"):
+        e.run({**feed, "kp_driving": feed["kp_driving"].double()})
+    lm = TorchEngine("lmdm", nets["lmdm"], "fp32", "cpu")
+    f = lm.example_feed()
+    out = lm.run({**f, "time_cond": f["time_cond"].int()})  # int32 timesteps are accepted
+    assert torch.equal(out["x_start"], lm.run(f)["x_start"])
+
+
+def test_run_reads_nothing_back_to_the_host(nets, host_reads, one_torch_thread):
+    e = TorchEngine("decoder", nets["decoder"], "fp32", "cpu", batch=2)
+    feed = e.example_feed()
+    with host_reads() as calls:
+        e.run(feed)
+    assert calls == []
+
+
+@pytest.mark.parametrize(
+    ("network", "mode"),
+    [("lmdm", "cast"), ("decoder", "cast"), ("warp_network", "autocast"), ("lmdm", "autocast")],
+)
+def test_bf16_on_cpu_stays_close_to_fp32(network, mode, nets, one_torch_thread):
+    ref = TorchEngine(network, nets[network], "fp32", "cpu", batch=2)
+    low = TorchEngine(network, nets[network], "bf16", "cpu", batch=2, mode=mode)
+    feed = ref.example_feed(2)
+    a, b = ref.run(feed), low.run(feed)
+    for name in a:
+        assert b[name].dtype == torch.float32  # fp32 I/O like the released engines
+        assert cosine(b[name], a[name]) >= 0.999, name
+
+
+def test_cast_mode_keeps_the_lmdm_schedule_and_time_mlp_fp32(nets):
+    e = TorchEngine("lmdm", nets["lmdm"], "bf16", "cpu", mode="cast")
+    inner = e.adapter.inner
+    assert inner.noise_tables.dtype == inner.alphas_cumprod.dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in inner.time_mlp.parameters())
+    assert inner.final_layer.weight.dtype == torch.bfloat16
+    assert nets["lmdm"].final_layer.weight.dtype == torch.float32  # the caller's module untouched
+
+
+def test_warp_defaults_to_autocast_and_cast_keeps_grid_sample_fp32(nets, monkeypatch):
+    assert TorchEngine("warp_network", nets["warp_network"], "bf16", "cpu").mode == "autocast"
+    e = TorchEngine("warp_network", nets["warp_network"], "bf16", "cpu", mode="cast")
+    seen = []
+    original = torch.grid_sampler  # what F.grid_sample calls last
+
+    def spy(inp, grid, *args):
+        seen.append((inp.dtype, grid.dtype))
+        return original(inp, grid, *args)
+
+    monkeypatch.setattr(torch, "grid_sampler", spy)
+    out = e.run(e.example_feed())
+    assert len(seen) == 2 and set(seen) == {(torch.float32, torch.float32)}
+    assert out["out"].dtype == torch.float32
+
+
+def test_half_export_is_typed_with_fp32_io_and_grid_sample(nets, tmp_path, one_torch_thread):
+    onnx = pytest.importorskip("onnx")
+    path = export_for_engine("warp_network", nets["warp_network"], tmp_path, precision="fp16")
+    model = onnx.shape_inference.infer_shapes(onnx.load(str(path)))
+    types = {v.name: v.type.tensor_type.elem_type for v in model.graph.value_info}
+    types.update({v.name: v.type.tensor_type.elem_type for v in model.graph.input})
+    grids = [n for n in model.graph.node if n.op_type == "GridSample"]
+    assert len(grids) == 2
+    assert all(types[i] == onnx.TensorProto.FLOAT for n in grids for i in n.input)
+    assert {v.type.tensor_type.elem_type for v in model.graph.output} == {onnx.TensorProto.FLOAT}
+    halves = [t for t in types.values() if t == onnx.TensorProto.FLOAT16]
+    assert halves  # the convolutions run in fp16
+
+
+# --- precision parsing ---------------------------------------------------------------------
+
+
+def test_precision_defaults_follow_the_released_set():
+    plan = parse_precision(None)
+    assert plan.by_network == DEFAULT_PRECISION
+    assert {n for n, p in plan.by_network.items() if p == "fp32"} == {
+        "hubert",
+        "lmdm",
+        "motion_extractor",
+    }
+    plan = parse_precision("lmdm=fp16, decoder=bf16")
+    assert plan.of("lmdm") == "fp16" and plan.of("decoder") == "bf16"
+    assert plan.of("warp_network") == "fp16" and plan.explicit == {"lmdm", "decoder"}
+    assert set(parse_precision("fp32").by_network.values()) == {"fp32"}
+    assert parse_precision({"lmdm_v0.4_hubert": "half"}).of("lmdm") == "fp16"
+    assert set(parse_precision(None).by_network) == set(ENGINE_NETWORKS)
+
+
+@pytest.mark.parametrize(
+    ("spec", "needle"),
+    [
+        ("vocoder=fp16", "unknown network 'vocoder'"),
+        ("decoder=fp12", "unknown precision 'fp12'"),
+        ("decoder=fp16,decoder=fp32", "decoder is given twice"),
+        ("fp16,bf16", "two precisions"),
+    ],
+)
+def test_precision_errors_name_the_option(spec, needle):
+    with pytest.raises(OptionError, match=needle) as info:
+        parse_precision(spec, option="--precision")
+    assert str(info.value).startswith("--precision: ")
+
+
+def test_unsupported_precision_is_an_error_only_when_asked_for():
+    with pytest.raises(OptionError, match=r"--precision: decoder=fp16: torch on cpu cannot run"):
+        parse_precision("decoder=fp16", "torch", "cpu")
+    with pytest.raises(OptionError, match="fp8 and int8 run only in TensorRT"):
+        parse_precision("lmdm=int8", "torch", "cpu")
+    plan = parse_precision(None, "torch", "cpu")  # default fp16 falls back on the CPU
+    assert plan.of("decoder") == "fp32" and any("decoder" in n for n in plan.notes)
+    assert parse_precision("decoder=bf16", "torch", "cpu").of("decoder") == "bf16"
+    with pytest.raises(OptionError, match="onnxruntime on cpu cannot run bf16"):
+        parse_precision("decoder=bf16", "onnxruntime", "cpu")
+    trt = precision_support("tensorrt", "cpu")
+    assert all(why is not None for why in trt.values())
+
+
+def test_backends_report_says_what_runs_here():
+    report = backends_report()
+    cpu = report["torch"]["cpu"]
+    assert cpu["usable"] and {"fp32", "bf16"} <= set(cpu["precisions"])
+    assert "fp16" in cpu["unsupported"]
+    assert report["onnxruntime"]["cpu"]["precisions"] == ["fp32"]
+    for kind in report["tensorrt"].values():
+        assert kind["usable"] == (kind["reason"] is None)
+    if not CUDA:
+        assert "no CUDA GPU" in report["torch"]["cuda"]["reason"]
+
+
+def test_doctor_has_a_backends_section_and_keeps_its_keys():
+    from studio.doctor import collect, format_text
+
+    info = collect()
+    for key in ("torch", "onnxruntime", "tensorrt", "qt", "pyav", "backends"):
+        assert key in info
+    text = format_text(info)
+    assert "backends" in text and "torch cpu:" in text and "tensorrt cuda:" in text
+
+
+# --- the factory ------------------------------------------------------------------------------
+
+
+def test_make_engine_from_a_checkpoint_tree(tmp_path, one_torch_thread):
+    tree = write_checkpoint_tree(tmp_path / "ck", reduced=True, networks=["decoder"], cfg=False)
+    cache = tmp_path / "cache"
+    te = make_engine("decoder", "torch", "fp32", "cpu", checkpoints=tree, batch=2)
+    oe = make_engine(
+        "decoder", "onnxruntime", None, "cpu", checkpoints=tree, batch=2, cache_dir=cache, threads=1
+    )
+    assert oe.precision == "fp32"  # the fp16 default is not available in ORT on the CPU
+    assert len(list((cache / "onnx").glob("decoder.b2.fp32.*.onnx"))) == 1
+    feed = te.example_feed(4)
+    assert rel_l2(oe.run(feed)["output"], te.run(feed)["output"]) <= 1e-4
+    assert not te.capture()  # no CUDA graphs on the CPU
+    with pytest.raises(InputError, match="hubert has no torch module"):
+        make_engine("hubert", "torch", device="cpu", checkpoints=tree)
+    with pytest.raises(InputError, match="unknown network"):
+        make_engine("vocoder", "torch", device="cpu", checkpoints=tree)
+    with pytest.raises(OptionError, match="--precision: decoder=fp16"):
+        make_engine("decoder", "torch", "fp16", "cpu", checkpoints=tree)
+    if not CUDA:
+        with pytest.raises(InputError, match="no CUDA GPU"):
+            make_engine("decoder", "torch", device="cuda", checkpoints=tree)
+
+
+# --- on a GPU -----------------------------------------------------------------------------------
+
+
+@needs_cuda
+@pytest.mark.parametrize("network", NETWORK_NAMES)
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_cuda_half_precision_matches_fp32(network, precision, nets):
+    if precision == "bf16" and not torch.cuda.is_bf16_supported():
+        pytest.skip("this GPU has no bf16")
+    ref = TorchEngine(network, nets[network], "fp32", "cuda", batch=BATCH.get(network, 1))
+    for mode in ("cast", "autocast"):
+        if network == "warp_network" and precision == "bf16" and mode == "cast":
+            continue  # bf16 keypoint grids are too coarse for cast mode: autocast is the default
+        low = TorchEngine(network, nets[network], precision, "cuda", batch=ref.batch, mode=mode)
+        feed = ref.example_feed(5)
+        a, b = ref.run(feed), low.run(feed)
+        for name in a:
+            assert cosine(b[name], a[name]) >= 0.999, (mode, name)
+
+
+@needs_cuda
+@pytest.mark.parametrize("network", NETWORK_NAMES)
+def test_cuda_graph_replays_match_eager(network, nets):
+    batch = BATCH.get(network, 1)
+    eager = TorchEngine(network, nets[network], "fp32", "cuda", batch=batch)
+    for precision in ("fp32", "fp16"):
+        g = TorchEngine(network, nets[network], precision, "cuda", batch=batch)
+        assert g.capture() and g.captured
+        for seed in (0, 1):  # fresh inputs copied into the static buffers on every replay
+            feed = eager.example_feed(seed)
+            want = eager.run(feed)
+            got = {k: v.clone() for k, v in g.run(feed).items()}
+            for name in want:
+                assert cosine(got[name], want[name]) >= 0.999, (precision, name)
+        # Writing straight into the static inputs skips the copy.
+        feed = eager.example_feed(7)
+        for name, buf in g.static_inputs.items():
+            buf.copy_(feed[name])
+        got = g.run(g.static_inputs)
+        want = eager.run(feed)
+        assert all(cosine(got[n], want[n]) >= 0.999 for n in want)
+
+
+@needs_cuda
+def test_cuda_channels_last_path(nets):
+    ref = TorchEngine("decoder", nets["decoder"], "fp32", "cuda", batch=2)
+    cl = TorchEngine("decoder", nets["decoder"], "fp16", "cuda", batch=2, channels_last=True)
+    feed = ref.example_feed(1)
+    assert cosine(cl.run(feed)["output"], ref.run(feed)["output"]) >= 0.999
+    assert cl.capture()
+    assert cosine(cl.run(feed)["output"], ref.run(feed)["output"]) >= 0.999
+
+
+@needs_cuda
+def test_cuda_run_does_not_sync_with_the_host(nets, host_reads):
+    e = TorchEngine("warp_network", nets["warp_network"], "fp16", "cuda", batch=2)
+    feed = e.example_feed()
+    with host_reads() as calls:
+        e.run(feed)
+        e.capture()
+        e.run(feed)
+    assert calls == []
+
+
+@needs_cuda
+def test_onnxruntime_cuda_iobinding_matches_torch(nets, onnx_dir):
+    ort = pytest.importorskip("onnxruntime")
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("ONNX Runtime has no CUDAExecutionProvider here (onnxruntime-gpu)")
+    for network in ("decoder", "lmdm", "warp_network"):
+        batch = BATCH.get(network, 1)
+        te = TorchEngine(network, nets[network], "fp32", "cuda", batch=batch)
+        path = export_for_engine(network, nets[network], onnx_dir, batch=batch, verify=False)
+        oe = OrtEngine(network, path, "fp32", "cuda")
+        for seed in (0, 1):
+            feed = te.example_feed(seed)
+            a, b = te.run(feed), oe.run(feed)
+            for name in a:
+                assert b[name].device.type == "cuda"
+                assert rel_l2(b[name], a[name]) <= 1e-3, (network, name)
