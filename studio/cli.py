@@ -330,7 +330,14 @@ def _engine(args: argparse.Namespace, settings):
         raise OptionError("--demo", "cannot be combined with --checkpoints; pick one engine")
     if not args.avatar:
         raise OptionError("--avatar", "the Ditto engine needs --avatar IMAGE (a face photo)")
-    from studio.avatar.register import register_avatar
+    try:
+        from studio.avatar.register import register_avatar
+    except ModuleNotFoundError:
+        raise InputError(
+            "--checkpoints: avatar registration (face detection and cropping with Ditto's aux "
+            "models) is not part of this version yet, so the Ditto engine cannot render from "
+            "the command line; use the demo engine (leave out --checkpoints)"
+        ) from None
     from studio.render.ditto import DittoEngine, describe_avatar, require, resolve_device
     from studio.runtime.checkpoints import discover
 
