@@ -447,6 +447,33 @@ def build_engine(
     key = engine_key(network, onnx_in, precision, dev, settings, version)
     work = target.with_name(f".{target.name}.work")
     work.mkdir(parents=True, exist_ok=True)
+    try:
+        pinned = _build(trt, network, onnx_in, target, precision, dev, settings, typing, work, say)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    meta = {
+        "onnx": str(Path(onnx_path).expanduser()),
+        "grid_sample_fp32_layers": pinned,
+        "plugin": str(settings.plugin) if _plugin_needed(network, onnx_in, version) else None,
+    }
+    write_metadata(target, key, meta)
+    return {"key": key.to_dict(), **meta}
+
+
+def _build(
+    trt: Any,
+    network: str,
+    onnx_in: Path,
+    target: Path,
+    precision: str,
+    dev: torch.device,
+    settings: BuildSettings,
+    typing: str,
+    work: Path,
+    say: Callable[[str], None],
+) -> list[str]:
+    """The build itself; returns the names of the layers pinned to fp32."""
+    version = str(trt.__version__)
     logger = trt.Logger(trt.Logger.WARNING)
     trt.init_libnvinfer_plugins(logger, "")
     plugin_used = _plugin_needed(network, onnx_in, version)
@@ -474,8 +501,9 @@ def build_engine(
     with torch.cuda.device(dev):
         builder = trt.Builder(logger)
         flags = 0
-        if typing == "strong":
-            flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+        strongly = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
+        if typing == "strong" and strongly is not None:  # 11.x: always strong, flag optional
+            flags |= 1 << int(strongly)
         net = builder.create_network(flags)
         parser = trt.OnnxParser(net, logger)
         if not parser.parse_from_file(str(onnx_in)):
@@ -495,15 +523,21 @@ def build_engine(
             else:
                 config.clear_flag(tf32)
         pinned: list[str] = []
-        if typing == "weak" and precision in ("fp16", "bf16"):
-            config.set_flag(getattr(trt.BuilderFlag, precision.upper()))
+        if typing == "weak" and precision != "fp32" and precision != "tf32":
+            # Q/DQ graphs (fp8/int8) keep their other layers in fp16, as ModelOpt leaves them.
+            wanted = {"fp16": ("FP16",), "bf16": ("BF16",), "fp8": ("FP8", "FP16")}
+            for flag in wanted.get(precision, ("INT8", "FP16")):
+                config.set_flag(getattr(trt.BuilderFlag, flag))
             config.set_flag(trt.BuilderFlag.OBEY_PRECISION_CONSTRAINTS)
             pinned = pin_grid_sample_fp32(trt, net)
         _add_profiles(builder, config, net, settings.profiles.get(network, {}))
         cache_path = Path(settings.timing_cache).expanduser() if settings.timing_cache else None
         blob = cache_path.read_bytes() if cache_path is not None and cache_path.is_file() else b""
-        timing = config.create_timing_cache(blob)
-        config.set_timing_cache(timing, ignore_mismatch=False)
+        timing = config.create_timing_cache(blob) if blob else None
+        if timing is None or not _attach(config, timing):
+            if blob:
+                say(f"{cache_path}: timing cache from another GPU/TensorRT, starting a new one")
+            _attach(config, config.create_timing_cache(b""))
         if plugin_used and settings.plugin:
             config.plugins_to_serialize = [str(Path(settings.plugin).expanduser().resolve())]
         say(
@@ -516,15 +550,16 @@ def build_engine(
         _atomic_bytes(target, bytes(serialized))
         if cache_path is not None:
             _atomic_bytes(cache_path, bytes(config.get_timing_cache().serialize()))
-    shutil.rmtree(work, ignore_errors=True)
-    meta = {
-        "onnx": str(Path(onnx_path).expanduser()),
-        "built_from": str(onnx_in),
-        "grid_sample_fp32_layers": pinned,
-        "plugin": str(settings.plugin) if plugin_used else None,
-    }
-    write_metadata(target, key, meta)
-    return {"key": key.to_dict(), **meta}
+    return pinned
+
+
+def _attach(config: Any, cache: Any) -> bool:
+    """``set_timing_cache`` without accepting a mismatched cache; False when refused."""
+    try:
+        ok = config.set_timing_cache(cache, ignore_mismatch=False)
+    except Exception:  # noqa: BLE001 - a cache from another version may raise
+        return False
+    return ok is not False
 
 
 def _add_profiles(
@@ -588,11 +623,15 @@ class TensorRTEngine(EngineBase):
             load_plugin(trt, plugin)
         with torch.cuda.device(dev):
             self._runtime = trt.Runtime(self._logger)
-            engine = self._runtime.deserialize_cuda_engine(self.path.read_bytes())
+            try:
+                engine = self._runtime.deserialize_cuda_engine(self.path.read_bytes())
+                why = ""
+            except Exception as e:  # noqa: BLE001 - some versions raise instead of returning None
+                engine, why = None, f": {e}"
             if engine is None:
                 raise EngineLoadError(
                     f"TensorRT {trt.__version__} cannot deserialize {self.path.name} (built for "
-                    "another GPU or TensorRT version, or damaged)"
+                    f"another GPU or TensorRT version, or damaged){why}"
                 )
             self._engine = engine
             self._context = engine.create_execution_context()
