@@ -333,3 +333,16 @@ def test_onnxruntime_cuda_iobinding_matches_torch(nets, onnx_dir):
             for name in a:
                 assert b[name].device.type == "cuda"
                 assert rel_l2(b[name], a[name]) <= 1e-3, (network, name)
+
+
+def test_hubert_runs_in_onnxruntime_with_its_dynamic_length(tmp_path):
+    from studio.audio.hubert_standin import build_hubert_standin
+
+    path = build_hubert_standin(tmp_path / "hubert.onnx")
+    e = make_engine("hubert", "onnxruntime", device="cpu", onnx=path)
+    assert e.precision == "fp32" and e.inputs[0].shape == (1, -1)
+    for n, frames in ((6480, 20), (3240, 9)):  # (N - 400) // 320 + 1
+        out = e.run({"input_values": torch.randn(1, n)})["encoding_out"]
+        assert tuple(out.shape) == (frames, 1024)
+    with pytest.raises(ValueError, match=r"input_values must be \[1xN\]"):
+        e.run({"input_values": torch.randn(2, 6480)})
