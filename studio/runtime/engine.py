@@ -6,6 +6,16 @@ An :class:`Engine` runs one network with static, named inputs and outputs
 syncs. Batch size is part of the static shapes (``make_engine(..., batch=B)``); an engine
 built for batch 8 takes exactly [8, ...] inputs.
 
+Building and calling one (the renderer's warp + decoder, batched, static batch 8)::
+
+    warp = make_engine("warp_network", "torch", device="cuda", checkpoints=ck, batch=8,
+                       cuda_graph=True)                 # default fp16 (autocast for warp)
+    dec = make_engine("decoder", "tensorrt", "fp16", "cuda", checkpoints=ck, batch=8)
+    feat = warp.run({"feature_3d": f_s8, "kp_source": x_s, "kp_driving": x_d})["out"]
+    img = dec.run({"feature": feat})["output"]          # [8, 3, 512, 512] fp32, on the GPU
+
+A last, partial batch must be padded to the static batch (and the padding dropped after).
+
 Output tensors may be engine-owned, persistent buffers (CUDA-graph replays, TensorRT, ONNX
 Runtime on CUDA): they are overwritten by the next ``run``. Clone what you keep across runs.
 
