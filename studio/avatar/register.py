@@ -1,0 +1,664 @@
+"""Avatar registration: one face photo -> everything the Ditto engine needs, cached on disk.
+
+Ditto's ``Source2Info`` for an image source (ditto-reference.md §5):
+
+1. load the image as RGB (alpha dropped, EXIF orientation applied as OpenCV's ``imread`` does),
+   shrink it so its longer side is at most ``max_size`` (1920) and floor both sides to even;
+2. SCRFD face detection (the largest face), 106 landmarks, 203 landmarks on the rotated 224 px
+   crop (:mod:`studio.avatar.faces`);
+3. the 512 px crop from the 203 points (scale 2.3, vy -0.125, with rotation) and ``M_c2o``
+   (:mod:`studio.avatar.crop`);
+4. eye features on the crop (:mod:`studio.avatar.eyes`);
+5. the crop area-resized to 256 px, /255 -> motion extractor (``x_s_info``) and appearance
+   extractor (``f_s``).
+
+The result is an :class:`Avatar`; ``Avatar.source_info()`` is Ditto's ``source_info`` dict.
+
+Cache: one folder per image (named from its SHA-256) under ``cache_dir`` (default
+``$STUDIO_CACHE_DIR`` or ``~/.cache/talkinghead-studio/avatars``) with ``arrays.npz``,
+``image.npy`` (the resized frame), ``crop.png`` and ``meta.json`` (format version, image hash,
+registration settings, and a fingerprint of every model file used). Reopening an image whose
+folder matches runs no model at all; a different image, other settings or a changed model file
+rebuild it. A model file that is *missing* now does not invalidate the cache (it is only needed
+to rebuild). Folders are written under a temporary name and renamed into place, so a crash
+never leaves a half-written cache.
+
+Differences from Ditto on purpose: clear errors instead of crashes (no face, §9 pitfall 16; tiny
+faces; videos, which are not supported yet), and the extractors run in float32 (Ditto's PyTorch
+path uses fp16 autocast on CUDA, its TensorRT motion extractor fp32).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from studio.avatar.crop import area_downsample, crop_geometry, crop_image, resize_bilinear
+from studio.avatar.eyes import eye_features, planned_method
+from studio.avatar.faces import FaceDetector, Landmark106, Landmark203, providers_for
+from studio.errors import InputError
+from studio.runtime.checkpoints import CheckpointSet
+
+__all__ = [
+    "CACHE_ENV",
+    "FORMAT_VERSION",
+    "MIN_FACE_PX",
+    "Avatar",
+    "RegistrationSettings",
+    "default_cache_dir",
+    "file_fingerprint",
+    "load_image",
+    "register_avatar",
+]
+
+FORMAT_VERSION = 1
+CACHE_ENV = "STUDIO_CACHE_DIR"
+CROP_SIZE = 512
+NET_SIZE = 256
+MIN_FACE_PX = 64  # longer side of the detected box, in pixels of the (resized) image
+
+Progress = Callable[[str, int, int], None]
+
+# Files registration reads, in stage order: role -> layouts tried, first found wins.
+_AUX_ROLES = ("insightface_det", "landmark106", "landmark203")
+_NET_ROLES = ("motion_extractor", "appearance_extractor")
+_STEPS = (
+    "load image",
+    "face detection",
+    "landmarks",
+    "crop",
+    "eye features",
+    "motion and appearance",
+    "cache",
+)
+
+_X_S_KEYS = ("pitch", "yaw", "roll", "t", "exp", "scale", "kp")
+
+
+@dataclass(frozen=True)
+class RegistrationSettings:
+    """Ditto's crop settings (``crop_scale``, ``crop_vy_ratio``, ``crop_flag_do_rot``) and the
+    image size limit (``max_size``). ``crop_vx_ratio`` is absent: Ditto ignores it (§9.1)."""
+
+    crop_scale: float = 2.3
+    crop_vy_ratio: float = -0.125
+    crop_rotate: bool = True
+    max_size: int = 1920
+
+    def __post_init__(self) -> None:
+        if not self.crop_scale > 0:
+            raise ValueError(f"crop_scale must be > 0, got {self.crop_scale}")
+        if int(self.max_size) < 2:
+            raise ValueError(f"max_size must be >= 2, got {self.max_size}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (float(v) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+
+@dataclass(eq=False)
+class Avatar:
+    """A registered avatar (one source image).
+
+    ``image``: the full-resolution RGB uint8 frame after the §5.1 resize (even sides);
+    ``crop``: the 512 px RGB crop; ``m_c2o``: crop -> image [3, 3] f32; ``x_s_info``: the motion
+    extractor's dict (pitch/yaw/roll [1, 66], t [1, 3], exp [1, 63], scale [1, 1], kp [1, 63]);
+    ``f_s``: the appearance feature volume ([1, 32, 16, 64, 64] for the released network);
+    ``eye_open`` [1, 2], ``eye_ball`` [1, 6]; ``sc`` [1, 63] (= kp); ``eye_method``: how the eye
+    features were made; ``notes``: things the user should know; ``folder``: the cache folder.
+    """
+
+    image: np.ndarray
+    crop: np.ndarray
+    m_c2o: np.ndarray
+    x_s_info: dict[str, np.ndarray]
+    f_s: np.ndarray
+    eye_open: np.ndarray
+    eye_ball: np.ndarray
+    sc: np.ndarray
+    eye_method: str
+    notes: list[str] = field(default_factory=list)
+    folder: Path | None = None
+    face_box: np.ndarray | None = None  # [4] x1, y1, x2, y2 in ``image`` pixels
+    lmk203: np.ndarray | None = None  # [203, 2] in ``image`` pixels
+    cached: bool = False  # True when loaded from the cache without running a model
+
+    def source_info(self) -> dict[str, Any]:
+        """Ditto's ``source_info`` for this image source (§5.5): one entry per list."""
+        return {
+            "x_s_info_lst": [self.x_s_info],
+            "f_s_lst": [self.f_s],
+            "M_c2o_lst": [self.m_c2o],
+            "eye_open_lst": [self.eye_open],
+            "eye_ball_lst": [self.eye_ball],
+            "sc": self.sc.reshape(-1),
+            "is_image_flag": True,
+            "img_rgb_lst": [self.image],
+        }
+
+
+def default_cache_dir() -> Path:
+    """``$STUDIO_CACHE_DIR`` or ``~/.cache/talkinghead-studio/avatars``."""
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "talkinghead-studio" / "avatars"
+
+
+# --- fingerprints ---------------------------------------------------------------------------------
+
+_SHA_MEMO: dict[tuple[str, int, int], str] = {}
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_fingerprint(path: str | os.PathLike[str], known: dict | None = None) -> dict[str, Any]:
+    """{path, size, mtime_ns, sha256} of a file; the hash is memoised by (path, size, mtime).
+
+    ``known`` (a fingerprint stored earlier, e.g. in meta.json) is trusted when its path,
+    size and mtime equal the file's now, so a cached avatar opens without hashing models.
+    """
+    p = Path(path).expanduser().resolve()
+    st = p.stat()
+    key = (str(p), st.st_size, st.st_mtime_ns)
+    sha = _SHA_MEMO.get(key)
+    if (
+        sha is None
+        and known
+        and (known.get("path"), known.get("size"), known.get("mtime_ns")) == key
+    ):
+        sha = known.get("sha256")
+    if sha is None:
+        sha = _sha256_file(p)
+    _SHA_MEMO[key] = sha
+    return {"path": key[0], "size": key[1], "mtime_ns": key[2], "sha256": sha}
+
+
+# --- image loading --------------------------------------------------------------------------------
+
+_VIDEO_MAGIC = (
+    (4, b"ftyp", "MP4/MOV"),
+    (0, b"\x1a\x45\xdf\xa3", "Matroska/WebM"),
+    (0, b"FLV", "FLV"),
+    (0, b"\x00\x00\x01\xba", "MPEG-PS"),
+    (0, b"\x00\x00\x01\xb3", "MPEG"),
+)
+
+
+def _sniff_video(data: bytes) -> str | None:
+    for offset, magic, name in _VIDEO_MAGIC:
+        if data[offset : offset + len(magic)] == magic:
+            return name
+    if data[:4] == b"RIFF" and data[8:12] == b"AVI ":
+        return "AVI"
+    if data[:1] == b"\x47" and len(data) > 376 and data[188:189] == b"\x47":
+        return "MPEG-TS"
+    return None
+
+
+def _tiff_orientation(tiff: bytes) -> int:
+    """Tag 0x0112 of the first IFD of an EXIF TIFF block, 1 when absent or unreadable."""
+    order = {b"II": "little", b"MM": "big"}.get(tiff[:2])
+    if order is None or len(tiff) < 8:
+        return 1
+
+    def u(off: int, n: int) -> int:
+        return int.from_bytes(tiff[off : off + n], order)
+
+    ifd = u(4, 4)
+    if ifd + 2 > len(tiff):
+        return 1
+    for k in range(u(ifd, 2)):
+        entry = ifd + 2 + 12 * k
+        if entry + 12 <= len(tiff) and u(entry, 2) == 0x0112:
+            value = u(entry + 8, 2)
+            return value if 1 <= value <= 8 else 1
+    return 1
+
+
+def _exif_orientation(data: bytes) -> int:
+    """The EXIF orientation (1..8) of a JPEG, 1 when absent or unreadable."""
+    if not data.startswith(b"\xff\xd8"):
+        return 1
+    i = 2
+    while i + 4 <= len(data) and data[i] == 0xFF:
+        marker = data[i + 1]
+        if marker in (0xD9, 0xDA):  # end of image, start of scan
+            break
+        length = int.from_bytes(data[i + 2 : i + 4], "big")
+        if marker == 0xE1 and data[i + 4 : i + 10] == b"Exif\x00\x00":
+            return _tiff_orientation(data[i + 10 : i + 2 + length])
+        i += 2 + length
+    return 1
+
+
+def _orient(img: np.ndarray, orientation: int) -> np.ndarray:
+    """Apply an EXIF orientation (what OpenCV's ``imread`` does by default)."""
+    ops = {
+        2: lambda a: a[:, ::-1],
+        3: lambda a: a[::-1, ::-1],
+        4: lambda a: a[::-1],
+        5: lambda a: a.transpose(1, 0, 2),
+        6: lambda a: np.rot90(a, -1),
+        7: lambda a: a[::-1, ::-1].transpose(1, 0, 2),
+        8: lambda a: np.rot90(a, 1),
+    }
+    op = ops.get(orientation)
+    return np.ascontiguousarray(op(img)) if op else img
+
+
+def _is_image_format(name: str) -> bool:
+    return name.endswith("_pipe") or name in ("image2", "gif", "apng", "webp")
+
+
+def load_image(path: str | os.PathLike[str], data: bytes | None = None) -> np.ndarray:
+    """RGB uint8 [H, W, 3] of an image file (alpha dropped, EXIF orientation applied).
+
+    InputError naming the file when it is missing, unreadable, a video or not an image.
+    """
+    import av
+
+    p = Path(path).expanduser()
+    if data is None:
+        data = _read(p)
+    video = _sniff_video(data)
+    if video is not None:
+        raise _video_error(p, video)
+    try:
+        with av.open(str(p)) as container:
+            fmt = container.format.name
+            if not container.streams.video:
+                raise InputError(
+                    f"{p} is not an image (it has no picture): use a PNG or JPEG photo of a face"
+                )
+            if not _is_image_format(fmt):
+                raise _video_error(p, fmt)
+            frame = next(container.decode(container.streams.video[0]), None)
+            if frame is None:
+                raise InputError(f"{p} holds no picture: re-export it as PNG or JPEG")
+            rgb = frame.to_ndarray(format="rgb24")
+    except InputError:
+        raise
+    except Exception as e:  # noqa: BLE001 - PyAV/FFmpeg raise many types for bad data
+        reason = " ".join(str(e).split())[:120] or type(e).__name__
+        raise InputError(
+            f"{p} is not an image the studio can read ({reason}): use a PNG or JPEG photo"
+        ) from None
+    return _orient(rgb, _exif_orientation(data))
+
+
+def _video_error(p: Path, kind: str) -> InputError:
+    return InputError(
+        f"{p} is a video ({kind}): video avatars are not supported yet; use a still image "
+        "(PNG or JPEG) of the face"
+    )
+
+
+def _read(p: Path) -> bytes:
+    if not p.exists():
+        raise InputError(f"avatar image {p} does not exist: check the path")
+    if p.is_dir():
+        raise InputError(f"avatar image {p} is a folder: point at an image file")
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise InputError(f"cannot read avatar image {p} ({e.strerror or e})") from None
+    if not data:
+        raise InputError(f"avatar image {p} is empty")
+    return data
+
+
+def fit_size(h: int, w: int, max_size: int) -> tuple[int, int]:
+    """§5.1: the longer side down to ``max_size`` (rounded), then both sides floored to even."""
+    if max_size > 0 and max(h, w) > max_size:
+        if h > w:
+            h, w = max_size, int(round(w * max_size / h))
+        else:
+            h, w = int(round(h * max_size / w)), max_size
+    return h - h % 2, w - w % 2
+
+
+# --- model files ----------------------------------------------------------------------------------
+
+
+def _resolve_files(ckpt: CheckpointSet) -> tuple[dict[str, Path], dict[str, InputError]]:
+    """role -> path of every file registration uses (found), and role -> error (missing)."""
+    found: dict[str, Path] = {}
+    missing: dict[str, InputError] = {}
+    for role in (*_AUX_ROLES, *_NET_ROLES):
+        layouts = ("pytorch", "onnx") if role in _AUX_ROLES else ("pytorch",)
+        first: InputError | None = None
+        for layout in layouts:
+            try:
+                found[role] = ckpt.path(role, layout)
+                break
+            except InputError as e:
+                first = first or e
+        else:
+            missing[role] = first  # type: ignore[assignment]
+    try:
+        found["face_landmarker"] = ckpt.path("face_landmarker", "pytorch")
+    except InputError:
+        pass  # optional: the eye features fall back to the 203 landmarks
+    return found, missing
+
+
+_NETWORKS: dict[tuple[str, int, int, str], Any] = {}
+
+
+def _network(name: str, path: Path, device: Any) -> Any:
+    from studio.models import load_network
+
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, str(device))
+    if key not in _NETWORKS:
+        if len(_NETWORKS) >= 4:
+            _NETWORKS.pop(next(iter(_NETWORKS)))
+        _NETWORKS[key] = load_network(name, path, device)
+    return _NETWORKS[key]
+
+
+# --- the pipeline ---------------------------------------------------------------------------------
+
+
+class _Steps:
+    def __init__(self, progress: Progress | None) -> None:
+        self.progress = progress
+        self.done = 0
+        self.t = time.perf_counter()
+        self.ms: dict[str, float] = {}
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.ms[name] = round((now - self.t) * 1000.0, 2)
+        self.t = now
+        self.done += 1
+        if self.progress is not None:
+            self.progress(f"avatar: {name}", self.done, len(_STEPS))
+
+
+def _build(
+    path: Path,
+    data: bytes,
+    files: dict[str, Path],
+    settings: RegistrationSettings,
+    device: Any,
+    steps: _Steps,
+) -> tuple[Avatar, dict[str, Any]]:
+    import torch
+
+    providers = providers_for(device)
+    notes: list[str] = []
+    raw = load_image(path, data)
+    h0, w0 = raw.shape[:2]
+    h, w = fit_size(h0, w0, int(settings.max_size))
+    image = raw if (h, w) == (h0, w0) else resize_bilinear(raw, (h, w))
+    if (h, w) != (h0, w0) and max(h0, w0) > settings.max_size:
+        notes.append(f"image resized from {w0}x{h0} to {w}x{h} px (max side {settings.max_size})")
+    steps("load image")
+
+    dets = FaceDetector(files["insightface_det"], providers)(image)
+    if len(dets) == 0:
+        raise InputError(
+            f"no face found in {path}: use a photo with one clearly visible, roughly frontal, "
+            "well-lit face (not too close to the edge)"
+        )
+    best = int(dets.by_area()[0])
+    box = dets.boxes[best]
+    bw, bh = float(box[2] - box[0]), float(box[3] - box[1])
+    if max(bw, bh) < MIN_FACE_PX:
+        raise InputError(
+            f"the face in {path} is too small: {bw:.0f}x{bh:.0f} px, registration needs at least "
+            f"{MIN_FACE_PX} px on its longer side; use a larger photo or one taken closer"
+        )
+    if len(dets) > 1:
+        notes.append(f"{len(dets)} faces found; used the largest ({bw:.0f}x{bh:.0f} px)")
+    steps("face detection")
+
+    lmk106 = Landmark106(files["landmark106"], providers)(image, box)
+    lmk203 = Landmark203(files["landmark203"], providers)(image, lmk106)
+    steps("landmarks")
+
+    geo = crop_geometry(
+        lmk203, CROP_SIZE, settings.crop_scale, settings.crop_vy_ratio, settings.crop_rotate
+    )
+    dev = torch.device(device) if not isinstance(device, torch.device) else device
+    crop = crop_image(image, geo, dev)
+    steps("crop")
+
+    eyes = eye_features(crop, lmk203, files.get("face_landmarker"))
+    steps("eye features")
+
+    small = area_downsample(crop, CROP_SIZE // NET_SIZE, dev)
+    x = torch.from_numpy(small.astype(np.float32) / 255.0).permute(2, 0, 1)[None].to(dev)
+    motion = _network("motion_extractor", files["motion_extractor"], dev)
+    appearance = _network("appearance_extractor", files["appearance_extractor"], dev)
+    with torch.inference_mode():
+        heads = motion(x)
+        f_s = appearance(x)
+    x_s_info = {
+        k: np.ascontiguousarray(v.detach().float().cpu().numpy(), dtype=np.float32)
+        for k, v in zip(_X_S_KEYS, heads, strict=True)
+    }
+    for k in ("exp", "kp"):
+        x_s_info[k] = x_s_info[k].reshape(1, -1)
+    f_s_np = np.ascontiguousarray(f_s.detach().float().cpu().numpy(), dtype=np.float32)
+    steps("motion and appearance")
+
+    avatar = Avatar(
+        image=np.ascontiguousarray(image),
+        crop=crop,
+        m_c2o=geo.m_c2o.astype(np.float32),
+        x_s_info=x_s_info,
+        f_s=f_s_np,
+        eye_open=eyes.eye_open,
+        eye_ball=eyes.eye_ball,
+        sc=x_s_info["kp"].reshape(1, -1).copy(),
+        eye_method=eyes.description,
+        notes=notes,
+        face_box=box.astype(np.float32),
+        lmk203=lmk203.astype(np.float32),
+    )
+    extra = {
+        "source": str(path),
+        "original_size_wh": [w0, h0],
+        "size_wh": [w, h],
+        "faces_found": len(dets),
+        "face_box": [float(v) for v in box],
+        "crop": {"center": [float(v) for v in geo.center], "size": geo.size, "angle": geo.angle},
+        "eye_method_key": eyes.method,
+    }
+    return avatar, extra
+
+
+# --- cache ----------------------------------------------------------------------------------------
+
+
+def _png_bytes(rgb: np.ndarray) -> bytes:
+    import av
+
+    codec = av.CodecContext.create("png", "w")
+    codec.width, codec.height, codec.pix_fmt = rgb.shape[1], rgb.shape[0], "rgb24"
+    frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
+    return b"".join(bytes(p) for p in [*codec.encode(frame), *codec.encode(None)])
+
+
+def _write_cache(folder: Path, avatar: Avatar, meta: dict[str, Any]) -> None:
+    """Write the avatar folder under a temporary name, then rename it into place."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.parent / f".{folder.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial"
+    tmp.mkdir()
+    try:
+        arrays = {
+            "crop": avatar.crop,
+            "m_c2o": avatar.m_c2o,
+            "f_s": avatar.f_s,
+            "eye_open": avatar.eye_open,
+            "eye_ball": avatar.eye_ball,
+            "sc": avatar.sc,
+            "face_box": avatar.face_box,
+            "lmk203": avatar.lmk203,
+            **{f"x_s_info.{k}": v for k, v in avatar.x_s_info.items()},
+        }
+        np.savez(tmp / "arrays.npz", **arrays)
+        np.save(tmp / "image.npy", avatar.image)
+        (tmp / "crop.png").write_bytes(_png_bytes(avatar.crop))
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
+        old = None
+        if folder.exists():
+            old = folder.parent / f".{folder.name}.{uuid.uuid4().hex[:8]}.old"
+            folder.rename(old)
+        try:
+            tmp.rename(folder)
+        except OSError:
+            if not folder.exists():
+                raise
+            # Another process put its folder in place first: keep theirs.
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _load_cache(folder: Path, meta: dict[str, Any]) -> Avatar:
+    with np.load(folder / "arrays.npz") as z:
+        arrays = {k: z[k] for k in z.files}
+    image = np.load(folder / "image.npy")
+    x_s_info = {k: arrays[f"x_s_info.{k}"] for k in _X_S_KEYS}
+    return Avatar(
+        image=image,
+        crop=arrays["crop"],
+        m_c2o=arrays["m_c2o"],
+        x_s_info=x_s_info,
+        f_s=arrays["f_s"],
+        eye_open=arrays["eye_open"],
+        eye_ball=arrays["eye_ball"],
+        sc=arrays["sc"],
+        eye_method=str(meta["eye_method"]),
+        notes=list(meta.get("notes", [])),
+        folder=folder,
+        face_box=arrays["face_box"],
+        lmk203=arrays["lmk203"],
+        cached=True,
+    )
+
+
+def _cache_state(
+    folder: Path, image_sha: str, settings: dict[str, Any], files: dict[str, Path]
+) -> tuple[dict[str, Any] | None, str]:
+    """(meta, "") when the folder is a valid cache for these inputs, else (None, why not)."""
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+    except FileNotFoundError:
+        return None, "not registered yet"
+    except (OSError, ValueError):
+        return None, "meta.json unreadable"
+    if meta.get("format_version") != FORMAT_VERSION:
+        return None, "cache format changed"
+    if meta.get("image_sha256") != image_sha:
+        return None, "image changed"
+    if meta.get("settings") != settings:
+        return None, "registration settings changed"
+    for role, known in (meta.get("models") or {}).items():
+        path = files.get(role)
+        if path is None:
+            continue  # missing now: the cache is all there is
+        try:
+            now = file_fingerprint(path, known)
+        except OSError:
+            continue
+        if now["sha256"] != known.get("sha256"):
+            return None, f"{Path(path).name} changed"
+    if not all((folder / n).is_file() for n in ("arrays.npz", "image.npy")):
+        return None, "cache incomplete"
+    return meta, ""
+
+
+def register_avatar(
+    image_path: str | os.PathLike[str],
+    checkpoints: CheckpointSet,
+    cache_dir: str | os.PathLike[str] | None = None,
+    device: Any = "cpu",
+    progress: Progress | None = None,
+    refresh: bool = False,
+    *,
+    settings: RegistrationSettings | None = None,
+) -> Avatar:
+    """Register (or reopen from the cache) the avatar in ``image_path``.
+
+    ``checkpoints`` supplies the aux models (``ditto_pytorch/aux_models/`` or ``ditto_onnx/``)
+    and the motion/appearance extractors (``ditto_pytorch/models/*.pth``); ``device`` runs the
+    extractors and warps (and ONNX Runtime on CUDA when available); ``progress(stage, done,
+    total)`` is called after each step; ``refresh`` rebuilds even a valid cache. InputError for a
+    missing/unreadable/non-image file, a video, no face, a face below :data:`MIN_FACE_PX` px, or
+    a missing model file (named with its stage).
+    """
+    settings = settings or RegistrationSettings()
+    path = Path(image_path).expanduser()
+    data = _read(path)
+    video = _sniff_video(data)
+    if video is not None:
+        raise _video_error(path, video)
+    image_sha = hashlib.sha256(data).hexdigest()
+    files, missing = _resolve_files(checkpoints)
+    eye_key, _ = planned_method(files.get("face_landmarker"))
+    wanted = {**settings.to_dict(), "eye_method": eye_key}
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    folder = root / image_sha[:24]
+
+    if not refresh:
+        meta, _why = _cache_state(folder, image_sha, wanted, files)
+        if meta is not None:
+            try:
+                avatar = _load_cache(folder, meta)
+            except (OSError, ValueError, KeyError):
+                avatar = None  # damaged: rebuild below
+            if avatar is not None:
+                gone = [r for r in meta.get("models", {}) if r not in files]
+                if gone:
+                    names = ", ".join(Path(meta["models"][r]["path"]).name for r in gone)
+                    avatar.notes.append(f"loaded from the cache; {names} missing now")
+                if progress is not None:
+                    progress("avatar: cache", len(_STEPS), len(_STEPS))
+                return avatar
+
+    for role in (*_AUX_ROLES, *_NET_ROLES):
+        if role in missing:
+            raise missing[role]
+    steps = _Steps(progress)
+    if progress is not None:
+        progress("avatar: start", 0, len(_STEPS))
+    used = {r: p for r, p in files.items() if r != "face_landmarker" or eye_key == "mediapipe"}
+    avatar, extra = _build(path, data, files, settings, device, steps)
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "image_sha256": image_sha,
+        "settings": wanted,
+        "models": {r: file_fingerprint(p) for r, p in used.items()},
+        "eye_method": avatar.eye_method,
+        "notes": avatar.notes,
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "timings_ms": steps.ms,
+        **extra,
+    }
+    avatar.folder = folder
+    _write_cache(folder, avatar, meta)
+    steps("cache")
+    return avatar
