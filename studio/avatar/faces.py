@@ -13,10 +13,13 @@ graphs themselves are not shipped with this project):
 * ``2d106det.onnx``: InsightFace 106-point model, ``data`` [1, 3, 192, 192] -> ``fc1`` [1, 212]
   (106 (x, y) pairs in [-1, 1] of the crop).
 * ``landmark203.onnx``: LivePortrait's ``landmark.onnx``, ``input`` [1, 3, 224, 224] RGB 0..1 ->
-  three outputs ``output`` [1, 214], ``853`` [1, 262] and ``856`` [1, 406]; the points are output
+  three outputs from three heads on a ConvNeXt trunk: ``output`` [1, 214], ``853`` [1, 262] and
+  ``856`` [1, 406] (names and widths as a public onnx-to-pytorch conversion of the file shows
+  them: heads ``fc_coeff`` 214, ``fc_lmk`` 262, ``fc_pts`` 406). The points are output
   **index 2** (LivePortrait's landmark runner and Ditto's original-model wrapper read
-  ``outputs[2]``), 203 (x, y) pairs as fractions of the 224 px crop. Ditto's re-export has one
-  output ``landmarks`` [1, 406].
+  ``outputs[2]``), 203 (x, y) pairs as fractions of the 224 px crop; the runner relies only on
+  that index and its 406 values, not on the names. Ditto's re-export has one output
+  ``landmarks`` [1, 406].
 
 Preprocessing is Ditto's: the detector gets a 512 px letterbox (aspect kept, top-left, zero
 pad) as ``(pixel - 127.5) / 128`` and the 106 model raw 0..255 values, both with R and B
