@@ -82,7 +82,8 @@ def _ditto_options(p: argparse.ArgumentParser) -> None:
         "--emotion",
         type=int,
         metavar="N",
-        help="emotion label: " + ", ".join(f"{i} {n}" for i, n in enumerate(EMOTIONS))
+        help="emotion label: "
+        + ", ".join(f"{i} {n}" for i, n in enumerate(EMOTIONS))
         + " (default 4)",
     )
     for axis in ("pitch", "yaw", "roll"):

@@ -29,7 +29,14 @@ class ExportDialog(QDialog):
     exportRequested = Signal(str, int, int)  # path, size, crf
     cancelRequested = Signal()
 
-    def __init__(self, path: str, size: int, crf: int, parent=None) -> None:
+    def __init__(
+        self,
+        path: str,
+        size: int,
+        crf: int,
+        parent=None,
+        full_frame_hw: tuple[int, int] | None = None,
+    ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Export MP4")
         self.setMinimumWidth(520)
@@ -43,6 +50,18 @@ class ExportDialog(QDialog):
         for s in sorted(set(SIZES) | {size}):
             self.size.addItem(f"{s} × {s}", s)
         self.size.setCurrentIndex(self.size.findData(size))
+        if full_frame_hw is not None:
+            h, w = full_frame_hw
+            self.size_note = QLabel(
+                f"Ditto full frames keep the avatar image's size: {w} × {h}. "
+                "Size applies to crop frames (and the demo) only."
+            )
+            self.size.setEnabled(False)
+            self.size.setToolTip("full frames are the avatar image's size; choose crop to resize")
+        else:
+            self.size_note = QLabel("Square output side. With Ditto it applies to crop frames.")
+        self.size_note.setWordWrap(True)
+        self.size_note.setObjectName("size_note")
         self.crf = QSpinBox()
         self.crf.setRange(0, 51)
         self.crf.setValue(crf)
@@ -57,6 +76,7 @@ class ExportDialog(QDialog):
         form = QFormLayout()
         form.addRow("File", row)
         form.addRow("Size", self.size)
+        form.addRow("", self.size_note)
         form.addRow("Quality (CRF)", self.crf)
         self.buttons = QDialogButtonBox()
         self.export_button = self.buttons.addButton(

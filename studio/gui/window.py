@@ -1,7 +1,9 @@
 """The studio's main window: viewer, transport, timeline, plots, controls, metrics.
 
 The window only holds state and widgets. Work happens on two workers (motion and
-render) reached through queued signals; see :mod:`studio.gui.worker`.
+render) reached through queued signals; see :mod:`studio.gui.worker`. The motion worker
+checks checkpoint folders and builds the Ditto engine; the engine that made a motion result
+travels with every render and export request to the render worker.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QMainWindow,
     QMessageBox,
+    QProgressBar,
     QScrollArea,
     QSplitter,
     QToolButton,
@@ -37,6 +40,9 @@ from studio.gui.widgets.metrics import MetricsPanel
 from studio.gui.widgets.plots import MotionPlots, Timeline
 from studio.gui.widgets.viewer import FrameView
 from studio.gui.worker import (
+    AVATAR_META,
+    CheckpointCheck,
+    EngineInfo,
     ExportJob,
     MotionJob,
     MotionWorker,
@@ -53,6 +59,8 @@ AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".oga", ".mp3", ".aiff", ".aif", ".au
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff"}
 MAX_RECENT = 8
 DEBOUNCE_MS = 60
+NEEDS_AVATAR = "Open an avatar image first (File → Open Avatar…)"
+CHECKPOINTS_KEY = "checkpoints/folder"
 
 
 def app_settings() -> QSettings:
@@ -67,10 +75,13 @@ class MainWindow(QMainWindow):
     """The studio window. ``renderFinished`` fires after each completed preview render."""
 
     requestMotion = Signal(object)
-    requestRender = Signal(int, object, int)
+    requestRender = Signal(int, object, object, object)  # generation, result, settings, engine
     requestExport = Signal(object)
+    requestCheck = Signal(str)  # a checkpoint folder to check
     renderFinished = Signal(object)  # stats
     errorShown = Signal(str)
+    checkpointsChanged = Signal(bool)  # after a check or a clear: whether ditto is available
+    engineChanged = Signal(object)  # EngineInfo of a newly built engine
 
     def __init__(self, audio: str | None = None, avatar: str | None = None) -> None:
         super().__init__()
@@ -86,6 +97,14 @@ class MainWindow(QMainWindow):
         self.last_fps: float | None = None
         self.error_box: QMessageBox | None = None
         self.export_dialog: ExportDialog | None = None
+        self.engine = None  # the engine that made ``result`` (None: the demo engine)
+        self.engine_info: EngineInfo | None = None  # the Ditto engine built last
+        self.last_stats: dict | None = None
+        self.checkpoints: str | None = None  # a checked checkpoint folder
+        self._checking: str | None = None  # the folder being checked
+        self._announce_check = True
+        self._restore_backend = "demo"
+        self.building_engine = False
 
         self._build_widgets()
         self._build_actions()
@@ -97,7 +116,10 @@ class MainWindow(QMainWindow):
         self._debounce.timeout.connect(self.request_motion)
         self.controls.changed.connect(self._controls_changed)
         if avatar:
-            self._set_avatar(avatar, announce=False)
+            self._set_avatar(avatar, announce=False, rebuild=False)
+        remembered = self.store.value(CHECKPOINTS_KEY)
+        if isinstance(remembered, str) and remembered:
+            self._check_checkpoints(remembered, announce=False)
         self.viewer.show_message("preparing…")
         QTimer.singleShot(0, self.request_motion)
 
@@ -181,6 +203,12 @@ class MainWindow(QMainWindow):
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.dock)
 
         self.status_engine = QLabel()
+        self.progress_bar = QProgressBar()
+        self.progress_bar.setMaximumWidth(180)
+        self.progress_bar.setMaximumHeight(16)
+        self.progress_bar.setTextVisible(False)
+        self.progress_bar.hide()
+        self.statusBar().addPermanentWidget(self.progress_bar)
         self.statusBar().addPermanentWidget(self.status_engine)
         self.playback.frameChanged.connect(self._show_frame)
         self.playback.playingChanged.connect(
@@ -196,6 +224,16 @@ class MainWindow(QMainWindow):
         self.act_open_audio.setShortcut(QKeySequence.StandardKey.Open)
         self.act_open_avatar = file_menu.addAction("Open A&vatar…", self.open_avatar_dialog)
         self.recent_menu = file_menu.addMenu("Open &Recent")
+        file_menu.addSeparator()
+        self.act_checkpoints = file_menu.addAction("&Checkpoints…", self.checkpoints_dialog)
+        self.act_checkpoints.setStatusTip(
+            "choose Ditto's checkpoint folder (the one holding ditto_pytorch/) to enable the "
+            "ditto backend"
+        )
+        self.act_clear_checkpoints = file_menu.addAction(
+            "C&lear Checkpoints", self.clear_checkpoints
+        )
+        self.act_clear_checkpoints.setEnabled(False)
         file_menu.addSeparator()
         file_menu.addAction("&Load Preset…", self.load_preset_dialog)
         file_menu.addAction("&Save Preset…", self.save_preset_dialog)
@@ -240,12 +278,18 @@ class MainWindow(QMainWindow):
         self.requestMotion.connect(self.motion_worker.compute)
         self.requestRender.connect(self.render_worker.render)
         self.requestExport.connect(self.render_worker.export)
+        self.requestCheck.connect(self.motion_worker.check)
         # Worker -> window: always queued, so every slot runs on the GUI thread.
         queued = Qt.ConnectionType.QueuedConnection
         for signal, slot in (
             (self.motion_worker.audioLoaded, self._audio_loaded),
             (self.motion_worker.motionReady, self._motion_ready),
             (self.motion_worker.failed, self._failed),
+            (self.motion_worker.engineProgress, self._engine_progress),
+            (self.motion_worker.engineReady, self._engine_ready),
+            (self.motion_worker.engineFailed, self._engine_failed),
+            (self.motion_worker.engineCancelled, self._engine_cancelled),
+            (self.motion_worker.checkpointsChecked, self._checkpoints_checked),
             (self.render_worker.framesReady, self._frames_ready),
             (self.render_worker.progress, self._progress),
             (self.render_worker.renderDone, self._render_done),
@@ -269,9 +313,13 @@ class MainWindow(QMainWindow):
         saved = self.store.value("settings/last")
         if isinstance(saved, str) and saved:
             try:
-                self.controls.set_settings(RenderSettings.from_dict(json.loads(saved)))
+                settings = RenderSettings.from_dict(json.loads(saved))
             except (StudioError, ValueError):
-                pass  # an unreadable old value: start from the defaults
+                return  # an unreadable old value: start from the defaults
+            # Ditto is not available before the remembered checkpoints are checked: start on
+            # demo and switch once they are (and an avatar is open).
+            self._restore_backend = settings.backend
+            self.controls.set_settings(settings)
 
     def _save(self) -> None:
         self.store.setValue("window/geometry", self.saveGeometry())
@@ -320,7 +368,9 @@ class MainWindow(QMainWindow):
             return
         gen = self._next_generation()
         self.statusBar().showMessage("computing motion…")
-        self.requestMotion.emit(MotionJob(gen, self.audio_path, settings))
+        self.requestMotion.emit(
+            MotionJob(gen, self.audio_path, settings, self.checkpoints, self.avatar_path)
+        )
 
     def request_render(self) -> None:
         """Re-render the preview of the current motion (e.g. after a size change)."""
@@ -330,23 +380,48 @@ class MainWindow(QMainWindow):
         self._start_render(gen, self.result)
 
     def _start_render(self, gen: int, result: MotionResult) -> None:
+        try:
+            settings = self.current_settings()
+        except StudioError as e:
+            self.show_error(str(e))
+            return
         self.frames = [None] * result.num_frames
         self.rendering = True
         self.statusBar().showMessage("rendering preview…")
-        self.requestRender.emit(gen, result, self.current_settings().size)
+        self.requestRender.emit(gen, result, settings, self.engine)
 
     def cancel_render(self) -> None:
-        """Stop the preview render (Esc); the frames rendered so far stay."""
+        """Stop the preview render and a Ditto engine build (Esc); rendered frames stay."""
         self.render_worker.cancellation.cancel_upto(self.generation)
         self.motion_worker.cancellation.cancel_upto(self.generation)
+        self.motion_worker.build_cancellation.cancel_upto(self.generation)
 
     def _controls_changed(self, kind: str) -> None:
         # Stop the outdated preview at once: it would compete with the new motion for the CPU.
         self.render_worker.cancellation.cancel_upto(self.generation)
-        if kind == "output":
+        if kind == "backend":
+            self._backend_changed()
+        elif kind == "output":
             self.request_render()
         else:
             self._debounce.start()
+
+    def _backend_changed(self) -> None:
+        self._debounce.stop()
+        # The engine being built is for the other backend now.
+        self.motion_worker.build_cancellation.cancel_upto(self.generation)
+        if self.controls.backend_name() == "ditto":
+            if not self.checkpoints:
+                self.controls.set_backend("demo")
+                self.show_error("Set Ditto's checkpoint folder first (File → Checkpoints…).")
+                return
+            if not self.avatar_path:
+                self.controls.set_backend("demo")
+                self.statusBar().showMessage(NEEDS_AVATAR, 10000)
+                self.show_error(NEEDS_AVATAR)
+                return
+        self._update_engine_status()
+        self.request_motion()
 
     # --- worker results --------------------------------------------------------------------
 
@@ -356,10 +431,12 @@ class MainWindow(QMainWindow):
         self.timeline.set_audio(audio.samples, 16000)
         self.playback.set_source(audio.path, audio.num_frames)
 
-    def _motion_ready(self, gen: int, result: MotionResult) -> None:
+    def _motion_ready(self, gen: int, result: MotionResult, engine=None) -> None:
         if gen != self.generation:
             return
         self.result = result
+        self.engine = engine
+        self._building(False)
         self.plots.set_result(result)
         self.timeline.set_plan(result.plan.strides, result.plan.keyframes)
         self.metrics.set_result(result)
@@ -381,12 +458,137 @@ class MainWindow(QMainWindow):
             self.export_dialog.set_progress(done, total)
         elif gen == self.generation:
             self.statusBar().showMessage(f"rendering preview… {done}/{total}")
+            self._show_progress(done, total)
+
+    def _show_progress(self, done: int, total: int) -> None:
+        self.progress_bar.setRange(0, max(total, 1))
+        self.progress_bar.setValue(min(done, max(total, 1)))
+        self.progress_bar.show()
+
+    # --- the Ditto engine ------------------------------------------------------------------
+
+    def _building(self, on: bool) -> None:
+        if self.building_engine != on:
+            self.building_engine = on
+            self._update_engine_status()
+
+    def _engine_progress(self, gen: int, stage: str, done: int, total: int) -> None:
+        if gen != self.generation:
+            return
+        if stage != "motion windows":
+            self._building(True)
+            self.statusBar().showMessage(f"starting the Ditto engine: {stage}… (Esc cancels)")
+        else:
+            self.statusBar().showMessage(f"computing motion: LMDM window {done}/{total}…")
+        self._show_progress(done, total)
+
+    def _engine_ready(self, gen: int, info: EngineInfo) -> None:
+        self.engine_info = info
+        self._building(False)
+        notes = f" ({'; '.join(info.notes)})" if info.notes else ""
+        self.statusBar().showMessage(
+            f"Ditto engine ready on {info.device}: {info.description}{notes}", 10000
+        )
+        self.engineChanged.emit(info)
+
+    def _engine_failed(self, gen: int, message: str, details: str) -> None:
+        if gen != self.generation:
+            return
+        self._back_to_demo(f"The Ditto engine could not start: {message}", details)
+
+    def _engine_cancelled(self, gen: int) -> None:
+        if gen != self.generation:
+            return
+        self._back_to_demo("", "")
+        self.statusBar().showMessage("loading the Ditto engine was cancelled; on demo", 8000)
+
+    def _back_to_demo(self, message: str, details: str) -> None:
+        """Fall back to the demo engine (after a failed or cancelled build) and keep going."""
+        self._building(False)
+        self.progress_bar.hide()
+        self.controls.set_backend("demo")
+        self._update_engine_status()
+        if message:
+            self.show_error(message, details)
+        self.request_motion()
+
+    # --- checkpoints -------------------------------------------------------------------------
+
+    def checkpoints_dialog(self) -> None:
+        """File → Checkpoints…: pick the folder holding ditto_pytorch/."""
+        start = self.checkpoints or str(Path.home())
+        path = QFileDialog.getExistingDirectory(self, "Ditto checkpoint folder", start)
+        if path:
+            self.set_checkpoints(path)
+
+    def set_checkpoints(self, path: str) -> None:
+        """Check ``path`` on the motion worker; a valid folder enables ditto and is remembered.
+
+        ``checkpointsChanged`` fires when the check is done; a folder with missing files shows
+        them (name and stage) in the error dialog and changes nothing.
+        """
+        self._check_checkpoints(str(Path(path).expanduser()), announce=True)
+
+    def _check_checkpoints(self, path: str, announce: bool) -> None:
+        self._checking = path
+        self._announce_check = announce
+        self.statusBar().showMessage(f"checking the checkpoints in {path}…")
+        self.requestCheck.emit(path)
+
+    def _checkpoints_checked(self, check: CheckpointCheck) -> None:
+        if check.requested != self._checking:
+            return  # an older request, or cleared meanwhile
+        announce, self._checking = self._announce_check, None
+        self.controls.set_cuda_available(check.cuda)
+        if not check.ok:
+            if announce:
+                self.statusBar().showMessage("checkpoints not set: files are missing", 8000)
+                self.show_error(check.message, check.details)
+            else:  # the remembered folder went bad: say so where ditto is chosen
+                self.controls.set_ditto_available(False, f"checkpoints unusable: {check.message}")
+                self.statusBar().showMessage(f"Ditto unavailable: {check.message}", 15000)
+            self.checkpointsChanged.emit(self.checkpoints is not None)
+            return
+        changed = check.path != self.checkpoints
+        self.checkpoints = check.path
+        self.store.setValue(CHECKPOINTS_KEY, check.path)
+        self.act_clear_checkpoints.setEnabled(True)
+        self.controls.set_ditto_available(True)
+        if announce:
+            self.statusBar().showMessage(
+                f"Ditto checkpoints set: {check.path}; the ditto backend is available", 10000
+            )
+        self.checkpointsChanged.emit(True)
+        if self.controls.backend_name() == "ditto":
+            if changed:  # other networks: rebuild the engine
+                self.motion_worker.build_cancellation.cancel_upto(self.generation)
+                self.request_motion()
+        elif self._restore_backend == "ditto" and self.avatar_path:
+            self._restore_backend = "demo"
+            self.controls.set_backend("ditto", emit=True)
+
+    def clear_checkpoints(self) -> None:
+        """File → Clear Checkpoints: forget the folder; the ditto backend goes away."""
+        was_ditto = self.controls.backend_name() == "ditto"
+        self.checkpoints = None
+        self._checking = None
+        self.store.remove(CHECKPOINTS_KEY)
+        self.act_clear_checkpoints.setEnabled(False)
+        self.controls.set_ditto_available(False)
+        self.checkpointsChanged.emit(False)
+        self.statusBar().showMessage("checkpoints cleared; the ditto backend is off", 8000)
+        if was_ditto:
+            self.motion_worker.build_cancellation.cancel_upto(self.generation)
+            self._update_engine_status()
+            self.request_motion()
 
     def _render_done(self, gen: int, stats: dict) -> None:
         if gen != self.generation:
             return
         self.rendering = False
         self.last_fps = stats["fps"]
+        self.last_stats = stats
+        self.progress_bar.hide()
         self.metrics.set_render_stats(stats)
         self._update_engine_status()
         self.statusBar().showMessage(
@@ -404,6 +606,7 @@ class MainWindow(QMainWindow):
             return
         if gen == self.generation:
             self.rendering = False
+            self.progress_bar.hide()
             self.statusBar().showMessage("render cancelled", 5000)
 
     def _failed(self, gen: int, message: str, details: str) -> None:
@@ -415,6 +618,8 @@ class MainWindow(QMainWindow):
         if gen != self.generation:
             return
         self.rendering = False
+        self.progress_bar.hide()
+        self._building(False)
         self.statusBar().showMessage("failed", 5000)
         self.show_error(message, details)
 
@@ -447,11 +652,20 @@ class MainWindow(QMainWindow):
             self.viewer.show_frame(frame)
 
     def _update_engine_status(self) -> None:
-        s = self.current_settings()
+        """Backend, device and precision of the last render (what really ran)."""
+        st = self.last_stats or {"backend": "demo", "device": "CPU", "precision": "fp32"}
         fps = f"{self.last_fps:.1f} fps" if self.last_fps else "– fps"
         audio = "" if not self.playback.silent else f"  ·  {self.playback.silent_reason}"
+        memory = f"  ·  memory {st['memory']}" if st.get("memory") else ""
+        wanted = self.controls.backend_name()
+        pending = ""
+        if self.building_engine:
+            pending = "  ·  starting ditto…"
+        elif wanted != st["backend"]:
+            pending = f"  ·  switching to {wanted}…"
         self.status_engine.setText(
-            f"backend {s.backend}  ·  device CPU  ·  precision fp32  ·  last render {fps}{audio}"
+            f"backend {st['backend']}  ·  device {st['device']}  ·  precision {st['precision']}"
+            f"{memory}  ·  last render {fps}{audio}{pending}"
         )
 
     def show_error(self, message: str, details: str = "") -> None:
@@ -471,13 +685,14 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(f"Talking-head studio — {Path(path).name}")
         self.request_motion()
 
-    def _set_avatar(self, path: str, announce: bool = True) -> bool:
+    def _set_avatar(self, path: str, announce: bool = True, rebuild: bool = True) -> bool:
+        """Use the image (or registered avatar folder) ``path``; on ditto, rebuild the engine."""
         p = Path(path)
         if p.is_dir():
-            if not (p / "avatar.json").exists():
+            if not (p / AVATAR_META).exists():
                 self.show_error(
-                    f"{p} is not a cached avatar folder (no avatar.json); "
-                    "choose an image or a folder the studio saved."
+                    f"{p} is not a registered avatar folder (no {AVATAR_META}); "
+                    "choose an image or a folder the studio registered."
                 )
                 return False
         elif not QImageReader(str(p)).canRead():
@@ -485,12 +700,23 @@ class MainWindow(QMainWindow):
             return False
         self.avatar_path = str(p)
         self._add_recent(str(p))
+        on_ditto = self.controls.backend_name() == "ditto"
         if announce:
-            self.statusBar().showMessage(
-                f"avatar {p.name} set; the demo engine draws its own character, the Ditto "
-                "engine will animate this one",
-                10000,
-            )
+            if on_ditto:
+                hint = "registering it for the Ditto engine"
+            elif self.checkpoints:
+                hint = (
+                    "the demo engine draws its own character; pick the ditto backend to animate it"
+                )
+            else:
+                hint = (
+                    "the demo engine draws its own character; set File → Checkpoints… to "
+                    "animate it with Ditto"
+                )
+            self.statusBar().showMessage(f"avatar {p.name} set; {hint}", 10000)
+        if on_ditto and rebuild:
+            self.motion_worker.build_cancellation.cancel_upto(self.generation)
+            self.request_motion()
         return True
 
     def open_path(self, path: str) -> None:
@@ -563,11 +789,20 @@ class MainWindow(QMainWindow):
 
     # --- export --------------------------------------------------------------------------------
 
+    def export_frame_hw(self) -> tuple[int, int] | None:
+        """The frame size an export will have when it is not the square Size (Ditto full)."""
+        s = self.current_settings()
+        engine = self.engine
+        if getattr(engine, "name", "demo") == "ditto" and s.frame == "full":
+            h, w = np.asarray(engine.avatar.image).shape[:2]
+            return int(h), int(w)
+        return None
+
     def open_export_dialog(self) -> ExportDialog:
         s = self.current_settings()
         last = self.store.value("files/last_export")
         path = str(last) if last else default_export_path(self.audio_path)
-        dlg = ExportDialog(path, s.size, s.crf, self)
+        dlg = ExportDialog(path, s.size, s.crf, self, full_frame_hw=self.export_frame_hw())
         dlg.exportRequested.connect(self.export)
         dlg.cancelRequested.connect(self.render_worker.cancel_export)
         self.export_dialog = dlg
@@ -582,6 +817,12 @@ class MainWindow(QMainWindow):
         try:
             target = check_output_path(path)
             settings = export_settings(self.current_settings(), size, crf)
+            ran = getattr(self.engine, "name", "demo")
+            if ran != settings.backend:
+                raise StudioError(
+                    f"Nothing to export with the {settings.backend} backend yet: the preview "
+                    f"is still from the {ran} engine; wait for it to switch."
+                )
         except StudioError as e:
             if self.export_dialog is not None:
                 self.export_dialog.finished(str(e), ok=False)
@@ -589,7 +830,7 @@ class MainWindow(QMainWindow):
             return
         if self.export_dialog is not None:
             self.export_dialog.started()
-        self.requestExport.emit(ExportJob(self.result, settings, str(target)))
+        self.requestExport.emit(ExportJob(self.result, settings, str(target), self.engine))
 
     # --- shutdown --------------------------------------------------------------------------------
 

@@ -1,27 +1,36 @@
-"""Background work for the GUI: motion (cached) and frame rendering, each on its own QThread.
+"""Background work for the GUI: engines and motion (cached), frame rendering, each on a QThread.
 
 The workers own no widgets. Requests arrive as queued signals carrying plain data
-(paths, RenderSettings, MotionResult); results go back the same way. Every request
-carries a *generation*: a newer request supersedes older ones, which stop at their
+(paths, RenderSettings, MotionResult, engine objects); results go back the same way. Every
+request carries a *generation*: a newer request supersedes older ones, which stop at their
 next check (a render batch is well under a second of work) and say so.
+
+Engines: the motion worker builds them (the Ditto engine registers the avatar and loads the
+networks, seconds of work, so never on the GUI thread) and sends each MotionResult together
+with the engine that made it; the window hands that same engine object to the render worker
+with every render and export request, so frames always come from the engine that made the
+motion.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
 import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from studio.audio.io import Audio, load_audio
-from studio.errors import Cancelled, StudioError
+from studio.errors import Cancelled, InputError, StudioError
 from studio.render.demo import DemoEngine, demo_audio_path
 from studio.render.pipeline import (
     MotionResult,
+    frame_shape,
     generate,
     iter_frames,
     postprocess,
@@ -32,23 +41,65 @@ from studio.settings import RenderSettings
 PREVIEW_BATCH = 4  # keyframes per render call: small, so a cancel lands within ~50 ms
 FRAME_CHUNK = 6  # frames per signal: keeps the GUI's event queue short while rendering
 
+# Files avatar registration reads (studio.avatar.register), checked with the engine's own.
+REGISTRATION_ROLES = (
+    "insightface_det",
+    "landmark106",
+    "landmark203",
+    "appearance_extractor",
+    "motion_extractor",
+)
+AVATAR_META = "meta.json"  # what a registered avatar folder holds (studio.avatar.register)
+_DTYPE_NAMES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
+
 
 @dataclass(frozen=True)
 class MotionJob:
-    """Compute motion for an audio file with these settings."""
+    """Compute motion for an audio file with these settings.
+
+    With ``settings.backend == "ditto"``, ``checkpoints`` (the folder) and ``avatar`` (an
+    image, or a registered avatar folder) select the Ditto engine, built on first use.
+    """
 
     generation: int
     audio_path: str | None  # None = the demo speech
     settings: RenderSettings
+    checkpoints: str | None = None
+    avatar: str | None = None
 
 
 @dataclass(frozen=True)
 class ExportJob:
-    """Write an MP4 of this motion with these settings."""
+    """Write an MP4 of this motion with these settings, rendered by ``engine``."""
 
     result: MotionResult
     settings: RenderSettings
     path: str
+    engine: Any = None  # the engine that made ``result``; None = the demo engine
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the motion worker built: for the status bar and the export dialog."""
+
+    backend: str
+    device: str
+    serial: int  # a new number for every engine built
+    description: str  # one line (the avatar, for Ditto)
+    frame_hw: tuple[int, int] | None = None  # full-frame size (the avatar image), Ditto only
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CheckpointCheck:
+    """The result of checking a checkpoint folder (on the motion worker)."""
+
+    requested: str  # the folder asked about
+    path: str  # the checkpoint root found (the folder itself when the check failed)
+    ok: bool
+    message: str = ""
+    details: str = ""
+    cuda: bool = False  # whether torch sees a CUDA GPU (fp16 is offered only then)
 
 
 def _details() -> str:
@@ -72,20 +123,86 @@ class Cancellation:
             return generation <= self._cancel_upto
 
 
+def cuda_available() -> bool:
+    """Whether torch sees a CUDA GPU (False without torch). Imports torch: not on the GUI."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def check_checkpoints(path: str) -> CheckpointCheck:
+    """``discover`` + ``require`` every file the Ditto engine and avatar registration read."""
+    from studio.render.ditto import ENGINE_ROLES, require
+    from studio.runtime.checkpoints import discover
+
+    try:
+        found = discover(path)
+        require(found, (*REGISTRATION_ROLES, *ENGINE_ROLES))
+    except StudioError as e:
+        return CheckpointCheck(path, path, False, _one_line(str(e)), str(e), cuda_available())
+    return CheckpointCheck(path, str(found.root), True, cuda=cuda_available())
+
+
+def _one_line(message: str) -> str:
+    """The first line of a message, shortened for a dialog's title text."""
+    line = message.splitlines()[0] if message else ""
+    return line if len(line) <= 400 else line[:397] + "…"
+
+
+def avatar_source(path: str) -> tuple[str, str | None]:
+    """(image path, cache folder or None) for an avatar image or a registered avatar folder.
+
+    A registered folder (``meta.json`` from :mod:`studio.avatar.register`) is reopened from
+    its image, with the folder's parent as the cache, so nothing is recomputed.
+    """
+    p = Path(path)
+    if not p.is_dir():
+        return str(p), None
+    try:
+        meta = json.loads((p / AVATAR_META).read_text())
+        source = Path(str(meta["source"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        raise InputError(
+            f"{p} is not a registered avatar folder (no readable {AVATAR_META}); "
+            "open the face image instead"
+        ) from None
+    if not source.is_file():
+        raise InputError(
+            f"the avatar folder {p.name} was registered from {source}, which is gone; "
+            "open a face image instead"
+        )
+    return str(source), str(p.parent)
+
+
 class MotionWorker(QObject):
-    """Loads audio and computes motion; the generated motion is cached per (audio, seed)."""
+    """Builds engines, loads audio and computes motion.
+
+    The generated motion is cached per (audio, seed, engine) and, for Ditto, emotion and
+    sampling steps: smoothing and cadence edits re-run only the post-processing.
+    """
 
     audioLoaded = Signal(int, object)  # generation, Audio
-    motionReady = Signal(int, object)  # generation, MotionResult
+    motionReady = Signal(int, object, object)  # generation, MotionResult, engine that made it
     failed = Signal(int, str, str)  # generation, message, details
+    engineProgress = Signal(int, str, int, int)  # generation, stage, done, total
+    engineReady = Signal(int, object)  # generation, EngineInfo (a new engine was built)
+    engineFailed = Signal(int, str, str)  # generation, message, details (back to demo)
+    engineCancelled = Signal(int)  # generation
+    checkpointsChecked = Signal(object)  # CheckpointCheck
 
     def __init__(self) -> None:
         super().__init__()
         self.cancellation = Cancellation()
+        self.build_cancellation = Cancellation()  # only Esc or a changed engine stop a build
         self.engine = DemoEngine()
+        self._ditto: tuple[tuple, Any, EngineInfo] | None = None
+        self._serial = 0
         self._audio: dict[tuple, Audio] = {}
         self._motion: dict[tuple, tuple] = {}
         self.generate_calls = 0  # how often the motion generator really ran
+        self.engine_builds = 0  # how often a Ditto engine was built
 
     def _load(self, path: str | None) -> Audio:
         p = str(path) if path else str(demo_audio_path())
@@ -97,30 +214,156 @@ class MotionWorker(QObject):
             self._audio = {key: load_audio(p)}  # keep one clip
         return self._audio[key]
 
+    @Slot(str)
+    def check(self, path: str) -> None:
+        """Check a checkpoint folder; answers with ``checkpointsChecked``."""
+        try:
+            result = check_checkpoints(path)
+        except Exception as e:  # noqa: BLE001 - reported, the app stays usable
+            result = CheckpointCheck(path, path, False, f"Cannot check {path}: {e}", _details())
+        self.checkpointsChecked.emit(result)
+
+    def _ditto_key(self, job: MotionJob) -> tuple:
+        if not job.checkpoints:
+            raise InputError("the ditto backend needs a checkpoint folder (File → Checkpoints…)")
+        if not job.avatar:
+            raise InputError("Open an avatar image first (File → Open Avatar…)")
+        files = []
+        for p in (job.checkpoints, job.avatar):
+            try:
+                st = os.stat(p)
+                files.append((os.path.abspath(p), st.st_size, st.st_mtime_ns))
+            except OSError:
+                files.append((os.path.abspath(p), None, None))
+        return tuple(files)
+
+    def _ditto_engine(self, job: MotionJob) -> tuple[Any, EngineInfo]:
+        """The Ditto engine for the job's checkpoints and avatar: cached, or built now."""
+        key = self._ditto_key(job)
+        if self._ditto is not None and self._ditto[0] == key:
+            return self._ditto[1], self._ditto[2]
+        self._ditto = None  # one engine at a time: let the old networks go
+        gen = job.generation
+
+        def step(stage: str, done: int, total: int) -> None:
+            if self.build_cancellation.is_cancelled(gen):
+                raise Cancelled()
+            self.engineProgress.emit(gen, stage, done, total)
+
+        from studio.avatar.register import register_avatar
+        from studio.render.ditto import (
+            ENGINE_ROLES,
+            DittoEngine,
+            describe_avatar,
+            require,
+            resolve_device,
+        )
+        from studio.runtime.checkpoints import discover
+
+        step("checking checkpoints", 0, 1)
+        found = discover(job.checkpoints)
+        require(found, (*REGISTRATION_ROLES, *ENGINE_ROLES))
+        device = resolve_device(None)
+        image, cache = avatar_source(job.avatar)
+        avatar = register_avatar(image, found, cache_dir=cache, device=device, progress=step)
+        step(f"loading the Ditto networks on {device}", 0, 1)
+        engine = DittoEngine(found, avatar, job.settings, device=device)
+        step(f"loading the Ditto networks on {device}", 1, 1)
+        self._serial += 1
+        self.engine_builds += 1
+        h, w = (int(v) for v in avatar.image.shape[:2])
+        info = EngineInfo(
+            "ditto",
+            str(device),
+            self._serial,
+            describe_avatar(avatar),
+            (h, w),
+            tuple(getattr(avatar, "notes", []) or ()),
+        )
+        self._ditto = (key, engine, info)
+        self.engineReady.emit(gen, info)
+        return engine, info
+
     @Slot(object)
     def compute(self, job: MotionJob) -> None:
         if self.cancellation.is_cancelled(job.generation):
             return
+        gen = job.generation
+        s = job.settings
+        engine: Any = self.engine
+        ident: tuple = ("demo",)
+        if s.backend == "ditto":
+            try:
+                base, info = self._ditto_engine(job)
+            except Cancelled:
+                self.engineCancelled.emit(gen)
+                return
+            except StudioError as e:
+                self.engineFailed.emit(gen, str(e), str(e))
+                return
+            except Exception as e:  # noqa: BLE001 - shown in a dialog, the app stays usable
+                self.engineFailed.emit(gen, f"The Ditto engine could not start: {e}", _details())
+                return
+            engine = base.with_settings(s)
+            engine.progress = lambda stage, d, n: self.engineProgress.emit(
+                gen, "motion windows", d, n
+            )
+            ident = ("ditto", info.serial, s.emotion, s.steps)
+        if self.cancellation.is_cancelled(gen):
+            return
         try:
             audio = self._load(job.audio_path)
-            self.audioLoaded.emit(job.generation, audio)
-            key = (id(audio), job.settings.seed, self.engine.name)
+            self.audioLoaded.emit(gen, audio)
+            key = (id(audio), s.seed, ident)
             if key not in self._motion:
                 self.generate_calls += 1
-                self._motion = {key: generate(self.engine, audio, job.settings.seed)}
+                self._motion = {key: generate(engine, audio, s.seed)}
             phon, raw, timings = self._motion[key]
-            if self.cancellation.is_cancelled(job.generation):
+            if self.cancellation.is_cancelled(gen):
                 return
-            result = postprocess(audio, phon, raw, job.settings, timings)
-            self.motionReady.emit(job.generation, result)
+            result = postprocess(audio, phon, raw, s, timings)
+            self.motionReady.emit(gen, result, engine)
         except StudioError as e:
-            self.failed.emit(job.generation, str(e), "")
+            self.failed.emit(gen, str(e), "")
         except Exception as e:  # noqa: BLE001 - shown in a dialog, the app stays usable
-            self.failed.emit(job.generation, f"Motion failed: {e}", _details())
+            self.failed.emit(gen, f"Motion failed: {e}", _details())
+
+
+def renderer_key(engine: Any, size: int, settings: RenderSettings) -> tuple:
+    """What a cached renderer depends on: the engine's networks and avatar, and for Ditto the
+    frame mode, size (crop frames only), precision, pose deltas, memory mode and batch."""
+    if getattr(engine, "name", "demo") != "ditto":
+        return ("demo", id(engine), size)
+    return (
+        "ditto",
+        id(engine.networks),
+        id(engine.avatar),
+        settings.frame,
+        size if settings.frame == "crop" else None,
+        settings.precision,
+        settings.delta_pitch,
+        settings.delta_yaw,
+        settings.delta_roll,
+        settings.memory,
+        settings.batch,
+    )
+
+
+def describe_renderer(engine: Any, renderer: Any) -> dict[str, Any]:
+    """Backend, device, precision and memory really used by ``renderer``."""
+    if getattr(engine, "name", "demo") != "ditto":
+        return {"backend": "demo", "device": "CPU", "precision": "fp32", "memory": ""}
+    plan = renderer.memory
+    return {
+        "backend": "ditto",
+        "device": str(renderer.device),
+        "precision": _DTYPE_NAMES.get(str(renderer.dtype), str(renderer.dtype)),
+        "memory": f"{plan.mode}, batch {plan.batch}",
+    }
 
 
 class RenderWorker(QObject):
-    """Renders preview frames and exports MP4s."""
+    """Renders preview frames and exports MP4s with the engine each request names."""
 
     framesReady = Signal(int, int, object)  # generation, first index, list of HxWx3 uint8
     progress = Signal(int, str, int, int)  # generation, stage, done, total
@@ -135,25 +378,42 @@ class RenderWorker(QObject):
         super().__init__()
         self.cancellation = Cancellation()
         self.engine = DemoEngine()
-        self._renderers: dict[int, object] = {}
+        self._renderer_cache: tuple[tuple, Any, Any] | None = None  # key, engine, renderer
         self._export_cancel = threading.Event()
 
-    def _renderer(self, size: int):
-        if size not in self._renderers:
-            self._renderers = {size: self.engine.renderer(size)}
-        return self._renderers[size]
+    def _renderer(self, engine: Any, size: int, settings: RenderSettings | None = None):
+        engine = engine if engine is not None else self.engine
+        settings = settings or RenderSettings()
+        key = renderer_key(engine, size, settings)
+        cached = self._renderer_cache
+        if cached is None or cached[0] != key:
+            if getattr(engine, "name", "demo") == "ditto":
+                renderer = engine.renderer(size, settings)
+            else:
+                renderer = engine.renderer(size)
+            # The engine stays referenced with its renderer, so the ids in the key stay unique.
+            self._renderer_cache = cached = (key, engine, renderer)
+        return cached[2]
 
-    @Slot(int, object, int)
-    def render(self, generation: int, result: MotionResult, size: int) -> None:
+    @Slot(int, object, object, object)
+    def render(
+        self,
+        generation: int,
+        result: MotionResult,
+        settings: RenderSettings,
+        engine: Any = None,
+    ) -> None:
         if self.cancellation.is_cancelled(generation):
             self.cancelled.emit(generation)
             return
         stats: dict = {}
         t0 = time.perf_counter()
         try:
+            engine = engine if engine is not None else self.engine
+            renderer = self._renderer(engine, settings.size, settings)
             frames = iter_frames(
                 result,
-                self._renderer(size),
+                renderer,
                 batch=PREVIEW_BATCH,
                 cancel=lambda: self.cancellation.is_cancelled(generation),
                 progress=lambda s, d, n: self.progress.emit(generation, s, d, n),
@@ -171,10 +431,14 @@ class RenderWorker(QObject):
         except Cancelled:
             self.cancelled.emit(generation)
             return
+        except StudioError as e:
+            self.failed.emit(generation, str(e), "")
+            return
         except Exception as e:  # noqa: BLE001
             self.failed.emit(generation, f"Rendering failed: {e}", _details())
             return
         wall = time.perf_counter() - t0
+        h, w = frame_shape(renderer)
         self.renderDone.emit(
             generation,
             {
@@ -183,6 +447,8 @@ class RenderWorker(QObject):
                 "render_ms": stats.get("render_s", 0.0) * 1000.0,
                 "wall_ms": wall * 1000.0,
                 "fps": result.num_frames / max(wall, 1e-9),
+                "frame_hw": (h, w),
+                **describe_renderer(engine, renderer),
             },
         )
 
@@ -204,7 +470,7 @@ class RenderWorker(QObject):
             )
             report = render_video(
                 result,
-                self._renderer(job.settings.size),
+                self._renderer(job.engine, job.settings.size, job.settings),
                 job.path,
                 job.settings,
                 cancel=self._export_cancel.is_set,

@@ -1,10 +1,14 @@
-"""The settings panel: engine, smoothing, cadence and output controls.
+"""The settings panel: engine, Ditto, smoothing, cadence and output controls.
 
-It edits one RenderSettings; ``changed(kind)`` says whether motion post-processing
-("motion") or only the preview size ("output") is affected.
+It edits one RenderSettings; ``changed(kind)`` says what is affected: "backend" (the engine
+itself), "motion" (the generator's inputs or the post-processing of its motion; the motion
+worker's cache decides what really re-runs) or "output" (only the frames: size, precision,
+frame mode, pose deltas).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from PySide6.QtCore import Signal
 from PySide6.QtGui import QStandardItemModel
@@ -20,9 +24,10 @@ from PySide6.QtWidgets import (
 )
 
 from studio.motion.cadence import CadenceThresholds
-from studio.settings import MAX_SIZE, MIN_SIZE, RenderSettings
+from studio.motion.layout import EMOTIONS
+from studio.settings import MAX_DELTA_DEG, MAX_SIZE, MAX_STEPS, MIN_SIZE, RenderSettings
 
-PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 SIZES = (256, 384, 512, 768, 1024)
 
 # What each backend can run, and why not when it cannot.
@@ -30,28 +35,56 @@ BACKENDS = {
     "demo": {
         "label": "demo (built-in)",
         "precisions": {"fp32"},
+        "default": "fp32",
         "why": "the demo engine renders on the CPU in float32",
     },
+    "ditto": {
+        "label": "ditto",
+        "precisions": {"auto", "fp32", "bf16", "fp16"},
+        "default": "auto",
+        "why": "",
+    },
 }
-DITTO_UNAVAILABLE = "set a folder of Ditto checkpoints to enable (the Ditto engine is coming)"
+DITTO_UNAVAILABLE = "set a folder of Ditto checkpoints (File → Checkpoints…) to enable"
+FP16_NEEDS_CUDA = "fp16 unavailable: half precision needs a CUDA GPU and torch sees none here"
+PRECISION_TIPS = {
+    "auto": "fp16 on a GPU, fp32 on the CPU (warp and decoder; HuBERT and LMDM stay fp32)",
+    "fp32": "float32 everywhere",
+    "bf16": "warp and decoder under bfloat16 autocast",
+    "fp16": "warp and decoder under float16 autocast (GPU only)",
+}
+DITTO_ONLY = "used by the Ditto engine: pick the ditto backend"
 
 
 def _disable_item(combo: QComboBox, index: int, tip: str) -> None:
+    _set_item(combo, index, False, tip)
+
+
+def _set_item(combo: QComboBox, index: int, enabled: bool, tip: str) -> None:
     model = combo.model()
     assert isinstance(model, QStandardItemModel)
     item = model.item(index)
-    item.setEnabled(False)
+    item.setEnabled(enabled)
     item.setToolTip(tip)
 
 
+def _item_enabled(combo: QComboBox, index: int) -> bool:
+    model = combo.model()
+    assert isinstance(model, QStandardItemModel)
+    item = model.item(index)
+    return item is not None and item.isEnabled()
+
+
 class ControlsPanel(QWidget):
-    """Edits a RenderSettings; emits ``changed("motion" | "output")``."""
+    """Edits a RenderSettings; emits ``changed("backend" | "motion" | "output")``."""
 
     changed = Signal(str)
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
         self._quiet = False
+        self._cuda = False
+        self._precision_for = {b: spec["default"] for b, spec in BACKENDS.items()}
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
         layout.setSpacing(8)
@@ -60,24 +93,53 @@ class ControlsPanel(QWidget):
         f = QFormLayout(engine)
         self.backend = QComboBox()
         self.backend.addItem(BACKENDS["demo"]["label"], "demo")
-        self.backend.addItem("ditto", "ditto")
+        self.backend.addItem(BACKENDS["ditto"]["label"], "ditto")
         _disable_item(self.backend, 1, DITTO_UNAVAILABLE)
+        self.backend.setToolTip("demo: the built-in engine; ditto: Ditto's networks")
         self.precision = QComboBox()
         for p in PRECISIONS:
             self.precision.addItem(p, p)
-        self._apply_backend_precisions("demo")
-        self.steps = QSpinBox()
-        self.steps.setRange(1, 100)
-        self.steps.setValue(10)
-        self.steps.setEnabled(False)
-        self.steps.setToolTip("LMDM sampling steps: used by the Ditto engine")
         self.seed = QSpinBox()
         self.seed.setRange(0, 2**31 - 1)
+        self.seed.setToolTip("seed of the motion generator")
         f.addRow("Backend", self.backend)
         f.addRow("Precision", self.precision)
-        f.addRow("Sampling steps", self.steps)
         f.addRow("Seed", self.seed)
         layout.addWidget(engine)
+
+        ditto = QGroupBox("Ditto")
+        self.ditto_box = ditto
+        f = QFormLayout(ditto)
+        self.emotion = QComboBox()
+        for i, name in enumerate(EMOTIONS):
+            self.emotion.addItem(f"{i} {name}", i)
+        self.emotion.setToolTip("emotion label of LMDM's condition (re-runs the motion)")
+        self.steps = QSpinBox()
+        self.steps.setRange(1, MAX_STEPS)
+        self.steps.setToolTip("LMDM DDIM sampling steps (re-runs the motion; fewer is faster)")
+        self.deltas: dict[str, QDoubleSpinBox] = {}
+        for axis in ("pitch", "yaw", "roll"):
+            box = QDoubleSpinBox()
+            box.setRange(-MAX_DELTA_DEG, MAX_DELTA_DEG)
+            box.setDecimals(1)
+            box.setSingleStep(1.0)
+            box.setSuffix(" °")
+            box.setToolTip(f"constant head {axis} added at stitching (re-renders only)")
+            self.deltas[axis] = box
+        self.frame = QComboBox()
+        self.frame.addItem("full image (paste-back)", "full")
+        self.frame.addItem("face crop (size × size)", "crop")
+        self.frame.setToolTip(
+            "full: the avatar image at its own resolution with the face pasted back; "
+            "crop: the 512² face render, resized to the output size"
+        )
+        f.addRow("Emotion", self.emotion)
+        f.addRow("Sampling steps", self.steps)
+        f.addRow("Δ pitch", self.deltas["pitch"])
+        f.addRow("Δ yaw", self.deltas["yaw"])
+        f.addRow("Δ roll", self.deltas["roll"])
+        f.addRow("Frame", self.frame)
+        layout.addWidget(ditto)
 
         smooth = QGroupBox("Pose smoothing")
         f = QFormLayout(smooth)
@@ -143,31 +205,101 @@ class ControlsPanel(QWidget):
         self.size = QComboBox()
         for s in SIZES:
             self.size.addItem(f"{s} × {s}", s)
+        self.size.setToolTip(
+            "square output side (demo, and Ditto crop frames; Ditto full frames keep the "
+            "avatar image's size)"
+        )
         f.addRow("Size", self.size)
         layout.addWidget(output)
         layout.addStretch(1)
 
         self._crf = 18
         self._preset = "medium"
+        self._memory, self._batch = "auto", 0
         self.set_settings(RenderSettings())
-        for w in (self.seed, self.window, self.order, self.guard):
+        for w in (self.seed, self.window, self.order, self.guard, self.steps):
             w.valueChanged.connect(self._motion_changed)
         for w in (self.accel, self.fast_flux, self.calm_flux, self.pose_gap):
             w.valueChanged.connect(self._motion_changed)
         self.smooth.toggled.connect(self._motion_changed)
         self.stride.currentIndexChanged.connect(self._motion_changed)
-        self.size.currentIndexChanged.connect(lambda *_: self._emit("output"))
+        self.emotion.currentIndexChanged.connect(self._motion_changed)
+        for w in self.deltas.values():
+            w.valueChanged.connect(self._output_changed)
+        for w in (self.size, self.frame):
+            w.currentIndexChanged.connect(self._output_changed)
+        self.precision.currentIndexChanged.connect(self._precision_changed)
+        self.backend.currentIndexChanged.connect(self._backend_changed)
         self.window.valueChanged.connect(self._window_changed)
+
+    # --- backend availability --------------------------------------------------------------
+
+    def set_ditto_available(self, available: bool, why: str = DITTO_UNAVAILABLE) -> None:
+        """Enable or grey out the ditto backend item (with ``why`` as its tooltip)."""
+        tip = "Ditto's pipeline on the checkpoints set in File → Checkpoints…" if available else why
+        _set_item(self.backend, 1, available, tip)
+        if not available and self.backend_name() == "ditto":
+            self.set_backend("demo")
+
+    def ditto_available(self) -> bool:
+        return _item_enabled(self.backend, 1)
+
+    def set_cuda_available(self, cuda: bool) -> None:
+        """Whether fp16 can be offered for the ditto backend."""
+        self._cuda = bool(cuda)
+        self._apply_backend_precisions(self.backend_name())
+
+    def backend_name(self) -> str:
+        return str(self.backend.currentData())
+
+    def set_backend(self, backend: str, emit: bool = False) -> None:
+        """Select ``backend``; ``emit`` says whether ``changed("backend")`` fires."""
+        quiet, self._quiet = self._quiet, not emit or self._quiet
+        try:
+            self.backend.setCurrentIndex(max(0, self.backend.findData(backend)))
+            self._apply_backend_precisions(self.backend_name())
+        finally:
+            self._quiet = quiet
+
+    def precision_choices(self, backend: str) -> set[str]:
+        """The precisions ``backend`` can run here."""
+        allowed = set(BACKENDS[backend]["precisions"])
+        if backend == "ditto" and not self._cuda:
+            allowed.discard("fp16")
+        return allowed
 
     def _apply_backend_precisions(self, backend: str) -> None:
         spec = BACKENDS[backend]
-        model = self.precision.model()
+        allowed = self.precision_choices(backend)
         for i, p in enumerate(PRECISIONS):
-            item = model.item(i)
-            ok = p in spec["precisions"]
-            item.setEnabled(ok)
-            item.setToolTip("" if ok else f"{p} unavailable: {spec['why']}")
-        self.precision.setCurrentIndex(PRECISIONS.index("fp32"))
+            ok = p in allowed
+            if ok:
+                tip = PRECISION_TIPS[p]
+            elif backend == "ditto" and p == "fp16":
+                tip = FP16_NEEDS_CUDA
+            else:
+                tip = f"{p} unavailable: {spec['why']}"
+            _set_item(self.precision, i, ok, tip)
+        want = self._precision_for.get(backend, spec["default"])
+        if want not in allowed:
+            want = spec["default"]
+        quiet, self._quiet = self._quiet, True
+        try:
+            self.precision.setCurrentIndex(PRECISIONS.index(want))
+        finally:
+            self._quiet = quiet
+        self.ditto_box.setEnabled(backend == "ditto")
+        self.ditto_box.setToolTip("" if backend == "ditto" else DITTO_ONLY)
+
+    def _backend_changed(self, *_args) -> None:
+        self._apply_backend_precisions(self.backend_name())
+        self._emit("backend")
+
+    def _precision_changed(self, *_args) -> None:
+        self._precision_for[self.backend_name()] = str(self.precision.currentData())
+        self._emit("output")
+
+    # --- edits --------------------------------------------------------------------------------
 
     def _window_changed(self, value: int) -> None:
         if value % 2 == 0:  # typed an even number: move to the next odd one
@@ -177,6 +309,9 @@ class ControlsPanel(QWidget):
 
     def _motion_changed(self, *_args) -> None:
         self._emit("motion")
+
+    def _output_changed(self, *_args) -> None:
+        self._emit("output")
 
     def _emit(self, kind: str) -> None:
         if not self._quiet:
@@ -204,11 +339,24 @@ class ControlsPanel(QWidget):
             size=min(max(size, MIN_SIZE), MAX_SIZE),
             crf=self._crf,
             preset=self._preset,
-            backend=str(self.backend.currentData()),
+            backend=self.backend_name(),
+            emotion=int(self.emotion.currentData()),
+            delta_pitch=round(self.deltas["pitch"].value(), 2),
+            delta_yaw=round(self.deltas["yaw"].value(), 2),
+            delta_roll=round(self.deltas["roll"].value(), 2),
+            steps=self.steps.value(),
+            memory=self._memory,
+            batch=self._batch,
+            precision=str(self.precision.currentData()),
+            frame=str(self.frame.currentData()),
         ).validate()
 
     def set_settings(self, s: RenderSettings) -> None:
-        """Show ``s`` without emitting ``changed``."""
+        """Show ``s`` without emitting ``changed``.
+
+        A backend that is not available here (ditto without checkpoints) falls back to demo;
+        a precision the backend cannot run here (fp16 without CUDA) to the backend's default.
+        """
         self._quiet = True
         try:
             self.seed.setValue(s.seed)
@@ -228,9 +376,26 @@ class ControlsPanel(QWidget):
                 idx = self.size.count() - 1
             self.size.setCurrentIndex(idx)
             self._crf, self._preset = s.crf, s.preset
-            self.backend.setCurrentIndex(max(0, self.backend.findData(s.backend)))
+            self._memory, self._batch = s.memory, s.batch
+            self.emotion.setCurrentIndex(max(0, self.emotion.findData(int(s.emotion))))
+            self.steps.setValue(s.steps)
+            for axis, box in self.deltas.items():
+                box.setValue(float(getattr(s, f"delta_{axis}")))
+            self.frame.setCurrentIndex(max(0, self.frame.findData(s.frame)))
+            backend = s.backend if s.backend == "demo" or self.ditto_available() else "demo"
+            if s.precision in BACKENDS[backend]["precisions"]:
+                self._precision_for[backend] = s.precision
+            self.backend.setCurrentIndex(max(0, self.backend.findData(backend)))
+            self._apply_backend_precisions(backend)
         finally:
             self._quiet = False
+
+    def with_backend(self, s: RenderSettings, backend: str) -> RenderSettings:
+        """``s`` on another backend, with that backend's precision choice."""
+        want = self._precision_for.get(backend, BACKENDS[backend]["default"])
+        if want not in self.precision_choices(backend):
+            want = BACKENDS[backend]["default"]
+        return replace(s, backend=backend, precision=want).validate()
 
     def set_enabled_for_render(self, enabled: bool) -> None:
         """Grey out what must not change during an export."""

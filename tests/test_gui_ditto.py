@@ -1,0 +1,276 @@
+"""The GUI's ditto backend under a real offscreen Qt, real worker threads and a reduced
+random-weight checkpoint tree (with ONNX stand-ins for HuBERT and the face models) on a drawn
+face; short clips and 2 DDIM steps keep it quick on a CPU."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("PySide6")
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from studio.gui import theme  # noqa: E402
+from studio.gui.widgets.controls import (  # noqa: E402
+    DITTO_UNAVAILABLE,
+    FP16_NEEDS_CUDA,
+    PRECISIONS,
+)
+from studio.gui.window import NEEDS_AVATAR, MainWindow  # noqa: E402
+
+TIMEOUT_MS = 120_000
+FACE_HW = (300, 360)  # not square: full frames must keep it
+CLIP_S = 0.8  # 20 frames; stride 3 renders 8 of them
+
+
+def _png(path: Path, rgb: np.ndarray) -> Path:
+    import av
+
+    ctx = av.CodecContext.create("png", "w")
+    ctx.width, ctx.height, ctx.pix_fmt = rgb.shape[1], rgb.shape[0], "rgb24"
+    frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
+    path.write_bytes(b"".join(bytes(p) for p in [*ctx.encode(frame), *ctx.encode(None)]))
+    return path
+
+
+def _speechlike(path: Path, seconds: float, sr: int = 16000) -> Path:
+    import soundfile as sf
+
+    t = np.arange(int(seconds * sr)) / sr
+    voice = sum(np.sin(2 * np.pi * f * t) / k for k, f in enumerate((140, 280, 420, 700), 1))
+    syllables = np.clip(np.sin(2 * np.pi * 3.5 * t), 0, None) ** 0.5
+    noise = np.random.default_rng(0).normal(0, 0.05, t.size)
+    sf.write(path, (0.25 * voice * syllables + noise).astype(np.float32), sr)
+    return path
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    from studio.audio.hubert_standin import build_hubert_standin
+    from studio.avatar.standins import face_image, write_aux_standins
+    from studio.models.random_tree import write_checkpoint_tree
+
+    root = tmp_path_factory.mktemp("ckpt")
+    write_checkpoint_tree(root, reduced=True, lmdm_cond_dim=1103)
+    write_aux_standins(root)
+    build_hubert_standin(root / "ditto_pytorch/aux_models/hubert_streaming_fix_kv.onnx")
+    d = tmp_path_factory.mktemp("inputs")
+    face = _png(d / "face.png", face_image(FACE_HW, [(90, 40, 270, 260)]))
+    return {
+        "tree": root,
+        "face": face,
+        "audio": _speechlike(d / "clip.wav", CLIP_S),
+        "cache": d / "avatars",
+    }
+
+
+@pytest.fixture(autouse=True)
+def env(tmp_path, monkeypatch, assets):
+    monkeypatch.setenv("STUDIO_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("STUDIO_CACHE_DIR", str(assets["cache"]))  # registered once per module
+    from PySide6.QtWidgets import QApplication
+
+    theme.apply(QApplication.instance())
+
+
+def _open(qtbot, assets, avatar=None, wait=True) -> MainWindow:
+    w = MainWindow(audio=str(assets["audio"]), avatar=avatar)
+    qtbot.addWidget(w)
+    w.show()
+    if wait:
+        with qtbot.waitSignal(w.renderFinished, timeout=TIMEOUT_MS):
+            pass
+    return w
+
+
+def _set_checkpoints(w: MainWindow, qtbot, path) -> bool:
+    with qtbot.waitSignal(w.checkpointsChanged, timeout=30_000) as blocker:
+        w.set_checkpoints(str(path))
+    return blocker.args[0]
+
+
+def _is_ditto(stats) -> bool:
+    return stats["backend"] == "ditto"
+
+
+def _to_ditto(w: MainWindow, qtbot, assets) -> dict:
+    """Checkpoints, avatar, 2 steps and stride 3 (quietly), then the ditto backend."""
+    assert _set_checkpoints(w, qtbot, assets["tree"])
+    w.open_path(str(assets["face"]))
+    w.controls.set_settings(replace(w.current_settings(), steps=2, stride="3"))
+    with qtbot.waitSignal(
+        w.renderFinished, timeout=TIMEOUT_MS, check_params_cb=_is_ditto
+    ) as blocker:
+        w.controls.backend.setCurrentIndex(w.controls.backend.findData("ditto"))
+    return blocker.args[0]
+
+
+def _item(combo, data):
+    return combo.model().item(combo.findData(data))
+
+
+def test_ditto_appears_with_checkpoints_and_needs_an_avatar(qtbot, assets):
+    w = _open(qtbot, assets)
+    c = w.controls
+    ditto = _item(c.backend, "ditto")
+    assert not ditto.isEnabled() and ditto.toolTip() == DITTO_UNAVAILABLE
+    assert not c.ditto_box.isEnabled()  # emotion, deltas, steps: ditto only
+    assert [p for p in PRECISIONS if _item(c.precision, p).isEnabled()] == ["fp32"]
+    assert "demo engine" in _item(c.precision, "bf16").toolTip()
+    assert not w.act_clear_checkpoints.isEnabled()
+
+    assert _set_checkpoints(w, qtbot, assets["tree"])  # what File → Checkpoints… calls
+    assert ditto.isEnabled() and w.checkpoints == str(assets["tree"])
+    assert w.act_clear_checkpoints.isEnabled()
+    c.set_backend("ditto")  # quietly: only to look at the precision choices
+    assert c.ditto_box.isEnabled()
+    enabled = {p for p in PRECISIONS if _item(c.precision, p).isEnabled()}
+    import torch
+
+    if torch.cuda.is_available():
+        assert enabled == {"auto", "fp32", "bf16", "fp16"}
+    else:
+        assert enabled == {"auto", "fp32", "bf16"}
+        assert _item(c.precision, "fp16").toolTip() == FP16_NEEDS_CUDA
+    assert c.settings().precision == "auto"
+    c.set_backend("demo")
+
+    # Without an avatar image, choosing ditto says what to do and stays on demo.
+    with qtbot.waitSignal(w.errorShown, timeout=5000) as blocker:
+        c.backend.setCurrentIndex(c.backend.findData("ditto"))
+    assert blocker.args[0] == NEEDS_AVATAR
+    assert c.backend_name() == "demo" and w.motion_worker.engine_builds == 0
+    w.error_box.close()
+    w.close()
+
+
+def test_ditto_renders_full_frames_emotion_reruns_motion_deltas_only_rerender(qtbot, assets):
+    w = _open(qtbot, assets)
+    stats = _to_ditto(w, qtbot, assets)
+    h, wd = FACE_HW
+    assert stats["frame_hw"] == (h, wd) and stats["device"] == "cpu"
+    assert stats["precision"] == "fp32"  # auto on the CPU
+    text = w.status_engine.text()
+    assert "backend ditto" in text and "device cpu" in text and "precision fp32" in text
+    # Every frame arrived, at the avatar image's size, and the viewer shows it unsquashed.
+    assert len(w.frames) == w.result.num_frames == round(CLIP_S * 25)
+    assert all(f is not None and f.shape == (h, wd, 3) for f in w.frames)
+    assert w.viewer.frame.shape == (h, wd, 3)
+    assert (w.viewer.image.width(), w.viewer.image.height()) == (wd, h)
+    (x0, x1), (y0, y1) = w.viewer.view.viewRange()
+    assert x0 <= 0 and x1 >= wd and y0 <= 0 and y1 >= h
+    assert w.motion_worker.engine_builds == 1
+    calls = w.motion_worker.generate_calls
+    raw = w.result.raw.copy()
+    frames = [f.copy() for f in w.frames]
+
+    # Emotion is an input of LMDM: the motion is generated again.
+    with qtbot.waitSignal(w.renderFinished, timeout=TIMEOUT_MS, check_params_cb=_is_ditto):
+        w.controls.emotion.setCurrentIndex(3)  # Happy
+    assert w.motion_worker.generate_calls == calls + 1
+    assert w.current_settings().emotion == 3
+    assert not np.allclose(w.result.raw, raw)
+    calls, result = w.motion_worker.generate_calls, w.result
+    frames = [f.copy() for f in w.frames]
+
+    # A pose delta is applied at stitching: same motion, new frames.
+    with qtbot.waitSignal(w.renderFinished, timeout=TIMEOUT_MS, check_params_cb=_is_ditto):
+        w.controls.deltas["yaw"].setValue(20.0)
+    assert w.motion_worker.generate_calls == calls and w.result is result
+    assert all(f is not None for f in w.frames)
+    assert any(not np.array_equal(a, b) for a, b in zip(frames, w.frames, strict=True))
+
+    # Smoothing re-runs only the post-processing, not the generator.
+    with qtbot.waitSignal(w.motion_worker.motionReady, timeout=TIMEOUT_MS):
+        w.controls.window.setValue(9)
+    assert w.motion_worker.generate_calls == calls
+    assert w.motion_worker.engine_builds == 1  # nothing above rebuilt the engine
+    w.close()
+
+
+def test_ditto_export_uses_the_same_engine_at_the_avatar_size(qtbot, assets, tmp_path):
+    import av
+
+    w = _open(qtbot, assets)
+    _to_ditto(w, qtbot, assets)
+    dlg = w.open_export_dialog()
+    h, wd = FACE_HW
+    assert not dlg.size.isEnabled() and f"{wd} × {h}" in dlg.size_note.text()
+    assert "crop" in dlg.size_note.text()
+    out = tmp_path / "ditto.mp4"
+    dlg.path.setText(str(out))
+    with qtbot.waitSignal(w.render_worker.exportDone, timeout=TIMEOUT_MS) as blocker:
+        dlg.export_button.click()
+    report = blocker.args[1]
+    assert report["frame_size"] == [wd, h] and report["frames"] == w.result.num_frames
+    assert "warp_decode" in report["timings_ms"] and "lmdm" in report["timings_ms"]
+    with av.open(str(out)) as container:
+        video = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    assert len(video) == w.result.num_frames and video[0].shape == (h, wd, 3)
+    # The same engine and settings as the preview (up to H.264 loss).
+    diff = np.abs(video[5].astype(int) - w.frames[5].astype(int)).mean()
+    assert diff < 6.0
+    w.close()
+
+
+def test_missing_files_are_named_with_their_stage_and_demo_keeps_working(qtbot, assets, tmp_path):
+    w = _open(qtbot, assets)
+    broken = shutil.copytree(assets["tree"], tmp_path / "broken")
+    (broken / "ditto_pytorch/models/decoder.pth").unlink()
+    with qtbot.waitSignal(w.errorShown, timeout=30_000) as blocker:
+        w.set_checkpoints(str(broken))
+    assert "decoder.pth" in blocker.args[0] and "render / decoder" in blocker.args[0]
+    assert not w.controls.ditto_available() and w.checkpoints is None
+    w.error_box.close()
+
+    # A folder that was complete when set and lost a file later: the engine build fails,
+    # says which file, and the window goes back to demo.
+    later = shutil.copytree(assets["tree"], tmp_path / "later")
+    assert _set_checkpoints(w, qtbot, later)
+    w.open_path(str(assets["face"]))
+    (later / "ditto_pytorch/aux_models/det_10g.onnx").unlink()
+    with qtbot.waitSignal(w.errorShown, timeout=TIMEOUT_MS) as blocker:
+        w.controls.backend.setCurrentIndex(w.controls.backend.findData("ditto"))
+    assert "det_10g.onnx" in blocker.args[0]
+    assert "registration / face detection" in blocker.args[0]
+    assert w.controls.backend_name() == "demo"
+    w.error_box.close()
+    with qtbot.waitSignal(w.renderFinished, timeout=TIMEOUT_MS) as blocker:
+        pass  # the fallback to demo renders again
+    assert blocker.args[0]["backend"] == "demo"
+    assert "backend demo" in w.status_engine.text()
+    assert all(f is not None for f in w.frames)
+    w.close()
+
+
+def test_checkpoints_and_the_ditto_backend_survive_a_restart(qtbot, assets):
+    w = _open(qtbot, assets)
+    assert _set_checkpoints(w, qtbot, assets["tree"])
+    w.open_path(str(assets["face"]))
+    w.controls.set_settings(replace(w.current_settings(), steps=2, stride="3", emotion=6))
+    w.controls.set_backend("ditto")  # saved with the settings, without rendering here
+    w.close()
+
+    # Same config folder: the folder is checked again and, with an avatar, ditto resumes.
+    again = MainWindow(audio=str(assets["audio"]), avatar=str(assets["face"]))
+    qtbot.addWidget(again)
+    again.show()
+    with qtbot.waitSignal(again.renderFinished, timeout=TIMEOUT_MS, check_params_cb=_is_ditto):
+        pass
+    assert again.checkpoints == str(assets["tree"]) and again.controls.ditto_available()
+    assert again.current_settings().emotion == 6
+    again.clear_checkpoints()
+    assert not again.controls.ditto_available() and again.controls.backend_name() == "demo"
+    with qtbot.waitSignal(again.renderFinished, timeout=TIMEOUT_MS):
+        pass  # back on demo
+    again.close()
+
+    third = _open(qtbot, assets)
+    assert third.checkpoints is None and not third.controls.ditto_available()
+    assert third.controls.backend_name() == "demo"
+    third.close()
