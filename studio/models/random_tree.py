@@ -92,9 +92,7 @@ def _calibrate_batchnorm(module: nn.Module, gen: torch.Generator) -> None:
         m.num_batches_tracked.fill_(int(torch.randint(10_000, 200_000, (1,), generator=gen)))
 
 
-def random_network(
-    name: str, reduced: bool = False, seed: int = 0, **overrides: Any
-) -> nn.Module:
+def random_network(name: str, reduced: bool = False, seed: int = 0, **overrides: Any) -> nn.Module:
     """One network with random weights (see the module docstring), in eval mode, on the CPU.
 
     Full size has the released shapes; ``reduced`` uses the module's ``REDUCED_KWARGS``;
