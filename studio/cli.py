@@ -284,12 +284,13 @@ def _write_json(path: Path, data: dict) -> None:
 class _ProgressLine:
     """A one-line progress indicator on stderr when it is a terminal."""
 
-    def __init__(self) -> None:
+    def __init__(self, unit: str = "") -> None:
         self.live = sys.stderr.isatty()
+        self.unit = f" {unit}" if unit else ""
 
     def __call__(self, stage: str, done: int, total: int) -> None:
         if self.live:
-            sys.stderr.write(f"\r{stage}: {done}/{total} frames")
+            sys.stderr.write(f"\r\033[K{stage}: {done}/{total}{self.unit}")
             sys.stderr.flush()
 
     def close(self) -> None:
@@ -331,19 +332,12 @@ def _engine(args: argparse.Namespace, settings):
         raise OptionError("--demo", "cannot be combined with --checkpoints; pick one engine")
     if not args.avatar:
         raise OptionError("--avatar", "the Ditto engine needs --avatar IMAGE (a face photo)")
-    try:
-        from studio.avatar.register import register_avatar
-    except ModuleNotFoundError:
-        raise InputError(
-            "--checkpoints: avatar registration (face detection and cropping with Ditto's aux "
-            "models) is not part of this version yet, so the Ditto engine cannot render from "
-            "the command line; use the demo engine (leave out --checkpoints)"
-        ) from None
-    from studio.render.ditto import DittoEngine, describe_avatar, require, resolve_device
+    from studio.avatar.register import register_avatar
+    from studio.render.ditto import ALL_ROLES, DittoEngine, describe_avatar, require, resolve_device
     from studio.runtime.checkpoints import discover
 
     found = discover(args.checkpoints)
-    require(found, ("hubert", "lmdm", "stitch_network", "warp_network", "decoder"))
+    require(found, ALL_ROLES)
     device = resolve_device(args.device)
     progress = _ProgressLine()
     try:
@@ -383,7 +377,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     audio = _load_audio(args)
     engine = _engine(args, settings)
     result = analyze(audio, settings, engine)
-    progress = _ProgressLine()
+    progress = _ProgressLine("frames")
     try:
         report = render_video(
             result,

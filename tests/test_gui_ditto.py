@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +13,8 @@ import pytest
 pytest.importorskip("PySide6")
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
+
+from conftest import DITTO_CLIP_S, DITTO_FACE_HW  # noqa: E402
 
 from studio.gui import theme  # noqa: E402
 from studio.gui.widgets.controls import (  # noqa: E402
@@ -24,49 +25,12 @@ from studio.gui.widgets.controls import (  # noqa: E402
 from studio.gui.window import NEEDS_AVATAR, MainWindow  # noqa: E402
 
 TIMEOUT_MS = 120_000
-FACE_HW = (300, 360)  # not square: full frames must keep it
-CLIP_S = 0.8  # 20 frames; stride 3 renders 8 of them
-
-
-def _png(path: Path, rgb: np.ndarray) -> Path:
-    import av
-
-    ctx = av.CodecContext.create("png", "w")
-    ctx.width, ctx.height, ctx.pix_fmt = rgb.shape[1], rgb.shape[0], "rgb24"
-    frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
-    path.write_bytes(b"".join(bytes(p) for p in [*ctx.encode(frame), *ctx.encode(None)]))
-    return path
-
-
-def _speechlike(path: Path, seconds: float, sr: int = 16000) -> Path:
-    import soundfile as sf
-
-    t = np.arange(int(seconds * sr)) / sr
-    voice = sum(np.sin(2 * np.pi * f * t) / k for k, f in enumerate((140, 280, 420, 700), 1))
-    syllables = np.clip(np.sin(2 * np.pi * 3.5 * t), 0, None) ** 0.5
-    noise = np.random.default_rng(0).normal(0, 0.05, t.size)
-    sf.write(path, (0.25 * voice * syllables + noise).astype(np.float32), sr)
-    return path
+FACE_HW, CLIP_S = DITTO_FACE_HW, DITTO_CLIP_S  # stride 3 renders 8 of the 20 frames
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    from studio.audio.hubert_standin import build_hubert_standin
-    from studio.avatar.standins import face_image, write_aux_standins
-    from studio.models.random_tree import write_checkpoint_tree
-
-    root = tmp_path_factory.mktemp("ckpt")
-    write_checkpoint_tree(root, reduced=True, lmdm_cond_dim=1103)
-    write_aux_standins(root)
-    build_hubert_standin(root / "ditto_pytorch/aux_models/hubert_streaming_fix_kv.onnx")
-    d = tmp_path_factory.mktemp("inputs")
-    face = _png(d / "face.png", face_image(FACE_HW, [(90, 40, 270, 260)]))
-    return {
-        "tree": root,
-        "face": face,
-        "audio": _speechlike(d / "clip.wav", CLIP_S),
-        "cache": d / "avatars",
-    }
+def assets(ditto_assets):
+    return ditto_assets
 
 
 @pytest.fixture(autouse=True)

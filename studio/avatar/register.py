@@ -73,6 +73,7 @@ Progress = Callable[[str, int, int], None]
 # Files registration reads, in stage order: role -> layouts tried, first found wins.
 _AUX_ROLES = ("insightface_det", "landmark106", "landmark203")
 _NET_ROLES = ("motion_extractor", "appearance_extractor")
+REGISTRATION_ROLES = (*_AUX_ROLES, *_NET_ROLES)  # the checkpoint files registration reads
 _STEPS = (
     "load image",
     "face detection",

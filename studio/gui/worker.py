@@ -41,14 +41,6 @@ from studio.settings import RenderSettings
 PREVIEW_BATCH = 4  # keyframes per render call: small, so a cancel lands within ~50 ms
 FRAME_CHUNK = 6  # frames per signal: keeps the GUI's event queue short while rendering
 
-# Files avatar registration reads (studio.avatar.register), checked with the engine's own.
-REGISTRATION_ROLES = (
-    "insightface_det",
-    "landmark106",
-    "landmark203",
-    "appearance_extractor",
-    "motion_extractor",
-)
 AVATAR_META = "meta.json"  # what a registered avatar folder holds (studio.avatar.register)
 _DTYPE_NAMES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
 
@@ -134,12 +126,12 @@ def cuda_available() -> bool:
 
 def check_checkpoints(path: str) -> CheckpointCheck:
     """``discover`` + ``require`` every file the Ditto engine and avatar registration read."""
-    from studio.render.ditto import ENGINE_ROLES, require
+    from studio.render.ditto import ALL_ROLES, require
     from studio.runtime.checkpoints import discover
 
     try:
         found = discover(path)
-        require(found, (*REGISTRATION_ROLES, *ENGINE_ROLES))
+        require(found, ALL_ROLES)
     except StudioError as e:
         return CheckpointCheck(path, path, False, _one_line(str(e)), str(e), cuda_available())
     return CheckpointCheck(path, str(found.root), True, cuda=cuda_available())
@@ -252,7 +244,7 @@ class MotionWorker(QObject):
 
         from studio.avatar.register import register_avatar
         from studio.render.ditto import (
-            ENGINE_ROLES,
+            ALL_ROLES,
             DittoEngine,
             describe_avatar,
             require,
@@ -262,7 +254,7 @@ class MotionWorker(QObject):
 
         step("checking checkpoints", 0, 1)
         found = discover(job.checkpoints)
-        require(found, (*REGISTRATION_ROLES, *ENGINE_ROLES))
+        require(found, ALL_ROLES)
         device = resolve_device(None)
         image, cache = avatar_source(job.avatar)
         avatar = register_avatar(image, found, cache_dir=cache, device=device, progress=step)

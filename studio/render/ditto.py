@@ -29,6 +29,7 @@ from studio.audio.features import HubertFeatures
 from studio.audio.io import Audio
 from studio.audio.phonetics import PhoneticFrames
 from studio.avatar.putback import PasteBack
+from studio.avatar.register import REGISTRATION_ROLES
 from studio.errors import InputError
 from studio.motion.condition import ConditionConfig, ConditionSource, assemble
 from studio.motion.generator import generate_motion
@@ -49,6 +50,7 @@ RESIDENT_MIN_FREE = 8 * 2**30  # below this much free VRAM, auto streams
 
 # Files the engine needs (registration needs its own, see studio.avatar.register).
 ENGINE_ROLES = ("hubert", "lmdm", "stitch_network", "warp_network", "decoder")
+ALL_ROLES = (*REGISTRATION_ROLES, *ENGINE_ROLES)  # what an avatar + engine build reads
 NETWORK_ROLES = ("lmdm", "stitch_network", "warp_network", "decoder")
 
 Progress = Callable[[str, int, int], None]
@@ -452,5 +454,6 @@ def describe_avatar(avatar: Any) -> str:
     notes = "; ".join(getattr(avatar, "notes", []) or [])
     eye = getattr(avatar, "eye_method", "unknown")
     folder = getattr(avatar, "folder", None)
-    where = f", cache {Path(folder)}" if folder else ""
+    state = "reused from cache" if getattr(avatar, "cached", False) else "registered"
+    where = f", {state} {Path(folder)}" if folder else ""
     return f"avatar {w}x{h}, eye features: {eye}{where}" + (f" ({notes})" if notes else "")

@@ -1,0 +1,143 @@
+"""`studio render --checkpoints --avatar` end to end on a reduced random-weight Ditto tree with
+ONNX stand-ins for HuBERT and the face models: real ONNX Runtime, real PyAV, real soundfile."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import av
+import numpy as np
+import pytest
+from conftest import DITTO_CLIP_S, DITTO_FACE_HW
+
+from studio.cli import main
+
+FRAMES = round(DITTO_CLIP_S * 25)
+DITTO_TIMINGS = {"hubert", "lmdm", "smoothing", "stitching", "warp_decode", "putback", "encode"}
+
+
+def _run(argv, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _ditto_args(assets, cache, *extra):
+    return [
+        "--checkpoints",
+        str(assets["tree"]),
+        "--avatar",
+        str(assets["face"]),
+        "--audio",
+        str(assets["audio"]),
+        "--avatar-cache",
+        str(cache),
+        "--steps",
+        "2",
+        "--device",
+        "cpu",
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def rendered(ditto_assets, tmp_path_factory):
+    d = tmp_path_factory.mktemp("ditto_render")
+    out, report, cache = d / "ditto.mp4", d / "report.json", d / "avatars"
+    argv = ["render", *_ditto_args(ditto_assets, cache), "--out", str(out)]
+    argv += ["--report", str(report), "--x264-preset", "veryfast", "--stride", "1"]
+    assert main(argv) == 0
+    return out, json.loads(report.read_text()), cache
+
+
+def test_render_writes_an_mp4_of_every_frame_at_the_avatar_size(rendered):
+    out, report, _ = rendered
+    h, w = DITTO_FACE_HW
+    with av.open(str(out)) as c:
+        assert c.streams.video[0].codec_context.name == "h264"
+        assert c.streams.audio[0].codec_context.name == "aac"
+        frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    assert len(frames) == FRAMES == report["frames"]
+    assert frames[0].shape == (h, w, 3)
+    assert report["frame_size"] == [w, h]
+    # The face region moves between frames (motion reached the renderer); corners are the
+    # untouched avatar image (paste-back keeps the background).
+    assert np.abs(frames[0].astype(int) - frames[-1].astype(int)).max() > 0
+
+
+def test_report_splits_ditto_timings_and_names_the_engine(rendered):
+    _, report, cache = rendered
+    assert DITTO_TIMINGS | {"total"} <= set(report["timings_ms"])
+    assert all(v >= 0 for v in report["timings_ms"].values())
+    eng = report["engine"]
+    assert eng["name"] == "ditto" and eng["device"] == "cpu" and eng["steps"] == 2
+    assert eng["memory"]["mode"] in {"resident", "streamed"} and eng["memory"]["batch"] >= 1
+    assert report["settings"]["backend"] == "ditto"
+    assert str(cache) in eng["avatar"]
+
+
+def test_avatar_cache_is_reused_and_rebuilt_when_stale(ditto_assets, rendered, tmp_path, capsys):
+    _, _, cache = rendered
+    (folder,) = [p for p in cache.iterdir() if p.is_dir()]
+    stamp = (folder / "meta.json").stat().st_mtime_ns
+    code, _, err = _run(["analyze", *_ditto_args(ditto_assets, cache)], capsys)
+    assert code == 0, err
+    assert "reused from cache" in err and (folder / "meta.json").stat().st_mtime_ns == stamp
+
+    # A changed checkpoint file makes the cached features stale: registered again.
+    tree = shutil.copytree(ditto_assets["tree"], tmp_path / "tree")
+    ext = tree / "ditto_pytorch/models/motion_extractor.pth"
+    ext.write_bytes(ext.read_bytes() + b"\0")
+    args = _ditto_args(ditto_assets, cache)
+    args[1] = str(tree)
+    code, _, err = _run(["analyze", *args], capsys)
+    assert code == 0, err
+    assert "registered" in err and "reused" not in err
+
+
+@pytest.mark.parametrize(
+    "remove, words",
+    [
+        ("ditto_pytorch/models/decoder.pth", ["decoder.pth", "decoder"]),
+        ("ditto_pytorch/aux_models/det_10g.onnx", ["det_10g.onnx", "face detection"]),
+        (
+            "ditto_pytorch/aux_models/hubert_streaming_fix_kv.onnx",
+            ["hubert_streaming_fix_kv.onnx", "audio"],
+        ),
+    ],
+)
+def test_missing_checkpoint_file_is_one_clear_line(ditto_assets, tmp_path, capsys, remove, words):
+    tree = shutil.copytree(ditto_assets["tree"], tmp_path / "tree")
+    (tree / remove).unlink()
+    args = _ditto_args(ditto_assets, tmp_path / "avatars")
+    args[1] = str(tree)
+    out = tmp_path / "x.mp4"
+    code, _, err = _run(["render", *args, "--out", str(out)], capsys)
+    assert code != 0 and not out.exists()
+    assert "Traceback" not in err
+    for w in words:
+        assert w in err, err
+
+
+def test_ditto_options_need_checkpoints_and_an_avatar(ditto_assets, tmp_path, capsys):
+    out = str(tmp_path / "x.mp4")
+    code, _, err = _run(["render", "--avatar", str(ditto_assets["face"]), "--out", out], capsys)
+    assert code != 0 and "--avatar" in err and "--checkpoints" in err
+    code, _, err = _run(
+        ["render", "--checkpoints", str(ditto_assets["tree"]), "--out", out], capsys
+    )
+    assert code != 0 and "--avatar" in err
+    # A face too small to register is named with the file.
+    from conftest import write_png
+
+    from studio.avatar.standins import face_image
+
+    tiny = write_png(tmp_path / "tiny.png", face_image((300, 360), [(150, 150, 180, 180)]))
+    args = _ditto_args(ditto_assets, tmp_path / "avatars")
+    args[3] = str(tiny)
+    code, _, err = _run(["render", *args, "--out", out], capsys)
+    assert code != 0 and "tiny.png" in err and "Traceback" not in err
