@@ -393,3 +393,15 @@ def test_missing_aux_model_names_the_file_and_stage(tree: Path, tmp_path: Path) 
     image = _png(tmp_path / "me.png", face_image((300, 360), [(80, 40, 260, 260)]))
     with pytest.raises(InputError, match=f"landmark203.onnx is missing .*stage: {S_LMK203}"):
         register_avatar(image, discover(partial), cache_dir=tmp_path / "cache")
+
+
+def test_a_broken_face_landmarker_task_falls_back_and_says_why(tmp_path):
+    """Where mediapipe imports, an unreadable face_landmarker.task gives the 203 fallback."""
+    pytest.importorskip("mediapipe", reason="mediapipe is optional and not installed here")
+    from studio.avatar.eyes import METHOD_LMK203, eye_features
+
+    task = tmp_path / "face_landmarker.task"
+    task.write_bytes(b"not a task bundle")
+    lmk = np.random.default_rng(0).uniform(100, 400, (203, 2)).astype(np.float32)
+    feats = eye_features(np.zeros((512, 512, 3), np.uint8), lmk, task)
+    assert feats.method == METHOD_LMK203 and "face_landmarker.task" in feats.description

@@ -163,11 +163,17 @@ def eye_features(
     """Eye features of the 512 px crop: MediaPipe when possible, else the 203 fallback."""
     method, label = planned_method(task_path)
     if method == METHOD_MEDIAPIPE:  # pragma: no cover - needs mediapipe
-        mesh = _mediapipe_mesh(crop_rgb, Path(task_path))
+        planned = label
+        try:
+            mesh = _mediapipe_mesh(crop_rgb, Path(task_path))
+        except (OSError, RuntimeError, ValueError) as e:  # a broken or foreign .task file
+            mesh = None
+            label = f"landmark203 fallback ({Path(task_path).name} did not load: {e})"
+        else:
+            label = "landmark203 fallback (mediapipe found no face in the crop)"
         if mesh is not None and len(mesh) >= MP_POINTS:
             eye_open, eye_ball = features_from_mesh(mesh[:MP_POINTS])
-            return EyeFeatures(eye_open, eye_ball, METHOD_MEDIAPIPE, label)
-        label = "landmark203 fallback (mediapipe found no face in the crop)"
+            return EyeFeatures(eye_open, eye_ball, METHOD_MEDIAPIPE, planned)
     return EyeFeatures(
         eye_open_from_203(lmk203),
         np.zeros((1, EYE_BALL_DIM), dtype=np.float32),
