@@ -5,13 +5,14 @@ for CPU smoke runs), for one 80-frame window at batch 1:
 
 - ``eager_fp32``: the reference loop (:func:`studio.motion.diffusion.ddim_sample`) calling
   the module's ``forward`` in fp32 (TF32 off). Its final x0 is the accuracy reference.
-- ``fast_*_graph`` (CUDA only): :class:`FastLMDM` under a precision policy (fp32, TF32,
-  bf16/fp16 weights, or autocast), static input buffers, and the *whole* DDIM loop
-  (:class:`~studio.motion.diffusion.DeviceDDIM`) captured once per T into a CUDA graph and
-  replayed. The condition encoder and the time embeddings, which do not depend on the
-  noisy motion, are computed once per window inside the graph (``hoist``); the
-  ``perstep`` path recomputes them every step as the exported step does. For each path the
-  SDPA backend is chosen by timing the captured single step under each candidate.
+- ``fast_*_graph`` (CUDA only): :class:`~studio.motion.fast_lmdm.FastLMDM` under a
+  precision policy (fp32, TF32, bf16/fp16 weights, or autocast), static input buffers, and
+  the *whole* DDIM loop (:class:`~studio.motion.diffusion.DeviceDDIM`) captured once per T
+  into a CUDA graph and replayed. The condition encoder and the time embeddings, which do
+  not depend on the noisy motion, are computed once per window inside the graph
+  (``hoist``); the ``perstep`` path recomputes them every step as the exported step does.
+  For each path the SDPA backend is chosen by timing the captured single step under each
+  candidate.
 - ``onnxruntime_cpu`` / ``onnxruntime_cuda``: the TorchScript-exported step in ONNX Runtime,
   host-side DDIM loop (no IOBinding), when onnxruntime and the provider are present.
 - ``tensorrt``: reported, not measured (engines are built by ``studio compile``).
@@ -37,13 +38,13 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from studio.bench.report import compare as _compare
 from studio.bench.report import fmt as _f
@@ -65,14 +66,12 @@ from studio.bench.timing import (
 from studio.models.lmdm import INPUT_NAMES, LMDM, OUTPUT_NAMES, REDUCED_KWARGS
 from studio.motion.diffusion import (
     DeviceDDIM,
-    alphas_cumprod,
     ddim_sample,
     draw_noises,
     make_schedule,
-    noise_tables,
-    predict_noise_from_start,
 )
-from studio.motion.layout import DIFFUSION_STEPS, GUIDANCE_WEIGHT, MOTION_DIM, SEQ_FRAMES
+from studio.motion.fast_lmdm import COMPILE_MODE, WINDOW, FastLMDM, PathSpec
+from studio.motion.layout import DIFFUSION_STEPS, MOTION_DIM, SEQ_FRAMES
 
 __all__ = [
     "DEFAULT_STEPS",
@@ -88,7 +87,6 @@ __all__ = [
 ]
 
 DEFAULT_STEPS: tuple[int, ...] = (1, 2, 4, 10, 50)
-WINDOW = (1, SEQ_FRAMES, MOTION_DIM)  # batch 1, one 80-frame window
 STEP_TIME = DIFFUSION_STEPS - 1  # the first (noisiest) DDIM timestep
 
 PUBLISHED: dict[str, Any] = {
@@ -99,24 +97,6 @@ PUBLISHED: dict[str, Any] = {
     "cosine": {"4": 0.9928},
 }
 TARGETS: dict[str, Any] = {"steps": 4, "ddim_ms": 2.0, "motion_fps": 40_000.0, "cosine": 0.999}
-
-
-@dataclass(frozen=True)
-class PathSpec:
-    """One fast path: compute dtype, precision mode, hoisting, TF32, torch.compile."""
-
-    name: str
-    dtype: str  # "float32" | "bfloat16" | "float16"
-    mode: str  # "fp32" (weights fp32) | "cast" (weights in dtype) | "autocast"
-    hoist: bool = True
-    tf32: bool = False
-    compile: bool = False
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        """The compute dtype as a torch dtype."""
-        return getattr(torch, self.dtype)
-
 
 FAST_PATHS: tuple[PathSpec, ...] = (
     PathSpec("fast_fp32_graph", "float32", "fp32"),
@@ -138,160 +118,6 @@ SDPA_CANDIDATES = {
     "bfloat16": ("auto", "flash", "efficient", "cudnn"),
     "float16": ("auto", "flash", "efficient", "cudnn"),
 }
-# "default" compiles the step in ~20-30 s on an H200 and cut its replay by ~1.6x there;
-# "max-autotune-no-cudagraphs" was still autotuning GEMMs after 4 minutes (pass it with
-# --compile-mode to try). Graph capture stays ours either way.
-COMPILE_MODE = "default"
-
-
-# --- the fast path -----------------------------------------------------------------
-
-
-class _CastOutput(nn.Module):
-    """Run ``inner`` in its own (fp32) precision and cast the result to ``dtype``."""
-
-    def __init__(self, inner: nn.Module, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.inner = inner
-        self.dtype = dtype
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.inner(x).to(self.dtype)
-
-
-def _sdpa_context(backend: str) -> contextlib.AbstractContextManager[None]:
-    if backend == "auto":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    names = {
-        "flash": SDPBackend.FLASH_ATTENTION,
-        "efficient": SDPBackend.EFFICIENT_ATTENTION,
-        "cudnn": SDPBackend.CUDNN_ATTENTION,
-        "math": SDPBackend.MATH,
-    }
-    return sdpa_kernel([names[backend]])
-
-
-class FastLMDM:
-    """The guided LMDM step with static condition buffers and a precision policy.
-
-    ``mode`` "cast" holds the weights in bf16/fp16, except the sinusoidal time MLP, which
-    stays fp32 (timesteps up to 999 are not representable in bf16, and their sines lose
-    all precision in either half type); "autocast" keeps fp32 weights under
-    ``torch.autocast(cache_enabled=False)``, as CUDA-graph capture requires. Guidance and
-    the noise prediction are always combined in fp32, and the DDIM state stays fp32.
-
-    Only the module's public pieces are used (``embed_motion``, ``time_embedding``,
-    ``encode_condition``, ``null_condition``, ``decode``), in the order of
-    :meth:`LMDM.guided_x0` with ``batch_guidance``. Batch 1.
-    """
-
-    def __init__(
-        self,
-        base: LMDM,
-        spec: PathSpec,
-        device: torch.device | str,
-        sdpa: str = "auto",
-        compile_mode: str = COMPILE_MODE,
-    ) -> None:
-        dev = torch.device(device)
-        self.device = dev
-        self.spec = spec
-        self.sdpa = sdpa
-        dtype = spec.torch_dtype
-        if spec.mode == "cast":
-            time_mlp = copy.deepcopy(base.time_mlp).to(dev, torch.float32)
-            model = copy.deepcopy(base).to(dev, dtype)
-            model.time_mlp = _CastOutput(time_mlp, dtype)
-            self.input_dtype = dtype
-        elif spec.mode in ("fp32", "autocast"):
-            same = base.device.type == dev.type and base.device.index in (None, dev.index or 0)
-            model = base if same else copy.deepcopy(base).to(dev)
-            self.input_dtype = torch.float32
-        else:
-            raise ValueError(f"unknown precision mode {spec.mode!r}")
-        self.model = model.eval().requires_grad_(False)
-        self.cond_frame = torch.zeros(1, MOTION_DIM, dtype=self.input_dtype, device=dev)
-        self.cond = torch.zeros(1, SEQ_FRAMES, base.cond_dim, dtype=self.input_dtype, device=dev)
-        self.noise_tables = noise_tables(alphas_cumprod()).to(dev)
-        self._core: Callable[..., Tensor] = self._x0
-        if spec.compile:
-            self._core = torch.compile(self._x0, mode=compile_mode, dynamic=False)
-
-    def load_condition(self, cond_frame: Tensor, cond: Tensor) -> None:
-        """Copy a window's condition into the static buffers (cast to their dtype)."""
-        self.cond_frame.copy_(cond_frame.reshape(self.cond_frame.shape))
-        self.cond.copy_(cond.reshape(self.cond.shape))
-
-    @contextlib.contextmanager
-    def context(self) -> Iterator[None]:
-        """no_grad + SDPA backend + TF32 flag (CUDA) + autocast, for a run or a capture."""
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(torch.no_grad())
-            stack.enter_context(_sdpa_context(self.sdpa))
-            if self.device.type == "cuda":
-                stack.enter_context(matmul_tf32(self.spec.tf32))
-            if self.spec.mode == "autocast":
-                stack.enter_context(
-                    torch.autocast(
-                        self.device.type, dtype=self.spec.torch_dtype, cache_enabled=False
-                    )
-                )
-            yield
-
-    def _condition(self) -> tuple[Tensor, Tensor]:
-        """(null ++ encoded) condition tokens [2, 80, d] and hidden [2, d]."""
-        m = self.model
-        cond_tokens, cond_hidden = m.encode_condition(self.cond)
-        null_tokens, null_hidden = m.null_condition(1)
-        return torch.cat((null_tokens, cond_tokens)), torch.cat((null_hidden, cond_hidden))
-
-    def _x0(
-        self, x: Tensor, t_vec: Tensor, time_tokens: Tensor, cond_tokens: Tensor, hidden: Tensor
-    ) -> Tensor:
-        """Guided x0 in fp32 for x [1, 80, 265]: unconditional and conditional as one batch."""
-        m = self.model
-        tokens = m.embed_motion(x.to(self.input_dtype), self.cond_frame)
-        both = m.decode(
-            torch.cat((tokens, tokens)),
-            t_vec.expand(2, -1),
-            time_tokens.expand(2, -1, -1),
-            cond_tokens,
-            hidden,
-        ).float()
-        uncond, conditioned = both[:1], both[1:]
-        return uncond + (conditioned - uncond) * GUIDANCE_WEIGHT
-
-    def step(self, x: Tensor, time_cond: Tensor) -> tuple[Tensor, Tensor]:
-        """The exported step (everything recomputed): (pred_noise, x_start), fp32. No context."""
-        cond_tokens, hidden = self._condition()
-        t_vec, time_tokens = self.model.time_embedding(time_cond)
-        x0 = self._core(x, t_vec, time_tokens, cond_tokens, hidden)
-        return predict_noise_from_start(x, time_cond, x0, self.noise_tables), x0
-
-    def run_step(self, x: Tensor, time_cond: Tensor) -> tuple[Tensor, Tensor]:
-        """:meth:`step` inside :meth:`context`."""
-        with self.context():
-            return self.step(x, time_cond)
-
-    def sample(self, sampler: DeviceDDIM, x_t: Tensor) -> Tensor:
-        """The whole DDIM loop into ``sampler.out`` (capturable: no host reads, static shapes)."""
-        if sampler.shape[0] != 1:
-            raise ValueError(f"FastLMDM runs batch 1, got {sampler.shape[0]}")
-        with self.context():
-            if not self.spec.hoist:
-                return sampler.sample(self.step, x_t)
-            cond_tokens, hidden = self._condition()
-            t_vecs, t_tokens = self.model.time_embedding(sampler.time_cond[:, 0])
-            order = iter(range(sampler.time_cond.shape[0]))
-
-            def denoise(x: Tensor, time_cond: Tensor) -> tuple[Tensor, Tensor]:
-                k = next(order)
-                x0 = self._core(x, t_vecs[k : k + 1], t_tokens[k : k + 1], cond_tokens, hidden)
-                return predict_noise_from_start(x, time_cond, x0, self.noise_tables), x0
-
-            return sampler.sample(denoise, x_t)
 
 
 # --- inputs and metrics ----------------------------------------------------------------
