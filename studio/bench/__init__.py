@@ -1,11 +1,12 @@
 """``studio bench``: measured suites with the published reference figures beside ours.
 
 Suites live in their own modules (:mod:`studio.bench.lmdm`, :mod:`studio.bench.render`,
-:mod:`studio.bench.kinematics`, ...), each with ``main(argv) -> int`` that parses its own
-options (``--device --json --markdown --plots --repeats --warmup`` in common) and writes its
-JSON and Markdown. They share the timing helpers of :mod:`studio.bench.timing` (warm-up, CUDA
-events on a GPU, ``perf_counter`` on the CPU, the median of repeats, rotating input sets,
-CUDA-graph capture) and the report helpers of :mod:`studio.bench.report`.
+:mod:`studio.bench.pipeline`: the clip end to end, :mod:`studio.bench.kinematics`), each with
+``main(argv) -> int`` that parses its own options (``--device --json --markdown --plots
+--repeats --warmup`` in common) and writes its JSON and Markdown. They share the timing
+helpers of :mod:`studio.bench.timing` (warm-up, CUDA events on a GPU, ``perf_counter`` on the
+CPU, the median of repeats, rotating input sets, CUDA-graph capture) and the report helpers
+of :mod:`studio.bench.report`.
 
 :data:`SUITES` is the dispatch table (name -> module); ``--suite all`` runs every suite in
 turn and writes one JSON holding each suite's result and one Markdown concatenating them
@@ -35,6 +36,7 @@ __all__ = ["ALL", "SUITES", "build_all_parser", "main", "run_all", "suite_main"]
 SUITES: dict[str, str] = {
     "lmdm": "studio.bench.lmdm",
     "render": "studio.bench.render",
+    "pipeline": "studio.bench.pipeline",
     "kinematics": "studio.bench.kinematics",
 }
 ALL = "all"
