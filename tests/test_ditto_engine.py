@@ -46,6 +46,21 @@ def test_clip_motion_reads_nothing_back(lmdm, host_reads) -> None:
     assert calls == []
 
 
+def test_clip_motion_fast_path_matches_the_eager_loop(lmdm, host_reads) -> None:
+    """The fast path (hoisted embeddings, static buffers; captured on CUDA) run uncaptured."""
+    n = SEQ_FRAMES + (SEQ_FRAMES - OVERLAP_OFFLINE) + 9  # two windows, the last one padded
+    cond = torch.randn(n, COND_DIM, generator=torch.Generator().manual_seed(4))
+    kp = torch.randn(MOTION_DIM, generator=torch.Generator().manual_seed(5))
+    eager = generate_motion(lmdm, cond, kp, steps=4, seed=3)
+    fast = generate_motion(lmdm, cond, kp, steps=4, seed=3, fast=True)
+    torch.testing.assert_close(fast, eager, rtol=1e-4, atol=1e-5)
+    with host_reads() as calls:  # the window graph is built: nothing is read back
+        again = generate_motion(lmdm, cond, kp, steps=4, seed=3, fast=True)
+    assert calls == [] and torch.equal(again, fast)
+    other = generate_motion(lmdm, cond, kp, steps=2, seed=3, fast=True)  # a second graph
+    torch.testing.assert_close(other, generate_motion(lmdm, cond, kp, steps=2, seed=3))
+
+
 def test_clip_motion_rejects_a_condition_of_the_wrong_width(lmdm) -> None:
     with pytest.raises(ValueError, match=f"\\[N, {COND_DIM}\\]"):
         generate_motion(lmdm, torch.zeros(10, 37), torch.zeros(MOTION_DIM), steps=2)
