@@ -296,6 +296,13 @@ def test_cuda_graph_replays_match_eager(network, nets):
         assert all(cosine(got[n], want[n]) >= 0.999 for n in want)
 
 
+def test_channels_last_path_matches_on_the_cpu(nets):
+    ref = TorchEngine("decoder", nets["decoder"], "fp32", "cpu", batch=2)
+    cl = TorchEngine("decoder", nets["decoder"], "fp32", "cpu", batch=2, channels_last=True)
+    feed = ref.example_feed(1)
+    torch.testing.assert_close(cl.run(feed)["output"], ref.run(feed)["output"])
+
+
 @needs_cuda
 def test_cuda_channels_last_path(nets):
     ref = TorchEngine("decoder", nets["decoder"], "fp32", "cuda", batch=2)

@@ -300,6 +300,8 @@ class TorchEngine(EngineBase):
         ).eval()
         self.mode = self.adapter.mode
         self.channels_last = channels_last
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._static_out: tuple[Tensor, ...] | None = None
         self._fn: Callable[..., tuple[Tensor, ...]] = self.adapter
         if compile:
             self._fn = torch.compile(self.adapter, mode=compile_mode, dynamic=False)
@@ -315,8 +317,6 @@ class TorchEngine(EngineBase):
             for n, t in zip(self.adapter.OUTPUT_NAMES, outs, strict=True)
         )
         super().__init__(name, precision, dev, inputs, outputs)
-        self._graph: torch.cuda.CUDAGraph | None = None
-        self._static_out: tuple[Tensor, ...] | None = None
 
     @contextlib.contextmanager
     def context(self) -> Iterator[None]:
