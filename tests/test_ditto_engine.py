@@ -211,3 +211,37 @@ def test_crop_frames_and_pose_delta(render_nets) -> None:
     assert np.abs(turned.render_frames(np.arange(2)).astype(int) - crop).mean() > 1.0
     with pytest.raises(RuntimeError, match="prepare"):
         _renderer(render_nets).render_frames(np.arange(1))
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+        ),
+    ],
+)
+def test_streamed_chunks_equal_frame_calls(render_nets, device) -> None:
+    """iter_render (one chunk ahead, double-buffered on a GPU) gives render_frames' frames."""
+    import copy
+
+    from studio.render.ditto import DittoNetworks
+
+    dev = torch.device(device)
+    nets = render_nets
+    if dev.type == "cuda":
+        nets = DittoNetworks(
+            *(copy.deepcopy(m).to(dev) for m in (nets.lmdm, nets.stitch, nets.warp, nets.decoder)),
+            dev,
+        )
+    motion = _motion(7)
+    r = _renderer(nets, batch=3)
+    r.prepare(motion)
+    chunks = [np.arange(0, 3), np.arange(3, 6), np.arange(6, 7)]
+    streamed = list(r.iter_render(iter(chunks)))
+    assert [len(c) for c in streamed] == [3, 3, 1]
+    for got, chunk in zip(streamed, chunks, strict=True):
+        _same_frames(got, r.render_frames(chunk))
+    assert not np.array_equal(streamed[0][0], streamed[1][0])  # slots were not overwritten

@@ -264,6 +264,8 @@ class VideoWriter:
             cc = vs.codec_context
             cc.color_primaries = cc.color_trc = cc.colorspace = _AVCOL_BT709
             cc.color_range = _AVCOL_RANGE_MPEG
+            # x264's frame threads (one per core) scale where its default slices do not.
+            cc.thread_type, cc.thread_count = "FRAME", 0
             vs.options = {"crf": str(self.crf), "preset": self.preset}
             self._vstream = vs
             self._reformatter = VideoReformatter()

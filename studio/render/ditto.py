@@ -5,8 +5,11 @@ It plugs into the same pipeline as the demo engine (:mod:`studio.render.pipeline
 returns a :class:`DittoRenderer` that turns motion rows into frames in batches on the device.
 Networks are loaded once per checkpoint folder and device and shared by every engine.
 
-Precision (the released set's choice): HuBERT and LMDM run in fp32; warp and decoder run
-under fp16 autocast on a GPU (grid sampling stays fp32 under autocast) and fp32 on the CPU.
+Precision (the released set's choice): HuBERT and LMDM run in fp32; warp and decoder run in
+fp16 on a GPU (the warp network under autocast, so grid sampling and keypoint grids stay fp32)
+and fp32 on the CPU, as the runtime's torch engines (:mod:`studio.render.warp_decode`): one
+static batch, CUDA graphs. Frames come back through double-buffered pinned host memory, so
+the GPU renders the next batch while the host encodes the last one.
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,7 @@ from studio.motion.condition import ConditionConfig, ConditionSource, assemble
 from studio.motion.generator import generate_motion
 from studio.motion.layout import MOTION_DIM, motion_from_info
 from studio.motion.stitch import StitchConfig, StitchControls, stitch_motion
+from studio.render.warp_decode import WarpDecodeEngines
 from studio.runtime.checkpoints import CheckpointSet, discover, load_cfg
 from studio.settings import RenderSettings
 
@@ -148,6 +152,15 @@ class DittoNetworks:
     warp: nn.Module
     decoder: nn.Module
     device: torch.device
+    _render: dict[str, WarpDecodeEngines] = field(default_factory=dict, repr=False)
+
+    def warp_decode(self, precision: str) -> WarpDecodeEngines:
+        """The (cached) warp + decoder engines for a render precision setting."""
+        if precision not in self._render:
+            self._render[precision] = WarpDecodeEngines(
+                self.warp, self.decoder, precision, self.device
+            )
+        return self._render[precision]
 
 
 _NETS: dict[tuple, DittoNetworks] = {}
@@ -279,7 +292,8 @@ class DittoRenderer:
         self._x: tuple[Tensor, Tensor] | None = None  # resident: the clip's (x_s, x_d)
         self._motion: Tensor | None = None  # streamed: the clip's motion, stitched per batch
         self.clock = StageClock(dev)
-        self._pinned: Tensor | None = None
+        self._pinned: list[Tensor | None] = [None, None]
+        self.warp_decode = networks.warp_decode(settings.precision)
 
     # - keypoints -
     def _stitch(self, rows: Tensor) -> tuple[Tensor, Tensor]:
@@ -303,39 +317,80 @@ class DittoRenderer:
         return torch.from_numpy(m).to(self.device)
 
     # - rendering -
-    def render_frames(self, frames: np.ndarray) -> np.ndarray:
-        """Frames ``frames`` (indices into the prepared motion) -> [K, H, W, 3] uint8."""
+    def _keypoints(self, frames: np.ndarray) -> tuple[Tensor, Tensor]:
         idx = torch.as_tensor(np.asarray(frames, dtype=np.int64)).to(self.device)
         if self._x is not None:
-            x_s, x_d = self._x[0][idx], self._x[1][idx]
-        elif self._motion is not None:
-            x_s, x_d = self._stitch(self._motion[idx])
-        else:
-            raise RuntimeError("render_frames() needs prepare(motion) first")
-        return self._render(x_s, x_d)
+            return self._x[0][idx], self._x[1][idx]
+        if self._motion is not None:
+            return self._stitch(self._motion[idx])
+        raise RuntimeError("render_frames() needs prepare(motion) first")
+
+    def render_frames(self, frames: np.ndarray) -> np.ndarray:
+        """Frames ``frames`` (indices into the prepared motion) -> [K, H, W, 3] uint8."""
+        return self._render(*self._keypoints(frames))
 
     def render_batch(self, motion: np.ndarray) -> np.ndarray:
         """[K, 265] motion rows -> [K, H, W, 3] uint8 (d0 from :meth:`prepare` or row 0)."""
         return self._render(*self._stitch(self._upload(motion)))
 
-    @torch.no_grad()
-    def _render(self, x_s: Tensor, x_d: Tensor) -> np.ndarray:
+    def iter_render(self, chunks: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
+        """:meth:`render_frames` of each chunk in turn, one batch ahead on a GPU.
+
+        Each chunk's frames are copied into one of two pinned host buffers behind its render;
+        the host waits for a chunk only once the next one is queued, so the GPU is never idle
+        while the caller blends and encodes. Chunks longer than the batch are split.
+        """
+        pending: tuple[Any, Tensor] | None = None
+        slot = static = 0
+        for chunk in chunks:
+            x_s, x_d = self._keypoints(chunk)
+            static = max(static, min(len(chunk), self.batch))  # balanced chunks: the first
+            if self.device.type != "cuda":
+                yield self._render(x_s, x_d, static)
+                continue
+            parts = [
+                self._frames(x_s[s : s + static], x_d[s : s + static], static)
+                for s in range(0, x_d.shape[0], static)
+            ]
+            frames = torch.cat(parts) if len(parts) > 1 else parts[0]
+            buf = self._pinned_slot(slot, frames.shape)
+            buf.copy_(frames, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            slot ^= 1
+            if pending is not None:
+                yield self._collect(*pending)
+            pending = (done, buf)
+        if pending is not None:
+            yield self._collect(*pending)
+
+    @staticmethod
+    def _collect(done: Any, buf: Tensor) -> np.ndarray:
+        done.synchronize()
+        return buf.numpy().copy()  # the pinned slot is reused two chunks later
+
+    def _pinned_slot(self, slot: int, shape: torch.Size) -> Tensor:
+        cur = self._pinned[slot]
+        if cur is None or cur.shape[0] < shape[0] or cur.shape[1:] != shape[1:]:
+            cur = self._pinned[slot] = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
+        return cur[: shape[0]]
+
+    def _render(self, x_s: Tensor, x_d: Tensor, batch: int | None = None) -> np.ndarray:
+        """All rows in batches of ``batch`` (default: the renderer's, or fewer rows)."""
         k = x_d.shape[0]
+        batch = batch or min(self.batch, k)
         out = np.empty((k, self.height, self.width, 3), dtype=np.uint8)
-        for s in range(0, k, self.batch):
-            b = min(self.batch, k - s)
-            frames = self._frames(x_s[s : s + b], x_d[s : s + b])
+        for s in range(0, k, batch):
+            b = min(batch, k - s)
+            frames = self._frames(x_s[s : s + b], x_d[s : s + b], batch)
             out[s : s + b] = self._download(frames)
         return out
 
-    def _frames(self, x_s: Tensor, x_d: Tensor) -> Tensor:
-        b = x_d.shape[0]
-        dev = self.device
-        half = self.dtype != torch.float32
-        autocast = torch.autocast(dev.type, dtype=self.dtype) if half else contextlib.nullcontext()
-        with self.clock.stage("warp_decode"), autocast:
-            feat = self.nets.warp(self.f_s.expand(b, *self.f_s.shape[1:]), x_s, x_d)
-            img = self.nets.decoder(feat).float()
+    @torch.no_grad()
+    def _frames(self, x_s: Tensor, x_d: Tensor, batch: int) -> Tensor:
+        """Up to ``batch`` frames on the device: [b, H, W, 3] uint8 (a fresh tensor)."""
+        with self.clock.stage("warp_decode"):
+            img = self.warp_decode(self.f_s, x_s, x_d, batch)
         with self.clock.stage("putback"):
             if self.full:
                 return self.paste(img)
@@ -347,9 +402,7 @@ class DittoRenderer:
         """Device frames -> host numpy; through a reused pinned buffer on a GPU."""
         if self.device.type != "cuda":
             return frames.numpy()
-        if self._pinned is None or self._pinned.shape[0] < frames.shape[0]:
-            self._pinned = torch.empty(frames.shape, dtype=torch.uint8, pin_memory=True)
-        buf = self._pinned[: frames.shape[0]]
+        buf = self._pinned_slot(0, frames.shape)
         buf.copy_(frames, non_blocking=True)
         torch.cuda.current_stream(self.device).synchronize()  # the frame is needed on the host
         return buf.numpy()

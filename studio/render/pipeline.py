@@ -7,6 +7,7 @@ of smoothing or cadence re-runs only :func:`postprocess`, not the generator.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -128,6 +129,12 @@ def blend(a: np.ndarray, b: np.ndarray, w: float) -> np.ndarray:
     return (out >> 8).astype(np.uint8)
 
 
+def balanced_batch(frames: int, cap: int) -> int:
+    """The smallest batch that renders ``frames`` in as few batches of at most ``cap``."""
+    n, cap = max(1, int(frames)), max(1, int(cap))
+    return math.ceil(n / math.ceil(n / cap))
+
+
 def iter_frames(
     result: MotionResult,
     renderer: FrameRenderer,
@@ -156,17 +163,21 @@ def iter_frames(
 
     prv, nxt, w = blend_weights(plan)
     keys = plan.keyframes
+    batch = balanced_batch(keys.size, batch)
+    chunks = [keys[start : start + batch] for start in range(0, keys.size, batch)]
+    streamed = getattr(renderer, "iter_render", None) if prepare is not None else None
+    # A renderer with iter_render works one chunk ahead (the GPU renders while we encode).
+    results = iter(streamed(iter(chunks)) if streamed is not None else map(render, chunks))
     rendered: dict[int, np.ndarray] = {}
     stats = stats if stats is not None else {}
     stats.setdefault("render_s", 0.0)
     frame = 0
     n = plan.num_frames
-    for start in range(0, keys.size, batch):
+    for chunk in chunks:
         if cancel is not None and cancel():
             raise Cancelled()
         t0 = time.perf_counter()
-        chunk = keys[start : start + batch]
-        images = render(chunk)
+        images = next(results)
         rendered.update(zip(chunk.tolist(), images, strict=True))
         stats["render_s"] += time.perf_counter() - t0
         last = int(chunk[-1])

@@ -1,0 +1,110 @@
+"""Warp + decode for the Ditto renderer on the runtime's torch engines (issue 6).
+
+Both networks run as :class:`~studio.runtime.torch_engine.TorchEngine` at one static batch,
+each with its own precision from :func:`~studio.runtime.engine.parse_precision` (the released
+set's fp16 on a GPU, fp32 on the CPU), the decoder with its spectral norm folded into plain
+convolutions. On CUDA each engine is captured as a CUDA graph with cuDNN's autotuner on (the
+algorithms are fixed at capture, so replays pay nothing for it); the avatar's f_s is written
+into the warp graph's static buffer once, not copied per batch. A short last batch is padded
+to the static batch, and :func:`studio.render.pipeline.balanced_batch` keeps that padding small.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor, nn
+
+from studio.models.decoder import fold_spectral_norm
+from studio.models.warp_network import FEATURE_SIZE
+from studio.runtime.engine import EngineBase, make_engine, parse_precision
+
+__all__ = ["RENDER_NETWORKS", "WarpDecodeEngines"]
+
+RENDER_NETWORKS = ("warp_network", "decoder")
+
+
+@contextlib.contextmanager
+def _cudnn_autotune(device: torch.device) -> Iterator[None]:
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = before or device.type == "cuda"
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
+class WarpDecodeEngines:
+    """f_s, x_s, x_d -> RGB in [0, 1] (fp32, [B, 3, 512, 512]) on engines built per batch size.
+
+    ``precision`` is the render setting: ``auto`` (per-network defaults), ``fp32``, ``fp16``
+    or ``bf16``. The output of :meth:`__call__` is an engine's static buffer on CUDA: the next
+    call overwrites it, so consume (or copy) it before rendering the next batch.
+    """
+
+    def __init__(
+        self, warp: nn.Module, decoder: nn.Module, precision: str, device: torch.device
+    ) -> None:
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        spec = None if precision == "auto" else precision
+        plan = parse_precision(spec, "torch", self.device, networks=RENDER_NETWORKS)
+        self.precisions = {n: plan.of(n) for n in RENDER_NETWORKS}
+        folded = fold_spectral_norm(decoder)
+        folded.feature_size = FEATURE_SIZE  # the engine's static input is the warp's output
+        self._modules = {"warp_network": warp, "decoder": folded}
+        self._engines: dict[int, dict[str, EngineBase]] = {}
+        self._f_s: dict[int, Tensor] = {}  # batch -> the f_s last written into its buffer
+
+    def engines(self, batch: int) -> dict[str, EngineBase]:
+        """The (cached) warp and decoder engines for ``batch``; captured on CUDA."""
+        if batch not in self._engines:
+            built: dict[str, EngineBase] = {}
+            with _cudnn_autotune(self.device):
+                for name in RENDER_NETWORKS:
+                    built[name] = make_engine(
+                        name,
+                        "torch",
+                        self.precisions[name],
+                        self.device,
+                        module=self._modules[name],
+                        batch=batch,
+                        cuda_graph=self.cuda,
+                    )
+            self._engines[batch] = built
+        return self._engines[batch]
+
+    def __call__(self, f_s: Tensor, x_s: Tensor, x_d: Tensor, batch: int) -> Tensor:
+        """Render ``x_d.shape[0] <= batch`` frames of the avatar ``f_s`` [1, C, D, H, W]."""
+        b = x_d.shape[0]
+        if not 0 < b <= batch:
+            raise ValueError(f"{b} frames do not fit a batch of {batch}")
+        if b < batch:  # pad with the last frame; the padding is rendered and dropped
+            x_s = torch.cat((x_s, x_s[-1:].expand(batch - b, -1, -1)))
+            x_d = torch.cat((x_d, x_d[-1:].expand(batch - b, -1, -1)))
+        eng = self.engines(batch)
+        warp = eng["warp_network"]
+        with _cudnn_autotune(self.device):
+            feature = warp.run(
+                {
+                    "feature_3d": self._features(warp, f_s, batch),
+                    "kp_source": x_s,
+                    "kp_driving": x_d,
+                }
+            )["out"]
+            image = eng["decoder"].run({"feature": feature})["output"]
+        return image[:b]
+
+    def _features(self, warp: EngineBase, f_s: Tensor, batch: int) -> Tensor:
+        """f_s for every frame of the batch: the graph's own buffer, written once per avatar."""
+        full = f_s.expand(batch, *f_s.shape[1:])
+        static = getattr(warp, "static_inputs", None)
+        if not static:
+            return full
+        buf = static["feature_3d"]
+        if self._f_s.get(batch) is not f_s:
+            buf.copy_(full)
+            self._f_s[batch] = f_s
+        return buf

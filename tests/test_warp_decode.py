@@ -1,0 +1,70 @@
+"""The renderer's warp + decode engines: equal to the modules run eagerly, short batches padded,
+balanced batch sizes; on a GPU the captured fp16 path against fp32 and the one-ahead stream."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from studio.models.random_tree import random_network
+from studio.render.pipeline import balanced_batch
+from studio.render.warp_decode import WarpDecodeEngines
+
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none here)"
+)
+
+
+@pytest.fixture(scope="module")
+def modules():
+    return random_network("warp_network", reduced=True), random_network("decoder", reduced=True)
+
+
+def _inputs(warp, frames: int, device: str = "cpu"):
+    f_s, x_s, x_d = warp.example_inputs(frames)
+    return f_s[:1].to(device), x_s.to(device), x_d.to(device)
+
+
+def _eager(modules, f_s, x_s, x_d):
+    warp, decoder = modules
+    with torch.no_grad():
+        return decoder(warp(f_s.expand(x_d.shape[0], *f_s.shape[1:]), x_s, x_d))
+
+
+def test_balanced_batches_render_the_fewest_padded_frames() -> None:
+    assert balanced_batch(165, 32) == 28  # 6 batches, 3 padded frames (not 27 at 32)
+    assert balanced_batch(20, 4) == 4 and balanced_batch(3, 32) == 3
+    assert balanced_batch(33, 32) == 17 and balanced_batch(0, 8) == 1
+
+
+def test_engines_match_the_modules_and_pad_short_batches(modules, one_torch_thread) -> None:
+    wd = WarpDecodeEngines(*modules, "auto", torch.device("cpu"))
+    assert wd.precisions == {"warp_network": "fp32", "decoder": "fp32"}  # fp16 needs a GPU
+    f_s, x_s, x_d = _inputs(modules[0], 3)
+    want = _eager(modules, f_s, x_s, x_d)
+    torch.testing.assert_close(wd(f_s, x_s, x_d, 3), want, rtol=1e-4, atol=1e-5)
+    short = wd(f_s, x_s[:2], x_d[:2], 3)  # padded to the engine's static batch of 3
+    assert short.shape[0] == 2
+    torch.testing.assert_close(short, want[:2], rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="do not fit a batch of 3"):
+        wd(f_s, torch.cat((x_s, x_s)), torch.cat((x_d, x_d)), 3)
+
+
+@needs_cuda
+def test_cuda_graphed_fp16_engines_track_fp32_and_a_new_avatar(modules) -> None:
+    dev = torch.device("cuda")
+    warp, decoder = (m.to(dev) for m in modules)
+    wd = WarpDecodeEngines(warp, decoder, "auto", dev)
+    assert wd.precisions == {"warp_network": "fp16", "decoder": "fp16"}
+    f_s, x_s, x_d = _inputs(warp, 4, "cuda")
+    got = wd(f_s, x_s, x_d, 4).clone()
+    assert wd.engines(4)["decoder"].static_inputs is not None  # captured
+    want = _eager((warp, decoder), f_s, x_s, x_d)
+    cos = F.cosine_similarity(got.double().flatten(), want.double().flatten(), dim=0)
+    assert float(cos) >= 0.999
+    other = f_s.flip(-1).contiguous()  # another avatar: its f_s must reach the graph
+    got2 = wd(other, x_s, x_d, 4)
+    want2 = _eager((warp, decoder), other, x_s, x_d)
+    cos2 = F.cosine_similarity(got2.double().flatten(), want2.double().flatten(), dim=0)
+    assert float(cos2) >= 0.999
