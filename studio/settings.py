@@ -64,6 +64,7 @@ class RenderSettings:
     batch: int = 0  # 0 = chosen from the device
     precision: str = "auto"
     frame: str = "full"
+    compile: bool = False  # warp + decoder through torch.compile (CUDA; first render slower)
 
     @property
     def smoothing(self) -> SmoothingSettings:
@@ -136,6 +137,8 @@ class RenderSettings:
         ):
             if value not in allowed:
                 raise OptionError(option, f"must be one of {', '.join(allowed)}, got {value!r}")
+        if not isinstance(self.compile, bool):
+            raise OptionError("--compile", f"must be true or false, got {self.compile!r}")
         if not _is_int(self.batch) or not 0 <= self.batch <= MAX_BATCH:
             raise OptionError(
                 "--batch",

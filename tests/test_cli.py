@@ -281,6 +281,9 @@ def test_preset_round_trip_and_bad_preset(tmp_path, capsys):
     bad.write_text("{not json")
     code, _, err = _run(["analyze", "--demo", "--preset", str(bad)], capsys)
     assert code == 2 and "bad.json" in err
+    bad.write_text('{"compile": "yes"}')
+    code, _, err = _run(["analyze", "--demo", "--preset", str(bad)], capsys)
+    assert code == 2 and "--compile" in err and "must be true or false" in err
 
 
 def test_doctor(capsys):

@@ -76,6 +76,8 @@ def test_report_splits_ditto_timings_and_names_the_engine(rendered):
     eng = report["engine"]
     assert eng["name"] == "ditto" and eng["device"] == "cpu" and eng["steps"] == 2
     assert eng["memory"]["mode"] in {"resident", "streamed"} and eng["memory"]["batch"] >= 1
+    precisions = {"warp_network": "fp32", "decoder": "fp32"}  # the CPU: no half kernels
+    assert eng["render"] == {"precision": precisions, "cuda_graphs": False, "compiled": False}
     assert report["settings"]["backend"] == "ditto"
     assert str(cache) in eng["avatar"]
 

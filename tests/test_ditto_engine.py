@@ -243,5 +243,23 @@ def test_streamed_chunks_equal_frame_calls(render_nets, device) -> None:
     streamed = list(r.iter_render(iter(chunks)))
     assert [len(c) for c in streamed] == [3, 3, 1]
     for got, chunk in zip(streamed, chunks, strict=True):
-        _same_frames(got, r.render_frames(chunk))
+        want = r.render_frames(chunk)  # the last chunk: batch 1 here, padded to 3 when streamed
+        if dev.type == "cuda":  # fp16 kernels differ by batch size: a level on a few pixels
+            diff = np.abs(got.astype(int) - want)
+            assert diff.max() <= 3 and diff.mean() < 0.1
+        else:
+            _same_frames(got, want)
     assert not np.array_equal(streamed[0][0], streamed[1][0])  # slots were not overwritten
+
+
+def test_yuv_frames_are_the_rgb_frames_converted(render_nets) -> None:
+    """What render_video asks for: the encoder's planes, made on the device."""
+    from studio.export.yuv import rgb_to_yuv420p
+
+    r = _renderer(render_nets, batch=2)
+    r.prepare(_motion(2))
+    rgb = r.render_frames(np.arange(2))
+    r.pixel_format = "yuv420p"
+    planes = r.render_frames(np.arange(2))
+    assert planes.shape == (2, 450, 420)
+    np.testing.assert_array_equal(planes, rgb_to_yuv420p(torch.from_numpy(rgb)).numpy())

@@ -284,6 +284,8 @@ def run_pipeline_suite(
     precision: str = "auto",
     memory: str = "auto",
     batch: int = 0,
+    compile: bool = False,
+    x264_preset: str = "medium",
     source: tuple[int, int] = DEFAULT_SOURCE,
     reduced: bool = False,
     hubert: str = "large",
@@ -314,6 +316,7 @@ def run_pipeline_suite(
     repeats = repeats if repeats is not None else (3 if dev.type == "cuda" else 1)
     base = RenderSettings(backend="ditto", stride="1", size=CROP_SIDE, precision=precision)
     base = replace(base, memory=memory, batch=batch, seed=seed, steps=steps)
+    base = replace(base, compile=compile, preset=x264_preset)
     base = base.validate()
     audio = speech_clip(frames / layout.FPS, seed)
     result: dict[str, Any] = {
@@ -327,6 +330,8 @@ def run_pipeline_suite(
             "steps": base.steps,
             "stride": base.stride,
             "precision": base.precision,
+            "compile": base.compile,
+            "x264_preset": base.preset,
             "memory": base.memory,
             "batch": base.batch,
             "repeats": repeats,
@@ -453,7 +458,9 @@ def to_markdown(result: dict[str, Any]) -> str:
         + (f", command `{facts['command']}`" if facts.get("command") else "")
         + f". {cfg['frames']} frames ({cfg['duration_s']} s of synthesized speech), stride "
         f"{cfg['stride']} (every frame rendered), {cfg['steps']} DDIM steps, precision "
-        f"{cfg['precision']}; median of {cfg['repeats']} passes after {cfg['warmup']} warm-up; "
+        f"{cfg['precision']}{' with torch.compile' if cfg.get('compile') else ''}, x264 preset "
+        f"{cfg.get('x264_preset', 'medium')}; median of {cfg['repeats']} passes after "
+        f"{cfg['warmup']} warm-up; "
         + (
             f"checkpoints `{cfg['checkpoints']}`."
             if cfg["checkpoints"]
@@ -633,6 +640,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"default {DEFAULT_STEPS}")
     p.add_argument("--precision", choices=("auto", "fp32", "fp16", "bf16"), default="auto")
     p.add_argument("--memory", choices=("auto", "resident", "streamed"), default="auto")
+    p.add_argument("--compile", action="store_true", help="warp + decoder through torch.compile")
+    p.add_argument("--x264-preset", default="medium", help="x264 speed preset (default medium)")
     p.add_argument("--batch", type=int, default=0, help="frames per batch (0: automatic)")
     p.add_argument("--reduced", action="store_true", help="narrow networks (smoke runs)")
     p.add_argument(
@@ -657,6 +666,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             frames=args.frames,
             steps=args.steps,
             precision=args.precision,
+            compile=args.compile,
+            x264_preset=args.x264_preset,
             memory=args.memory,
             batch=args.batch,
             source=args.source,

@@ -181,28 +181,25 @@ class VideoWriter:
     # --- public API -------------------------------------------------------------
 
     def write(self, frame: np.ndarray) -> None:
-        """Encode one [H, W, 3] uint8 RGB frame (ValueError on a wrong shape or dtype)."""
+        """Encode one [H, W, 3] uint8 RGB frame, or one already in yuv420p planes
+        ([H * 3 / 2, W], BT.709 limited range: :func:`studio.export.yuv.rgb_to_yuv420p`).
+        ValueError on a wrong shape or dtype."""
         arr = np.asarray(frame)
-        if arr.shape != (self.height, self.width, 3):
+        planar = arr.shape == (self.height * 3 // 2, self.width)
+        if arr.shape != (self.height, self.width, 3) and not planar:
             raise ValueError(
-                f"frame must be [{self.height}, {self.width}, 3], got {list(arr.shape)}"
+                f"frame must be [{self.height}, {self.width}, 3] RGB or "
+                f"[{self.height * 3 // 2}, {self.width}] yuv420p, got {list(arr.shape)}"
             )
         if arr.dtype != np.uint8:
-            raise ValueError(f"frame must be uint8 RGB, got {arr.dtype}")
+            raise ValueError(f"frame must be uint8, got {arr.dtype}")
         if self._cancel.is_set():
             raise Cancelled(f"the export to '{self.path}' was cancelled")
         with self._lock:
             self._require_open()
             t0 = time.perf_counter()
             try:
-                vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(arr), format="rgb24")
-                vf = self._reformatter.reformat(
-                    vf,
-                    format="yuv420p",
-                    dst_colorspace=Colorspace.ITU709,
-                    src_color_range=ColorRange.JPEG,
-                    dst_color_range=ColorRange.MPEG,
-                )
+                vf = self._video_frame(np.ascontiguousarray(arr), planar)
                 vf.pts = self.frames_written
                 vf.time_base = Fraction(1, self.fps)
                 self._mux(self._vstream.encode(vf))
@@ -215,6 +212,19 @@ class VideoWriter:
                 raise self._output_error(e) from None
             finally:
                 self.encode_seconds += time.perf_counter() - t0
+
+    def _video_frame(self, arr: np.ndarray, planar: bool) -> av.VideoFrame:
+        if planar:
+            vf = av.VideoFrame.from_ndarray(arr, format="yuv420p")
+            vf.colorspace, vf.color_range = Colorspace.ITU709, ColorRange.MPEG
+            return vf
+        return self._reformatter.reformat(
+            av.VideoFrame.from_ndarray(arr, format="rgb24"),
+            format="yuv420p",
+            dst_colorspace=Colorspace.ITU709,
+            src_color_range=ColorRange.JPEG,
+            dst_color_range=ColorRange.MPEG,
+        )
 
     def write_many(self, frames: np.ndarray | Iterable[np.ndarray]) -> None:
         """Encode a [N, H, W, 3] array or any iterable of frames, in order."""

@@ -333,6 +333,7 @@ def renderer_key(engine: Any, size: int, settings: RenderSettings) -> tuple:
         settings.frame,
         size if settings.frame == "crop" else None,
         settings.precision,
+        settings.compile,
         settings.delta_pitch,
         settings.delta_yaw,
         settings.delta_roll,

@@ -34,6 +34,7 @@ from studio.audio.phonetics import PhoneticFrames
 from studio.avatar.putback import PasteBack
 from studio.avatar.register import REGISTRATION_ROLES
 from studio.errors import InputError
+from studio.export.yuv import rgb_to_yuv420p
 from studio.motion.condition import ConditionConfig, ConditionSource, assemble
 from studio.motion.generator import generate_motion
 from studio.motion.layout import MOTION_DIM, motion_from_info
@@ -154,13 +155,14 @@ class DittoNetworks:
     device: torch.device
     _render: dict[str, WarpDecodeEngines] = field(default_factory=dict, repr=False)
 
-    def warp_decode(self, precision: str) -> WarpDecodeEngines:
-        """The (cached) warp + decoder engines for a render precision setting."""
-        if precision not in self._render:
-            self._render[precision] = WarpDecodeEngines(
-                self.warp, self.decoder, precision, self.device
+    def warp_decode(self, precision: str, compile: bool = False) -> WarpDecodeEngines:
+        """The (cached) warp + decoder engines for a render precision and compile setting."""
+        key = f"{precision}{'+compile' if compile else ''}"
+        if key not in self._render:
+            self._render[key] = WarpDecodeEngines(
+                self.warp, self.decoder, precision, self.device, compile
             )
-        return self._render[precision]
+        return self._render[key]
 
 
 _NETS: dict[tuple, DittoNetworks] = {}
@@ -293,7 +295,9 @@ class DittoRenderer:
         self._motion: Tensor | None = None  # streamed: the clip's motion, stitched per batch
         self.clock = StageClock(dev)
         self._pinned: list[Tensor | None] = [None, None]
-        self.warp_decode = networks.warp_decode(settings.precision)
+        # "yuv420p": frames leave the device as the encoder's planes (render_video asks).
+        self.pixel_format = "rgb24"
+        self.warp_decode = networks.warp_decode(settings.precision, settings.compile)
 
     # - keypoints -
     def _stitch(self, rows: Tensor) -> tuple[Tensor, Tensor]:
@@ -348,13 +352,14 @@ class DittoRenderer:
             if self.device.type != "cuda":
                 yield self._render(x_s, x_d, static)
                 continue
-            parts = [
-                self._frames(x_s[s : s + static], x_d[s : s + static], static)
-                for s in range(0, x_d.shape[0], static)
-            ]
-            frames = torch.cat(parts) if len(parts) > 1 else parts[0]
-            buf = self._pinned_slot(slot, frames.shape)
-            buf.copy_(frames, non_blocking=True)
+            k = x_d.shape[0]
+            buf: Tensor | None = None
+            for s in range(0, k, static):  # each part copied out before the next overwrites it
+                part = self._frames(x_s[s : s + static], x_d[s : s + static], static)
+                if buf is None:
+                    buf = self._pinned_slot(slot, (k, *part.shape[1:]))
+                buf[s : s + part.shape[0]].copy_(part, non_blocking=True)
+            assert buf is not None
             done = torch.cuda.Event()
             done.record()
             slot ^= 1
@@ -369,7 +374,7 @@ class DittoRenderer:
         done.synchronize()
         return buf.numpy().copy()  # the pinned slot is reused two chunks later
 
-    def _pinned_slot(self, slot: int, shape: torch.Size) -> Tensor:
+    def _pinned_slot(self, slot: int, shape: tuple[int, ...]) -> Tensor:
         cur = self._pinned[slot]
         if cur is None or cur.shape[0] < shape[0] or cur.shape[1:] != shape[1:]:
             cur = self._pinned[slot] = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
@@ -379,12 +384,11 @@ class DittoRenderer:
         """All rows in batches of ``batch`` (default: the renderer's, or fewer rows)."""
         k = x_d.shape[0]
         batch = batch or min(self.batch, k)
-        out = np.empty((k, self.height, self.width, 3), dtype=np.uint8)
+        parts = []
         for s in range(0, k, batch):
             b = min(batch, k - s)
-            frames = self._frames(x_s[s : s + b], x_d[s : s + b], batch)
-            out[s : s + b] = self._download(frames)
-        return out
+            parts.append(self._download(self._frames(x_s[s : s + b], x_d[s : s + b], batch)))
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     @torch.no_grad()
     def _frames(self, x_s: Tensor, x_d: Tensor, batch: int) -> Tensor:
@@ -393,19 +397,23 @@ class DittoRenderer:
             img = self.warp_decode(self.f_s, x_s, x_d, batch)
         with self.clock.stage("putback"):
             if self.full:
-                return self.paste(img)
-            if self.width != CROP:
-                img = F.interpolate(img, size=(self.height, self.width), mode="area")
-            return (img.clamp(0, 1) * 255).to(torch.uint8).permute(0, 2, 3, 1)
+                frames = self.paste(img)
+            else:
+                if self.width != CROP:
+                    img = F.interpolate(img, size=(self.height, self.width), mode="area")
+                frames = (img.clamp(0, 1) * 255).to(torch.uint8).permute(0, 2, 3, 1)
+            if self.pixel_format == "yuv420p":
+                return rgb_to_yuv420p(frames)
+            return frames
 
     def _download(self, frames: Tensor) -> np.ndarray:
-        """Device frames -> host numpy; through a reused pinned buffer on a GPU."""
+        """Device frames -> host numpy; through a reused pinned buffer on a GPU (copied out)."""
         if self.device.type != "cuda":
-            return frames.numpy()
+            return frames.numpy().copy()  # paste-back reuses its canvas
         buf = self._pinned_slot(0, frames.shape)
         buf.copy_(frames, non_blocking=True)
         torch.cuda.current_stream(self.device).synchronize()  # the frame is needed on the host
-        return buf.numpy()
+        return buf.numpy().copy()
 
     @property
     def timings_ms(self) -> dict[str, float]:

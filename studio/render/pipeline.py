@@ -7,6 +7,7 @@ of smoothing or cadence re-runs only :func:`postprocess`, not the generator.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -211,6 +212,20 @@ def build_report(result: MotionResult, timings_ms: dict[str, float], rendered: b
     }
 
 
+@contextlib.contextmanager
+def _encoder_planes(renderer: FrameRenderer) -> Iterator[None]:
+    """Let a renderer that can (``pixel_format``) hand over yuv420p planes while exporting."""
+    before = getattr(renderer, "pixel_format", None)
+    if before is None:
+        yield
+        return
+    renderer.pixel_format = "yuv420p"  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        renderer.pixel_format = before  # type: ignore[attr-defined]
+
+
 def render_video(
     result: MotionResult,
     renderer: FrameRenderer,
@@ -239,7 +254,7 @@ def render_video(
         crf=settings.crf,
         preset=settings.preset,
     ) as writer:
-        with EncoderThread(writer) as encoder:
+        with EncoderThread(writer) as encoder, _encoder_planes(renderer):
             for img in iter_frames(result, renderer, cancel=cancel, progress=progress, stats=stats):
                 encoder.put(img)
             if cancel is not None and cancel():

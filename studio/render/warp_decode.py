@@ -40,15 +40,23 @@ class WarpDecodeEngines:
     """f_s, x_s, x_d -> RGB in [0, 1] (fp32, [B, 3, 512, 512]) on engines built per batch size.
 
     ``precision`` is the render setting: ``auto`` (per-network defaults), ``fp32``, ``fp16``
-    or ``bf16``. The output of :meth:`__call__` is an engine's static buffer on CUDA: the next
-    call overwrites it, so consume (or copy) it before rendering the next batch.
+    or ``bf16``; ``compile`` runs both through ``torch.compile`` inside the graphs (CUDA
+    only: on the CPU it is ignored and :attr:`compiled` says so). The output of
+    :meth:`__call__` is an engine's static buffer on CUDA: the next call overwrites it, so
+    consume (or copy) it before rendering the next batch.
     """
 
     def __init__(
-        self, warp: nn.Module, decoder: nn.Module, precision: str, device: torch.device
+        self,
+        warp: nn.Module,
+        decoder: nn.Module,
+        precision: str,
+        device: torch.device,
+        compile: bool = False,
     ) -> None:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
+        self.compiled = compile and self.cuda
         spec = None if precision == "auto" else precision
         plan = parse_precision(spec, "torch", self.device, networks=RENDER_NETWORKS)
         self.precisions = {n: plan.of(n) for n in RENDER_NETWORKS}
@@ -57,6 +65,14 @@ class WarpDecodeEngines:
         self._modules = {"warp_network": warp, "decoder": folded}
         self._engines: dict[int, dict[str, EngineBase]] = {}
         self._f_s: dict[int, Tensor] = {}  # batch -> the f_s last written into its buffer
+
+    def describe(self) -> dict[str, object]:
+        """What runs, for reports: per-network precision, CUDA graphs, torch.compile."""
+        return {
+            "precision": dict(self.precisions),
+            "cuda_graphs": self.cuda,
+            "compiled": self.compiled,
+        }
 
     def engines(self, batch: int) -> dict[str, EngineBase]:
         """The (cached) warp and decoder engines for ``batch``; captured on CUDA."""
@@ -72,6 +88,7 @@ class WarpDecodeEngines:
                         module=self._modules[name],
                         batch=batch,
                         cuda_graph=self.cuda,
+                        compile=self.compiled,
                     )
             self._engines[batch] = built
         return self._engines[batch]
