@@ -106,10 +106,14 @@ FAST_PATHS: tuple[PathSpec, ...] = (
     PathSpec("fast_bf16_autocast_graph", "bfloat16", "autocast"),
     PathSpec("fast_fp16_autocast_graph", "float16", "autocast"),
     PathSpec("fast_fp16_perstep_graph", "float16", "cast", hoist=False),
+    PathSpec("fast_fp32_window_graph", "float32", "fp32", window=True),
+    PathSpec("fast_bf16_window_graph", "bfloat16", "cast", window=True),
+    PathSpec("fast_fp16_window_graph", "float16", "cast", window=True),
 )
 COMPILED_PATHS: tuple[PathSpec, ...] = (
     PathSpec("fast_bf16_compiled_graph", "bfloat16", "cast", compile=True),
     PathSpec("fast_fp16_compiled_graph", "float16", "cast", compile=True),
+    PathSpec("fast_bf16_window_compiled_graph", "bfloat16", "cast", compile=True, window=True),
 )
 ORT_PATHS = ("onnxruntime_cpu", "onnxruntime_cuda")
 ALL_PATHS = ("eager_fp32", *(p.name for p in FAST_PATHS + COMPILED_PATHS), *ORT_PATHS, "tensorrt")

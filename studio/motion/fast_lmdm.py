@@ -3,10 +3,13 @@
 :class:`FastLMDM` runs the guided LMDM step under a precision policy (:class:`PathSpec`) on
 static condition buffers, and :meth:`FastLMDM.sample` runs a whole DDIM loop with the
 condition encoder and the time embeddings, which do not depend on the noisy motion, computed
-once per window (``hoist``). :class:`WindowGraph` captures that loop once per step count and
-window shape into a CUDA graph and replays it per window; :func:`graphed_lmdm` keeps those
-graphs for the loaded LMDM. :func:`studio.motion.generator.generate_motion` uses them on CUDA,
-and the ``lmdm`` bench suite measures every precision policy of :class:`FastLMDM`.
+once per window (``hoist``); ``window`` also hoists the FiLM, cross-attention keys and
+values and the ``cond_frame`` projection (:mod:`studio.motion.lmdm_hoist`: 58 matmuls a step
+instead of 98), which the product's fp32 path uses. :class:`WindowGraph` captures that loop
+once per step count and window shape into a CUDA graph and replays it per window;
+:func:`graphed_lmdm` keeps those graphs for the loaded LMDM.
+:func:`studio.motion.generator.generate_motion` uses them on CUDA, and the ``lmdm`` bench
+suite measures every precision policy of :class:`FastLMDM`.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from studio.motion.diffusion import (
     predict_noise_from_start,
 )
 from studio.motion.layout import GUIDANCE_WEIGHT, MOTION_DIM, SEQ_FRAMES
+from studio.motion.lmdm_hoist import guided_x0_step, window_constants
 from studio.runtime.engine import capture_cuda_graph, math_mode
 from studio.runtime.torch_engine import PrecisionAdapter
 
@@ -61,6 +65,7 @@ class PathSpec:
     hoist: bool = True
     tf32: bool = False
     compile: bool = False
+    window: bool = False  # also the per-window constants (studio.motion.lmdm_hoist)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -70,7 +75,8 @@ class PathSpec:
 
 def fp32_spec(tf32: bool = False) -> PathSpec:
     """The product's LMDM policy: fp32 weights and math (the released set's), TF32 on request."""
-    return PathSpec("fast_tf32" if tf32 else "fast_fp32", "float32", "fp32", tf32=tf32)
+    name = "fast_tf32_window" if tf32 else "fast_fp32_window"
+    return PathSpec(name, "float32", "fp32", tf32=tf32, window=True)
 
 
 def _sdpa_context(backend: str) -> contextlib.AbstractContextManager[None]:
@@ -130,8 +136,10 @@ class FastLMDM:
         self.cond = torch.zeros(1, SEQ_FRAMES, base.cond_dim, dtype=self.input_dtype, device=dev)
         self.noise_tables = noise_tables(alphas_cumprod()).to(dev)
         self._core: Callable[..., Tensor] = self._x0
+        self._step_x0: Callable[..., Tensor] = guided_x0_step
         if spec.compile:
             self._core = torch.compile(self._x0, mode=compile_mode, dynamic=False)
+            self._step_x0 = torch.compile(guided_x0_step, mode=compile_mode, dynamic=False)
 
     def load_condition(self, cond_frame: Tensor, cond: Tensor) -> None:
         """Copy a window's condition into the static buffers (cast to their dtype)."""
@@ -198,10 +206,22 @@ class FastLMDM:
             cond_tokens, hidden = self._condition()
             t_vecs, t_tokens = self.model.time_embedding(sampler.time_cond[:, 0])
             order = iter(range(sampler.time_cond.shape[0]))
+            if self.spec.window:
+                consts = window_constants(
+                    self.model, self.cond_frame, cond_tokens, hidden, t_vecs, t_tokens
+                )
+
+                def x0_of(x: Tensor, k: int) -> Tensor:
+                    return self._step_x0(self.model, x, consts, k)
+            else:
+
+                def x0_of(x: Tensor, k: int) -> Tensor:
+                    return self._core(
+                        x, t_vecs[k : k + 1], t_tokens[k : k + 1], cond_tokens, hidden
+                    )
 
             def denoise(x: Tensor, time_cond: Tensor) -> tuple[Tensor, Tensor]:
-                k = next(order)
-                x0 = self._core(x, t_vecs[k : k + 1], t_tokens[k : k + 1], cond_tokens, hidden)
+                x0 = x0_of(x, next(order))
                 return predict_noise_from_start(x, time_cond, x0, self.noise_tables), x0
 
             return sampler.sample(denoise, x_t)
