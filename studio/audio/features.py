@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,12 @@ from typing import Any
 
 import numpy as np
 
+from studio.audio.hubert_signature import (
+    INPUT_NAME,
+    OUTPUT_NAME,
+    check_encoding,
+    check_signature,
+)
 from studio.errors import InputError, StudioError
 from studio.motion.layout import (
     FPS,
@@ -38,9 +45,6 @@ from studio.motion.layout import (
     SAMPLE_RATE,
     SAMPLES_PER_FRAME,
 )
-
-INPUT_NAME = "input_values"
-OUTPUT_NAME = "encoding_out"
 
 
 def num_feature_frames(num_samples: int) -> int:
@@ -131,10 +135,14 @@ def online_windows(
 
 
 class HubertFeatures:
-    """HuBERT features from ``hubert_streaming_fix_kv.onnx`` through ONNX Runtime.
+    """HuBERT features from ``hubert_streaming_fix_kv.onnx``.
 
-    ``providers=None`` picks CUDA when ONNX Runtime offers it, else CPU. One session is
-    made per model file (and provider list) and shared by every instance.
+    With ``device`` None the model runs in ONNX Runtime: ``providers=None`` picks CUDA when
+    ONNX Runtime offers it, else CPU; one session per model file and provider list is
+    shared by every instance. With a ``device`` (the Ditto engine passes its CUDA device)
+    the same file runs in torch there (:mod:`studio.audio.hubert_torch`): the offline path
+    as one batched call per clip, fp32 unless ``precision`` is ``tf32``. A graph the torch
+    executor cannot run falls back to ONNX Runtime with a warning; ``fallback`` says why.
     """
 
     def __init__(
@@ -142,16 +150,50 @@ class HubertFeatures:
         onnx_path: str | os.PathLike,
         providers: Sequence[str] | None = None,
         chunksize: Sequence[int] = HUBERT_CHUNK,
+        device: str | Any | None = None,
+        precision: str | None = None,
     ) -> None:
         self.geometry = ChunkGeometry.of(chunksize)
         self.path = Path(onnx_path).expanduser()
-        self._session = _session_for(self.path, None if providers is None else tuple(providers))
-        _check_signature(self._session, self.path, self.geometry)
+        self.fallback: str | None = None
+        self._torch = None if device is None else self._torch_runner(device, precision)
+        if self._torch is None:
+            self._session = _session_for(self.path, None if providers is None else tuple(providers))
+            check_signature(
+                self._session.get_inputs(),
+                self._session.get_outputs(),
+                self.path,
+                self.geometry.split_len,
+            )
+        else:
+            g = self.geometry
+            check_encoding(self._torch.encoding_shape, self.path, g.split_len, g.min_hubert_frames)
         self._silence: dict[int, np.ndarray] = {}
+
+    def _torch_runner(self, device: Any, precision: str | None) -> Any:
+        """The torch runner, or None (``fallback`` set, a warning) when it cannot run."""
+        _check_path(self.path)
+        from studio.audio.hubert_torch import TorchHubert
+        from studio.runtime.onnx_torch import UnsupportedOnnxOp
+
+        g = self.geometry
+        try:
+            return TorchHubert(self.path, g.split_len, g.hop, g.keep, device, precision)
+        except UnsupportedOnnxOp as e:
+            reason = str(e)
+        except ImportError as e:
+            reason = f"the torch path needs the onnx package ({e})"
+        self.fallback = reason
+        warnings.warn(
+            f"{reason}; HuBERT runs in ONNX Runtime instead", RuntimeWarning, stacklevel=3
+        )
+        return None
 
     @property
     def providers(self) -> list[str]:
-        """The execution providers the session runs on, in priority order."""
+        """What runs HuBERT: ONNX Runtime's providers in priority order, or ``torch <device>``."""
+        if self._torch is not None:
+            return self._torch.providers
         return list(self._session.get_providers())
 
     def chunk_features(self, chunk: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -160,16 +202,14 @@ class HubertFeatures:
         x = _check_samples(chunk)
         if len(x) != g.split_len:
             raise ValueError(f"a HuBERT chunk must have {g.split_len} samples, got {len(x)}")
-        enc = self._session.run([OUTPUT_NAME], {INPUT_NAME: np.ascontiguousarray(x)[None, :]})[0]
-        if enc.ndim != 2 or enc.shape[1] != HUBERT_DIM or enc.shape[0] < g.min_hubert_frames:
-            raise InputError(
-                f"HuBERT model '{self.path}' returned '{OUTPUT_NAME}' shaped {list(enc.shape)} "
-                f"for {g.split_len} samples; expected [>= {g.min_hubert_frames}, {HUBERT_DIM}] "
-                "(hubert_streaming_fix_kv.onnx gives [20, 1024] for 6480)."
-            )
-        kept = enc[g.keep]
         if out is None:
             out = np.empty((g.valid, HUBERT_DIM), dtype=np.float32)
+        if self._torch is not None:
+            out[...] = self._torch.features(x, 1)
+            return out
+        enc = self._session.run([OUTPUT_NAME], {INPUT_NAME: np.ascontiguousarray(x)[None, :]})[0]
+        check_encoding(enc.shape, self.path, g.split_len, g.min_hubert_frames)
+        kept = enc[g.keep]
         np.add(kept[0::2], kept[1::2], out=out)
         out *= 0.5
         return out
@@ -182,6 +222,8 @@ class HubertFeatures:
         starts = offline_chunk_starts(num_f, g)
         padded = np.zeros(g.offline_left_pad + len(x) + g.split_len, dtype=np.float32)
         padded[g.offline_left_pad : g.offline_left_pad + len(x)] = x
+        if self._torch is not None:
+            return self._torch.features(padded, len(starts))[:num_f]
         out = np.empty((len(starts) * g.valid, HUBERT_DIM), dtype=np.float32)
         for k, start in enumerate(starts):
             self.chunk_features(
@@ -239,11 +281,15 @@ def _onnxruntime() -> Any:
     return onnxruntime
 
 
-def _session_for(path: Path, providers: tuple[str, ...] | None) -> Any:
+def _check_path(path: Path) -> None:
     if not path.exists():
         raise InputError(f"HuBERT model '{path}' does not exist; check the checkpoint folder.")
     if path.is_dir():
         raise InputError(f"HuBERT model path '{path}' is a directory; point it at the .onnx file.")
+
+
+def _session_for(path: Path, providers: tuple[str, ...] | None) -> Any:
+    _check_path(path)
     st = path.stat()
     return _cached_session(str(path.resolve()), st.st_mtime_ns, st.st_size, providers)
 
@@ -262,34 +308,3 @@ def _cached_session(
             f"HuBERT model '{path}' could not be loaded by ONNX Runtime ({reason}); "
             "it is not a readable ONNX file (re-download hubert_streaming_fix_kv.onnx)."
         ) from None
-
-
-def _check_signature(session: Any, path: Path, g: ChunkGeometry) -> None:
-    """InputError unless the model has input_values [1, N] f32 and encoding_out [T, 1024] f32."""
-    expected = (
-        f"expected one input '{INPUT_NAME}' float32 [1, N] and an output '{OUTPUT_NAME}' "
-        f"float32 [T_h, {HUBERT_DIM}] (hubert_streaming_fix_kv.onnx)"
-    )
-    inputs = session.get_inputs()
-    outputs = {o.name: o for o in session.get_outputs()}
-
-    def fail(found: str) -> None:
-        raise InputError(f"HuBERT model '{path}' has {found}; {expected}.")
-
-    if len(inputs) != 1 or inputs[0].name != INPUT_NAME:
-        fail("inputs " + ", ".join(f"'{i.name}'" for i in inputs))
-    inp = inputs[0]
-    if inp.type != "tensor(float)" or len(inp.shape) != 2:
-        fail(f"input '{INPUT_NAME}' of type {inp.type} shaped {inp.shape}")
-    batch, length = inp.shape
-    if isinstance(batch, int) and batch != 1:
-        fail(f"input batch {batch}")
-    if isinstance(length, int) and length != g.split_len:
-        fail(f"a fixed input length of {length} samples (chunks need {g.split_len})")
-    if OUTPUT_NAME not in outputs:
-        fail("outputs " + ", ".join(f"'{n}'" for n in outputs))
-    out = outputs[OUTPUT_NAME]
-    if out.type != "tensor(float)" or len(out.shape) != 2:
-        fail(f"output '{OUTPUT_NAME}' of type {out.type} shaped {out.shape}")
-    if isinstance(out.shape[1], int) and out.shape[1] != HUBERT_DIM:
-        fail(f"output '{OUTPUT_NAME}' of width {out.shape[1]}")

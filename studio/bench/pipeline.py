@@ -373,6 +373,7 @@ def run_pipeline_suite(
             {k: round(v, 1) for k, v in timings.items()},
             eye_method=getattr(avatar, "eye_method", None),
             hubert_providers=list(engine.hubert.providers),
+            hubert_fallback=engine.hubert.fallback,
         )
         for variant in variants:
             settings = replace(base, frame=variant).validate()
@@ -411,10 +412,11 @@ def run_pipeline_suite(
             f"HuBERT is {hub['label']}: the hubert row and the totals that include it do not "
             "measure the real network."
         )
-    if "CUDAExecutionProvider" not in result["inputs"]["hubert_providers"] and dev.type == "cuda":
+    on_gpu = any("cuda" in p.lower() for p in result["inputs"]["hubert_providers"])
+    if not on_gpu and dev.type == "cuda":
         result["notes"].append(
-            "HuBERT ran on ONNX Runtime's CPU provider (no CUDA provider in this onnxruntime): "
-            "install onnxruntime-gpu to run it on the GPU."
+            "HuBERT ran on ONNX Runtime's CPU provider: the torch path fell back "
+            f"({result['inputs']['hubert_fallback'] or 'no GPU device given'})."
         )
     return result
 
@@ -469,7 +471,7 @@ def to_markdown(result: dict[str, Any]) -> str:
         "",
         f"HuBERT: {hub['label']}"
         + (f" ({hub['detail']})" if hub.get("detail") else "")
-        + f"; ONNX Runtime providers {', '.join(inp['hubert_providers'])}.",
+        + f"; ran on {', '.join(inp['hubert_providers'])}.",
         "",
         "### Waterfall (ms, median per stage)",
         "",

@@ -452,7 +452,12 @@ class DittoEngine:
         self.networks = load_networks(self.checkpoints, self.device)
         if providers is None and self.device.type == "cpu":
             providers = ("CPUExecutionProvider",)
-        self.hubert = HubertFeatures(self.checkpoints.path("hubert"), providers)
+        # On a GPU HuBERT runs in torch there (one batched call per clip) unless the caller
+        # names ONNX Runtime providers; ORT may have only its CPU provider.
+        on_gpu = providers is None and self.device.type == "cuda"
+        self.hubert = HubertFeatures(
+            self.checkpoints.path("hubert"), providers, device=self.device if on_gpu else None
+        )
         self.condition, self.cfg_defaults = _condition_config(self.checkpoints, settings.emotion)
         lmdm_c = self.networks.lmdm.cond_dim
         if self.condition.width != lmdm_c:
