@@ -6,10 +6,10 @@ returns a :class:`DittoRenderer` that turns motion rows into frames in batches o
 Networks are loaded once per checkpoint folder and device and shared by every engine.
 
 Precision (the released set's choice): HuBERT and LMDM run in fp32; warp and decoder run in
-fp16 on a GPU (the warp network under autocast, so grid sampling and keypoint grids stay fp32)
-and fp32 on the CPU, as the runtime's torch engines (:mod:`studio.render.warp_decode`): one
-static batch, CUDA graphs. Frames come back through double-buffered pinned host memory, so
-the GPU renders the next batch while the host encodes the last one.
+fp16 on a GPU (weights cast; grid sampling stays fp32) and fp32 on the CPU, as the runtime's
+torch engines (:mod:`studio.render.warp_decode`): one static batch, CUDA graphs. Frames come
+back through double-buffered pinned host memory, so the GPU renders the next batch while the
+host encodes the last one.
 """
 
 from __future__ import annotations
