@@ -238,3 +238,24 @@ def test_checkpoints_and_the_ditto_backend_survive_a_restart(qtbot, assets):
     assert third.checkpoints is None and not third.controls.ditto_available()
     assert third.controls.backend_name() == "demo"
     third.close()
+
+
+def test_compile_box_needs_a_gpu_and_round_trips_the_setting(qtbot) -> None:
+    from studio.gui.widgets.controls import COMPILE_NEEDS_CUDA, ControlsPanel
+    from studio.settings import RenderSettings
+
+    panel = ControlsPanel()
+    qtbot.addWidget(panel)
+    panel.set_cuda_available(False)
+    panel.set_settings(RenderSettings(compile=True))  # e.g. a preset from a GPU machine
+    box = panel.ditto_box  # greyed as a whole on the demo backend; the check box on its own:
+    assert not panel.compile.isEnabledTo(box) and panel.compile.toolTip() == COMPILE_NEEDS_CUDA
+    assert panel.settings().compile is False
+    panel.set_cuda_available(True)
+    assert panel.compile.isEnabledTo(box)
+    with qtbot.waitSignal(panel.changed, timeout=2000) as blocker:
+        panel.compile.setChecked(True)
+    assert blocker.args == ["output"]  # frames re-render; the motion is kept
+    assert panel.settings().compile is True
+    panel.set_settings(RenderSettings(compile=False))
+    assert not panel.compile.isChecked()

@@ -46,6 +46,11 @@ BACKENDS = {
     },
 }
 DITTO_UNAVAILABLE = "set a folder of Ditto checkpoints (File → Checkpoints…) to enable"
+COMPILE_TIP = (
+    "warp + decoder through torch.compile: about 1.6x the frame rate on a GPU, after a first "
+    "render that compiles for about a minute (re-renders only)"
+)
+COMPILE_NEEDS_CUDA = "compiling needs a CUDA GPU and torch sees none here"
 FP16_NEEDS_CUDA = "fp16 unavailable: half precision needs a CUDA GPU and torch sees none here"
 PRECISION_TIPS = {
     "auto": "fp16 on a GPU, fp32 on the CPU (warp and decoder; HuBERT and LMDM stay fp32)",
@@ -138,7 +143,11 @@ class ControlsPanel(QWidget):
         f.addRow("Δ pitch", self.deltas["pitch"])
         f.addRow("Δ yaw", self.deltas["yaw"])
         f.addRow("Δ roll", self.deltas["roll"])
+        self.compile = QCheckBox("Compile render networks")
+        self.compile.setToolTip(COMPILE_NEEDS_CUDA)
+        self.compile.setEnabled(False)
         f.addRow("Frame", self.frame)
+        f.addRow("", self.compile)
         layout.addWidget(ditto)
 
         smooth = QGroupBox("Pose smoothing")
@@ -228,6 +237,7 @@ class ControlsPanel(QWidget):
             w.valueChanged.connect(self._output_changed)
         for w in (self.size, self.frame):
             w.currentIndexChanged.connect(self._output_changed)
+        self.compile.toggled.connect(self._output_changed)
         self.precision.currentIndexChanged.connect(self._precision_changed)
         self.backend.currentIndexChanged.connect(self._backend_changed)
         self.window.valueChanged.connect(self._window_changed)
@@ -247,6 +257,10 @@ class ControlsPanel(QWidget):
     def set_cuda_available(self, cuda: bool) -> None:
         """Whether fp16 can be offered for the ditto backend."""
         self._cuda = bool(cuda)
+        self.compile.setEnabled(self._cuda)
+        self.compile.setToolTip(COMPILE_TIP if self._cuda else COMPILE_NEEDS_CUDA)
+        if not self._cuda:
+            self.compile.setChecked(False)
         self._apply_backend_precisions(self.backend_name())
 
     def backend_name(self) -> str:
@@ -349,6 +363,7 @@ class ControlsPanel(QWidget):
             batch=self._batch,
             precision=str(self.precision.currentData()),
             frame=str(self.frame.currentData()),
+            compile=self.compile.isChecked() and self._cuda,
         ).validate()
 
     def set_settings(self, s: RenderSettings) -> None:
@@ -382,6 +397,7 @@ class ControlsPanel(QWidget):
             for axis, box in self.deltas.items():
                 box.setValue(float(getattr(s, f"delta_{axis}")))
             self.frame.setCurrentIndex(max(0, self.frame.findData(s.frame)))
+            self.compile.setChecked(bool(s.compile) and self._cuda)
             backend = s.backend if s.backend == "demo" or self.ditto_available() else "demo"
             if s.precision in BACKENDS[backend]["precisions"]:
                 self._precision_for[backend] = s.precision
