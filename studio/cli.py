@@ -115,6 +115,12 @@ def _ditto_options(p: argparse.ArgumentParser) -> None:
         "or the 512² face crop resized to --size",
     )
     g.add_argument(
+        "--runtime",
+        metavar="NAME",
+        help="engine backend of warp + decoder: torch (default), onnxruntime or tensorrt "
+        "(`studio doctor` says which run here)",
+    )
+    g.add_argument(
         "--compile",
         action="store_true",
         default=None,
@@ -251,6 +257,7 @@ def _settings(args: argparse.Namespace, **extra):
         "precision": args.precision,
         "frame": args.frame,
         "compile": args.compile,
+        "runtime": args.runtime,
         **extra,
     }
     if args.checkpoints:
@@ -367,7 +374,7 @@ def _engine_report(engine) -> dict:
             device=str(engine.device),
             memory=plan.to_dict(),
             render=engine.networks.warp_decode(
-                engine.settings.precision, engine.settings.compile
+                engine.settings.precision, engine.settings.compile, engine.settings.runtime
             ).describe(),
             steps=engine.settings.steps,
             avatar=str(getattr(engine.avatar, "folder", "")),

@@ -28,6 +28,7 @@ MAX_WINDOW = 101
 PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow")
 BACKENDS = ("demo", "ditto")
 MEMORY_MODES = ("auto", "resident", "streamed")
+RUNTIMES = ("torch", "onnxruntime", "tensorrt")  # the engine backends (studio.runtime)
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 FRAMES = ("full", "crop")
 MAX_STEPS = 1000
@@ -65,6 +66,7 @@ class RenderSettings:
     precision: str = "auto"
     frame: str = "full"
     compile: bool = False  # warp + decoder through torch.compile (CUDA; first render slower)
+    runtime: str = "torch"  # the engine backend of warp + decoder
 
     @property
     def smoothing(self) -> SmoothingSettings:
@@ -134,6 +136,7 @@ class RenderSettings:
             ("--memory", self.memory, MEMORY_MODES),
             ("--precision", self.precision, PRECISIONS),
             ("--frame", self.frame, FRAMES),
+            ("--runtime", self.runtime, RUNTIMES),
         ):
             if value not in allowed:
                 raise OptionError(option, f"must be one of {', '.join(allowed)}, got {value!r}")

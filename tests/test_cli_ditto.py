@@ -77,7 +77,8 @@ def test_report_splits_ditto_timings_and_names_the_engine(rendered):
     assert eng["name"] == "ditto" and eng["device"] == "cpu" and eng["steps"] == 2
     assert eng["memory"]["mode"] in {"resident", "streamed"} and eng["memory"]["batch"] >= 1
     precisions = {"warp_network": "fp32", "decoder": "fp32"}  # the CPU: no half kernels
-    assert eng["render"] == {"precision": precisions, "cuda_graphs": False, "compiled": False}
+    want = {"precision": precisions, "cuda_graphs": False, "compiled": False}
+    assert eng["render"] == {"runtime": "torch", **want}
     assert report["settings"]["backend"] == "ditto"
     assert str(cache) in eng["avatar"]
 
@@ -143,3 +144,24 @@ def test_ditto_options_need_checkpoints_and_an_avatar(ditto_assets, tmp_path, ca
     args[3] = str(tiny)
     code, _, err = _run(["render", *args, "--out", out], capsys)
     assert code != 0 and "tiny.png" in err and "Traceback" not in err
+
+
+def test_render_on_the_onnxruntime_runtime_and_an_unavailable_one(ditto_assets, tmp_path, capsys):
+    import importlib.util
+
+    cache = tmp_path / "avatars"
+    out, report = tmp_path / "ort.mp4", tmp_path / "ort.json"
+    argv = ["render", *_ditto_args(ditto_assets, cache, "--runtime", "onnxruntime")]
+    argv += ["--frame", "crop", "--size", "128", "--out", str(out), "--report", str(report)]
+    code, _, err = _run([*argv, "--x264-preset", "ultrafast"], capsys)
+    assert code == 0, err
+    render = json.loads(report.read_text())["engine"]["render"]
+    assert render["runtime"] == "onnxruntime" and render["cuda_graphs"] is False
+    with av.open(str(out)) as c:
+        assert (c.streams.video[0].width, c.streams.video[0].height) == (128, 128)
+    if importlib.util.find_spec("tensorrt") is None:
+        bad = tmp_path / "trt.mp4"
+        argv = ["render", *_ditto_args(ditto_assets, cache, "--runtime", "tensorrt")]
+        code, _, err = _run([*argv, "--out", str(bad)], capsys)
+        assert code == 2 and "--runtime" in err and "tensorrt is not importable" in err
+        assert "Traceback" not in err and not bad.exists()

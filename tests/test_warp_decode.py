@@ -68,3 +68,22 @@ def test_cuda_graphed_fp16_engines_track_fp32_and_a_new_avatar(modules) -> None:
     want2 = _eager((warp, decoder), other, x_s, x_d)
     cos2 = F.cosine_similarity(got2.double().flatten(), want2.double().flatten(), dim=0)
     assert float(cos2) >= 0.999
+
+
+def test_onnxruntime_engines_match_torch(modules, tmp_path, monkeypatch, one_torch_thread) -> None:
+    pytest.importorskip("onnxruntime")
+    monkeypatch.setenv("STUDIO_ENGINE_CACHE", str(tmp_path))  # the exported graphs go here
+    cpu = torch.device("cpu")
+    ort = WarpDecodeEngines(*modules, "auto", cpu, runtime="onnxruntime")
+    assert ort.describe()["runtime"] == "onnxruntime"
+    f_s, x_s, x_d = _inputs(modules[0], 2)
+    want = WarpDecodeEngines(*modules, "auto", cpu)(f_s, x_s, x_d, 2)
+    got = ort(f_s, x_s, x_d, 2)
+    assert float((got - want).norm() / want.norm()) <= 1e-4
+
+
+def test_a_runtime_that_cannot_run_here_is_an_option_error(modules) -> None:
+    from studio.errors import OptionError
+
+    with pytest.raises(OptionError, match="--precision"):  # ORT runs fp32 on the CPU
+        WarpDecodeEngines(*modules, "bf16", torch.device("cpu"), runtime="onnxruntime")

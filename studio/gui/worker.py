@@ -334,6 +334,7 @@ def renderer_key(engine: Any, size: int, settings: RenderSettings) -> tuple:
         size if settings.frame == "crop" else None,
         settings.precision,
         settings.compile,
+        settings.runtime,
         settings.delta_pitch,
         settings.delta_yaw,
         settings.delta_roll,

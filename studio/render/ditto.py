@@ -155,12 +155,14 @@ class DittoNetworks:
     device: torch.device
     _render: dict[str, WarpDecodeEngines] = field(default_factory=dict, repr=False)
 
-    def warp_decode(self, precision: str, compile: bool = False) -> WarpDecodeEngines:
-        """The (cached) warp + decoder engines for a render precision and compile setting."""
-        key = f"{precision}{'+compile' if compile else ''}"
+    def warp_decode(
+        self, precision: str, compile: bool = False, runtime: str = "torch"
+    ) -> WarpDecodeEngines:
+        """The (cached) warp + decoder engines for a runtime, precision and compile setting."""
+        key = f"{runtime}:{precision}{'+compile' if compile else ''}"
         if key not in self._render:
             self._render[key] = WarpDecodeEngines(
-                self.warp, self.decoder, precision, self.device, compile
+                self.warp, self.decoder, precision, self.device, compile, runtime
             )
         return self._render[key]
 
@@ -297,7 +299,9 @@ class DittoRenderer:
         self._pinned: list[Tensor | None] = [None, None]
         # "yuv420p": frames leave the device as the encoder's planes (render_video asks).
         self.pixel_format = "rgb24"
-        self.warp_decode = networks.warp_decode(settings.precision, settings.compile)
+        self.warp_decode = networks.warp_decode(
+            settings.precision, settings.compile, settings.runtime
+        )
 
     # - keypoints -
     def _stitch(self, rows: Tensor) -> tuple[Tensor, Tensor]:
@@ -450,6 +454,7 @@ class DittoEngine:
         self.settings = settings
         self.avatar = avatar
         self.networks = load_networks(self.checkpoints, self.device)
+        self._check_render(settings)
         if providers is None and self.device.type == "cpu":
             providers = ("CPUExecutionProvider",)
         # On a GPU HuBERT runs in torch there (one batched call per clip) unless the caller
@@ -472,10 +477,15 @@ class DittoEngine:
         """The same engine (networks, avatar) with other settings."""
         other = object.__new__(DittoEngine)
         other.__dict__.update(self.__dict__)
+        other._check_render(settings)
         other.settings = settings
         other.condition = replace(self.condition, emotion=int(settings.emotion))
         other.last_timings = {}
         return other
+
+    def _check_render(self, settings: RenderSettings) -> None:
+        """A runtime or precision that cannot run here fails now, before any motion is made."""
+        self.networks.warp_decode(settings.precision, settings.compile, settings.runtime)
 
     def generate(self, audio: Audio, phon: PhoneticFrames, seed: int) -> np.ndarray:
         """[N, 265] motion: HuBERT features, the 1103-wide condition, LMDM windows."""

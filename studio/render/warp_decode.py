@@ -20,9 +20,16 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
+from studio.errors import OptionError
 from studio.models.decoder import fold_spectral_norm
 from studio.models.warp_network import FEATURE_SIZE
-from studio.runtime.engine import HALF_DTYPES, EngineBase, make_engine, parse_precision
+from studio.runtime.engine import (
+    HALF_DTYPES,
+    EngineBase,
+    make_engine,
+    parse_precision,
+    precision_support,
+)
 
 __all__ = ["RENDER_NETWORKS", "WarpDecodeEngines"]
 
@@ -44,7 +51,9 @@ class WarpDecodeEngines:
 
     ``precision`` is the render setting: ``auto`` (per-network defaults), ``fp32``, ``fp16``
     or ``bf16``; ``compile`` runs both through ``torch.compile`` inside the graphs (CUDA
-    only: on the CPU it is ignored and :attr:`compiled` says so). The output of
+    only: on the CPU it is ignored and :attr:`compiled` says so); ``runtime`` is the engine
+    backend (torch, onnxruntime or tensorrt; CUDA graphs and compile are torch's, and a
+    runtime that cannot run here is an OptionError naming ``--runtime``). The output of
     :meth:`__call__` is an engine's static buffer on CUDA: the next call overwrites it, so
     consume (or copy) it before rendering the next batch.
     """
@@ -56,12 +65,21 @@ class WarpDecodeEngines:
         precision: str,
         device: torch.device,
         compile: bool = False,
+        runtime: str = "torch",
     ) -> None:
         self.device = torch.device(device)
+        self.runtime = runtime
+        why = precision_support(runtime, self.device).get("fp32")
+        if why is not None:
+            raise OptionError("--runtime", f"{runtime} cannot run on {self.device} here: {why}")
+        torch_runtime = runtime == "torch"
         self.cuda = self.device.type == "cuda"
-        self.compiled = compile and self.cuda
+        self.graphs = self.cuda and torch_runtime
+        self.compiled = compile and self.graphs
         spec = None if precision == "auto" else precision
-        plan = parse_precision(spec, "torch", self.device, networks=RENDER_NETWORKS)
+        plan = parse_precision(
+            spec, runtime, self.device, option="--precision", networks=RENDER_NETWORKS
+        )
         self.precisions = {n: plan.of(n) for n in RENDER_NETWORKS}
         folded = fold_spectral_norm(decoder)
         folded.feature_size = FEATURE_SIZE  # the engine's static input is the warp's output
@@ -70,10 +88,11 @@ class WarpDecodeEngines:
         self._f_s: dict[int, Tensor] = {}  # batch -> the f_s last written into its buffer
 
     def describe(self) -> dict[str, object]:
-        """What runs, for reports: per-network precision, CUDA graphs, torch.compile."""
+        """What runs, for reports: runtime, per-network precision, CUDA graphs, torch.compile."""
         return {
+            "runtime": self.runtime,
             "precision": dict(self.precisions),
-            "cuda_graphs": self.cuda,
+            "cuda_graphs": self.graphs,
             "compiled": self.compiled,
         }
 
@@ -85,17 +104,22 @@ class WarpDecodeEngines:
                 for name in RENDER_NETWORKS:
                     built[name] = make_engine(
                         name,
-                        "torch",
+                        self.runtime,
                         self.precisions[name],
                         self.device,
                         module=self._modules[name],
                         batch=batch,
-                        cuda_graph=self.cuda,
-                        compile=self.compiled,
-                        mode="cast" if self.precisions[name] in HALF_DTYPES else None,
+                        cuda_graph=self.graphs,
+                        **self._options(name),
                     )
             self._engines[batch] = built
         return self._engines[batch]
+
+    def _options(self, name: str) -> dict[str, object]:
+        if self.runtime != "torch":
+            return {}
+        half = self.precisions[name] in HALF_DTYPES
+        return {"compile": self.compiled, "mode": "cast" if half else None}
 
     def __call__(self, f_s: Tensor, x_s: Tensor, x_d: Tensor, batch: int) -> Tensor:
         """Render ``x_d.shape[0] <= batch`` frames of the avatar ``f_s`` [1, C, D, H, W]."""

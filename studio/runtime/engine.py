@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 from studio.errors import InputError, OptionError, StudioError
+from studio.settings import RUNTIMES
 
 __all__ = [
     "BACKENDS",
@@ -64,7 +65,7 @@ __all__ = [
     "torch_dtype",
 ]
 
-BACKENDS = ("torch", "onnxruntime", "tensorrt")
+BACKENDS = RUNTIMES  # torch, onnxruntime, tensorrt (named in studio.settings for the options)
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 _PRECISION_ALIASES = {
     "float32": "fp32",
