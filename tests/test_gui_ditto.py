@@ -259,3 +259,23 @@ def test_compile_box_needs_a_gpu_and_round_trips_the_setting(qtbot) -> None:
     assert panel.settings().compile is True
     panel.set_settings(RenderSettings(compile=False))
     assert not panel.compile.isChecked()
+
+
+def test_runtime_choice_shows_what_runs_here(qtbot, assets) -> None:
+    from studio.gui.widgets.controls import RUNTIME_UNCHECKED
+    from studio.gui.worker import runtime_reasons
+
+    w = _open(qtbot, assets)
+    panel = w.controls
+    assert not panel.runtime.model().item(1).isEnabled()  # before any checkpoint check
+    assert panel.runtime.model().item(1).toolTip() == RUNTIME_UNCHECKED
+    assert _set_checkpoints(w, qtbot, assets["tree"])
+    reasons = runtime_reasons()
+    assert reasons["torch"] is None and reasons["onnxruntime"] is None  # both installed here
+    for i, name in enumerate(("torch", "onnxruntime", "tensorrt")):
+        item = panel.runtime.model().item(i)
+        assert item.isEnabled() == (reasons[name] is None)
+        if reasons[name] is not None:
+            assert item.toolTip() == reasons[name]
+    panel.runtime.setCurrentIndex(1)
+    assert panel.settings().runtime == "onnxruntime"

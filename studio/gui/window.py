@@ -540,6 +540,8 @@ class MainWindow(QMainWindow):
             return  # an older request, or cleared meanwhile
         announce, self._checking = self._announce_check, None
         self.controls.set_cuda_available(check.cuda)
+        if check.runtimes:
+            self.controls.set_runtimes(check.runtimes)
         if not check.ok:
             if announce:
                 self.statusBar().showMessage("checkpoints not set: files are missing", 8000)

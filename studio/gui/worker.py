@@ -19,7 +19,7 @@ import os
 import threading
 import time
 import traceback
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +92,7 @@ class CheckpointCheck:
     message: str = ""
     details: str = ""
     cuda: bool = False  # whether torch sees a CUDA GPU (fp16 is offered only then)
+    runtimes: dict[str, str | None] = field(default_factory=dict)  # name -> why not (None: ok)
 
 
 def _details() -> str:
@@ -124,6 +125,17 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def runtime_reasons() -> dict[str, str | None]:
+    """Which render runtimes can run on the default device: name -> None, or why not."""
+    import torch
+
+    from studio.runtime.engine import precision_support
+    from studio.settings import RUNTIMES
+
+    dev = torch.device("cuda" if cuda_available() else "cpu")
+    return {name: precision_support(name, dev).get("fp32") for name in RUNTIMES}
+
+
 def check_checkpoints(path: str) -> CheckpointCheck:
     """``discover`` + ``require`` every file the Ditto engine and avatar registration read."""
     from studio.render.ditto import ALL_ROLES, require
@@ -134,7 +146,9 @@ def check_checkpoints(path: str) -> CheckpointCheck:
         require(found, ALL_ROLES)
     except StudioError as e:
         return CheckpointCheck(path, path, False, _one_line(str(e)), str(e), cuda_available())
-    return CheckpointCheck(path, str(found.root), True, cuda=cuda_available())
+    return CheckpointCheck(
+        path, str(found.root), True, cuda=cuda_available(), runtimes=runtime_reasons()
+    )
 
 
 def _one_line(message: str) -> str:

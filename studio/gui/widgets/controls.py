@@ -25,7 +25,14 @@ from PySide6.QtWidgets import (
 
 from studio.motion.cadence import CadenceThresholds
 from studio.motion.layout import EMOTIONS
-from studio.settings import MAX_DELTA_DEG, MAX_SIZE, MAX_STEPS, MIN_SIZE, RenderSettings
+from studio.settings import (
+    MAX_DELTA_DEG,
+    MAX_SIZE,
+    MAX_STEPS,
+    MIN_SIZE,
+    RUNTIMES,
+    RenderSettings,
+)
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 SIZES = (256, 384, 512, 768, 1024)
@@ -50,6 +57,7 @@ COMPILE_TIP = (
     "warp + decoder through torch.compile: about 1.6x the frame rate on a GPU, after a first "
     "render that compiles for about a minute (re-renders only)"
 )
+RUNTIME_UNCHECKED = "not checked yet: set a checkpoint folder (File → Checkpoints…)"
 COMPILE_NEEDS_CUDA = "compiling needs a CUDA GPU and torch sees none here"
 FP16_NEEDS_CUDA = "fp16 unavailable: half precision needs a CUDA GPU and torch sees none here"
 PRECISION_TIPS = {
@@ -143,10 +151,16 @@ class ControlsPanel(QWidget):
         f.addRow("Δ pitch", self.deltas["pitch"])
         f.addRow("Δ yaw", self.deltas["yaw"])
         f.addRow("Δ roll", self.deltas["roll"])
+        self.runtime = QComboBox()
+        for name in RUNTIMES:
+            self.runtime.addItem(name, name)
+        self.runtime.setToolTip("engine backend of the warp network and decoder (re-renders)")
+        self.set_runtimes({"torch": None})
         self.compile = QCheckBox("Compile render networks")
         self.compile.setToolTip(COMPILE_NEEDS_CUDA)
         self.compile.setEnabled(False)
         f.addRow("Frame", self.frame)
+        f.addRow("Runtime", self.runtime)
         f.addRow("", self.compile)
         layout.addWidget(ditto)
 
@@ -235,7 +249,7 @@ class ControlsPanel(QWidget):
         self.emotion.currentIndexChanged.connect(self._motion_changed)
         for w in self.deltas.values():
             w.valueChanged.connect(self._output_changed)
-        for w in (self.size, self.frame):
+        for w in (self.size, self.frame, self.runtime):
             w.currentIndexChanged.connect(self._output_changed)
         self.compile.toggled.connect(self._output_changed)
         self.precision.currentIndexChanged.connect(self._precision_changed)
@@ -262,6 +276,15 @@ class ControlsPanel(QWidget):
         if not self._cuda:
             self.compile.setChecked(False)
         self._apply_backend_precisions(self.backend_name())
+
+    def set_runtimes(self, reasons: dict[str, str | None]) -> None:
+        """Enable the runtimes that can run here (``reasons[name]`` None), others greyed with
+        the reason as their tooltip; an unusable current runtime falls back to torch."""
+        for i, name in enumerate(RUNTIMES):
+            why = reasons.get(name, RUNTIME_UNCHECKED)
+            _set_item(self.runtime, i, why is None, f"{name}: usable here" if why is None else why)
+        if not _item_enabled(self.runtime, self.runtime.currentIndex()):
+            self.runtime.setCurrentIndex(RUNTIMES.index("torch"))
 
     def backend_name(self) -> str:
         return str(self.backend.currentData())
@@ -364,6 +387,7 @@ class ControlsPanel(QWidget):
             precision=str(self.precision.currentData()),
             frame=str(self.frame.currentData()),
             compile=self.compile.isChecked() and self._cuda,
+            runtime=str(self.runtime.currentData()),
         ).validate()
 
     def set_settings(self, s: RenderSettings) -> None:
@@ -398,6 +422,8 @@ class ControlsPanel(QWidget):
                 box.setValue(float(getattr(s, f"delta_{axis}")))
             self.frame.setCurrentIndex(max(0, self.frame.findData(s.frame)))
             self.compile.setChecked(bool(s.compile) and self._cuda)
+            want = RUNTIMES.index(s.runtime) if s.runtime in RUNTIMES else 0
+            self.runtime.setCurrentIndex(want if _item_enabled(self.runtime, want) else 0)
             backend = s.backend if s.backend == "demo" or self.ditto_available() else "demo"
             if s.precision in BACKENDS[backend]["precisions"]:
                 self._precision_for[backend] = s.precision
