@@ -130,3 +130,84 @@ def test_transition_peak_and_exp_metrics():
     b[:, L.EXP] += rng.normal(0, 0.01, b[:, L.EXP].shape).astype(np.float32)
     mae, corr = K.exp_metrics(a, b)
     assert mae > 0 and corr < 1
+
+
+def _kkt_gap(y, x, a):
+    """Largest breach of the QP's optimality conditions by x, relative to the multipliers.
+
+    Recovers the multipliers from x - y = -Dᵀλ by least squares (independent of the
+    solver) and checks stationarity, signs on the bound and zeros off it.
+    """
+    d = np.diff(np.eye(len(y)), 2, axis=0)
+    r = y - x
+    lam = np.linalg.lstsq(d.T, r, rcond=None)[0]
+    scale = np.abs(lam).max(axis=0) + 1e-300
+    z = (d @ x) / a
+    wrong_sign = np.where(z > 1 - 1e-6, -lam, np.where(z < -1 + 1e-6, lam, np.abs(lam)))
+    stationarity = np.abs(d.T @ lam - r).max(axis=0) / (np.abs(r).max(axis=0) + 1e-300)
+    return float(max((np.maximum(wrong_sign, 0).max(axis=0) / scale).max(), stationarity.max()))
+
+
+def _jumpy_pose(seed=0, n=165):
+    """Savitzky–Golay pose of random-weight-LMDM-like motion: every dim a fresh N(0, 1)."""
+    m = np.random.default_rng(seed).normal(0, 1, (n, L.MOTION_DIM)).astype(np.float32)
+    return m, K.savgol(K.pose_channels(m), K.DEFAULT_WINDOW, K.DEFAULT_ORDER)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_limiter_agrees_with_a_bounded_least_squares_solver(seed):
+    from scipy.optimize import lsq_linear
+
+    rng = np.random.default_rng(7 + seed)
+    n, a = 60, 0.3
+    y = np.cumsum(rng.normal(0, 1, n)) + rng.normal(0, 2, n)
+    # The same QP over (x0, v0, Δ²x): x is linear in them and the bound is a box.
+    k = np.arange(n)[:, None]
+    basis = np.hstack([np.ones((n, 1)), k, np.maximum(k - 1 - np.arange(n - 2), 0)])
+    bound = np.r_[np.inf, np.inf, np.full(n - 2, a)]
+    ref = lsq_linear(basis, y, bounds=(-bound, bound), method="bvls", tol=1e-12)
+    assert ref.success
+    want = basis @ ref.x
+    x = K.limit_acceleration(y, a)
+    np.testing.assert_allclose(x, want, atol=1e-6 * np.abs(y - want).max())
+    assert np.sum((x - y) ** 2) <= np.sum((want - y) ** 2) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_jumpy_motion_is_bounded_and_optimal_by_convergence(seed):
+    m, pose = _jumpy_pose(seed)
+    lim = K.channel_limits(K.DEFAULT_ACCEL_LIMIT)
+    assert np.all(np.abs(K.second_difference(pose)).max(axis=0) > 10 * lim)  # really jumpy
+    x, stats = K.limit_acceleration_stats(pose, lim)
+    assert stats.exact and 0 < stats.newton_steps < 80  # converged, not stopped by the cap
+    assert np.all(np.abs(K.second_difference(x)) <= lim)
+    assert _kkt_gap(pose, x, lim) < 1e-6
+    # No other feasible curve is closer: e.g. the same curvature shrunk about the trend.
+    shrunk = K._shrink_curvature(pose.copy(), lim)
+    assert np.sum((x - pose) ** 2) < np.sum((shrunk - pose) ** 2)
+    out = K.smooth_motion(m, K.SmoothingSettings())
+    assert K.accel_max(out) <= K.DEFAULT_ACCEL_LIMIT
+    assert np.array_equal(out[:, L.EXP], m[:, L.EXP])
+    assert np.array_equal(out[:, L.SCALE], m[:, L.SCALE])
+    np.testing.assert_allclose(L.pose_degrees(out), x[:, :3], atol=1e-3)
+
+
+def test_limiter_bound_holds_when_the_cap_ends_it():
+    _, pose = _jumpy_pose(3)
+    lim = K.channel_limits(K.DEFAULT_ACCEL_LIMIT)
+    for cap in (0, 1, 3):
+        x, stats = K.limit_acceleration_stats(pose, lim, max_iter=cap)
+        assert stats.newton_steps <= cap
+        assert np.all(np.abs(K.second_difference(x)) <= lim)
+
+
+def test_calm_motion_with_a_few_spikes_needs_no_interior_point_steps():
+    rng = np.random.default_rng(8)
+    f = np.arange(165.0)
+    y = np.stack([6 * np.sin(f / 9), 8 * np.sin(f / 13 + 1)], axis=1)
+    y[[30, 90, 140]] += rng.normal(0, 2, (3, 2))
+    x, stats = K.limit_acceleration_stats(y, 0.5)
+    assert stats.exact and stats.newton_steps == 0
+    assert np.all(np.abs(K.second_difference(x)) <= 0.5)
+    assert _kkt_gap(y, x, np.array([0.5, 0.5])) < 1e-6
+    np.testing.assert_allclose(x[:20], y[:20], rtol=0, atol=1e-12)  # far from the spikes
