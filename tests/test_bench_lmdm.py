@@ -208,9 +208,13 @@ def test_measure_runs_setup_before_each_run():
 
 
 def test_markdown_profile_section_and_kernel_kinds(result):
-    assert B._kernel_category("nvjet_sm90_tst_64x16_64x16_2x4_h_bz_bias_TNT") == "matmul"
-    assert B._kernel_category("pytorch_flash::flash_fwd_kernel") == "attention"
-    assert B._kernel_category("triton_poi_fused_gelu_view_8") == "triton (fused)"
+    from studio.bench.timing import kernel_category
+
+    cats = B._KERNEL_CATEGORIES
+    assert kernel_category("elementwise_kernel<128, 4>", cats) == "elementwise / other"
+    assert kernel_category("nvjet_sm90_tst_64x16_64x16_2x4_h_bz_bias_TNT", cats) == "matmul"
+    assert kernel_category("pytorch_flash::flash_fwd_kernel", cats) == "attention"
+    assert kernel_category("triton_poi_fused_gelu_view_8", cats) == "triton (fused)"
     fake = dict(result)
     fake["profile"] = {
         "path": "fast_fp16_graph",

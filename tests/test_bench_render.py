@@ -215,3 +215,32 @@ def test_suite_all_keeps_going_after_a_failing_suite(tmp_path):
     data = json.loads(js.read_text())
     assert data["suites"]["render"]["status"] == "error"
     assert data["suites"]["kinematics"]["suite"] == "kinematics"
+
+
+def test_profile_section_splits_the_networks_by_kernel_kind(run):
+    from studio.bench.render import RENDER_KERNELS, to_markdown
+    from studio.bench.timing import kernel_category
+
+    assert "profile" not in run["data"]  # CUDA only
+    assert kernel_category("grid_sampler_3d_kernel<float>", RENDER_KERNELS) == "grid sampling"
+    name = "sm90_xmma_fprop_implicit_gemm_f16f16_f16f32_nhwckrsc_nchw"
+    assert kernel_category(name, RENDER_KERNELS) == "convolution / GEMM"
+    net = {
+        "kernels": 3,
+        "kernel_ms": 8.0,
+        "by_category": {"convolution / GEMM": {"kernels": 2, "ms": 6.0}},
+        "top_kernels": [{"name": name, "count": 2, "ms": 6.0}],
+    }
+    fake = dict(run["data"])
+    fake["profile"] = {
+        "precision": "fp16",
+        "batch": 2,
+        "networks": {"warp_network": net, "decoder": net},
+        "ms_per_frame": {"warp_network": 4.0, "decoder": 4.0},
+    }
+    md = to_markdown(fake)
+    assert "### Where the time goes: eager fp16, B=2" in md
+    assert "warp_network 4.000 ms, decoder 4.000 ms (total 8.000 ms)" in md
+    assert "| convolution / GEMM | 2 | 6.000 | 75% |" in md
+    fake["profile"] = {"error": "OutOfMemoryError: boom"}
+    assert "Profile failed: OutOfMemoryError: boom" in to_markdown(fake)

@@ -58,6 +58,7 @@ from studio.bench.timing import (
     capture_graph,
     device_facts,
     git_commit,
+    kernel_profile,
     matmul_tf32,
     measure,
     synchronize,
@@ -389,14 +390,6 @@ _KERNEL_CATEGORIES = (
 )
 
 
-def _kernel_category(name: str) -> str:
-    low = name.lower()
-    for category, keys in _KERNEL_CATEGORIES:
-        if any(k in low for k in keys):
-            return category
-    return "elementwise / other"
-
-
 def profile_fast_path(
     base: LMDM,
     spec: PathSpec,
@@ -412,8 +405,6 @@ def profile_fast_path(
     compares the summed kernel time with the replay's event time (the rest is the gaps
     between graph nodes).
     """
-    from torch.profiler import ProfilerActivity, profile
-
     fast = FastLMDM(base, spec, device, sdpa=sdpa, compile_mode=compile_mode)
     fast.load_condition(inputs.cond_frame[0], inputs.cond[0])
     sched = make_schedule(steps)
@@ -421,39 +412,23 @@ def profile_fast_path(
     x = inputs.x_t[steps][0].clone()
     graph, _ = capture_graph(lambda: fast.sample(sampler, x))
     replay = measure(graph.replay, device=device, repeats=5, warmup=2)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        graph.replay()
-        torch.cuda.synchronize(device)
-    kernels: dict[str, list[float]] = {}
-    for ev in prof.events():
-        if str(getattr(ev, "device_type", "")).endswith("CUDA") and getattr(ev, "name", ""):
-            us = float(getattr(ev, "device_time", None) or getattr(ev, "cuda_time", 0.0) or 0.0)
-            kernels.setdefault(ev.name, []).append(us)
-    total_us = sum(sum(v) for v in kernels.values())
-    count = sum(len(v) for v in kernels.values())
-    by_cat: dict[str, dict[str, float]] = {}
-    for name, times in kernels.items():
-        c = by_cat.setdefault(_kernel_category(name), {"kernels": 0, "us": 0.0})
-        c["kernels"] += len(times)
-        c["us"] += sum(times)
-    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:12]
+    prof = kernel_profile(graph.replay, device, _KERNEL_CATEGORIES)
     del graph
+    kernel_ms = prof["kernel_ms"]
     return {
         "path": spec.name,
         "steps": steps,
         "sdpa": sdpa,
         "replay_ms": replay.median_ms,
-        "kernels": count,
-        "kernels_per_step": count / steps,
-        "kernel_ms": total_us / 1e3,
-        "busy_fraction": (total_us / 1e3) / replay.median_ms if replay.median_ms > 0 else None,
+        "kernels": prof["kernels"],
+        "kernels_per_step": prof["kernels"] / steps,
+        "kernel_ms": kernel_ms,
+        "busy_fraction": kernel_ms / replay.median_ms if replay.median_ms > 0 else None,
         "by_category": {
-            k: {"kernels_per_step": v["kernels"] / steps, "ms_per_step": v["us"] / 1e3 / steps}
-            for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1]["us"])
+            k: {"kernels_per_step": v["kernels"] / steps, "ms_per_step": v["ms"] / steps}
+            for k, v in prof["by_category"].items()
         },
-        "top_kernels": [
-            {"name": name[:120], "count": len(t), "ms": sum(t) / 1e3} for name, t in top
-        ],
+        "top_kernels": prof["top_kernels"],
     }
 
 

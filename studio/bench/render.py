@@ -67,6 +67,7 @@ from studio.bench.timing import (
     capture_graph,
     device_facts,
     git_commit,
+    kernel_profile,
     matmul_tf32,
     measure,
     synchronize,
@@ -633,6 +634,7 @@ def run_render_suite(
     cudnn_benchmark: bool = True,
     flush_cache: bool = True,
     manifest: str | Path | None = None,
+    profile: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Measure warp+decode per path and batch; a JSON-ready dict (see the module docstring).
@@ -640,7 +642,8 @@ def run_render_suite(
     ``precisions`` None: all of :data:`PRECISIONS` on CUDA, fp32 on the CPU. ``paths`` limits
     the paths run (``eager_fp32`` always runs). ``repeats`` None: automatic (``target_ms``);
     ``warmup`` None: 2 on CUDA, 1 on the CPU. Keys: suite, facts, config, flops, matmul,
-    published, targets, paths (name -> status, settings, batches[str(B)]), summary, notes.
+    published, targets, paths (name -> status, settings, batches[str(B)]), summary, notes;
+    on CUDA with ``profile``, also profile (:func:`profile_networks` at fp16, largest batch).
     """
     say = progress or (lambda _line: None)
     dev = torch.device(device)
@@ -811,6 +814,13 @@ def run_render_suite(
             gc.collect()
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
+        if profile and dev.type == "cuda":
+            try:
+                result["profile"] = profile_networks(
+                    warp, decoder, PRECISIONS["fp16"], dev, inputs, max(batches)
+                )
+            except Exception as e:  # out of memory, a profiler without CUDA activity, ...
+                result["profile"] = {"error": _reason(e)}
     finally:
         if dev.type == "cuda":
             torch.backends.cudnn.benchmark = bench_before
@@ -825,6 +835,80 @@ def run_render_suite(
         result["notes"].append("torch.compile paths not run (--compile measures them)")
     result["summary"] = _summary(result)
     return result
+
+
+RENDER_KERNELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("grid sampling", ("grid_sampler",)),
+    ("convolution / GEMM", ("conv", "implicit", "xmma", "cutlass", "gemm", "nvjet", "sm90_")),
+    ("normalisation", ("norm", "welford")),
+    ("triton (fused)", ("triton",)),
+    ("upsample / pixel shuffle", ("upsample", "pixel_shuffle", "interpolate")),
+    ("copy / layout", ("copy", "nchw", "nhwc", "cat", "memcpy", "memset", "fill")),
+    ("reduction", ("reduce", "softmax")),
+)
+
+
+def profile_networks(
+    warp: nn.Module,
+    decoder: nn.Module,
+    precision: Precision,
+    device: torch.device,
+    inputs: _Inputs,
+    batch: int,
+) -> dict[str, Any]:
+    """Where a batch's time goes: the kernels of the warp network and of the decoder, each run
+    once eagerly (spectral norm folded, ``precision``) after a warm-up, by kind of kernel."""
+    wd = WarpDecode(warp, decoder, precision, device)
+    f_s, x_s, x_d = wd.cast_inputs(*inputs.batch(batch)[0])
+    f_b = f_s.expand(batch, *f_s.shape[1:])
+    with wd.context():
+        feature = wd.warp(f_b, x_s, x_d)
+        for _ in range(2):
+            wd.decoder(wd.warp(f_b, x_s, x_d))
+        nets = {
+            "warp_network": kernel_profile(lambda: wd.warp(f_b, x_s, x_d), device, RENDER_KERNELS),
+            "decoder": kernel_profile(lambda: wd.decoder(feature), device, RENDER_KERNELS),
+        }
+    return {
+        "precision": precision.name,
+        "batch": batch,
+        "networks": nets,
+        "ms_per_frame": {n: p["kernel_ms"] / batch for n, p in nets.items()},
+    }
+
+
+def _profile_markdown(prof: dict[str, Any]) -> list[str]:
+    out = ["", f"### Where the time goes: eager {prof.get('precision')}, B={prof.get('batch')}", ""]
+    if prof.get("error"):
+        return [*out, f"Profile failed: {prof['error']}"]
+    per = prof["ms_per_frame"]
+    out.append(
+        "Summed kernel time per frame: "
+        + ", ".join(f"{n} {fmt(v, 3)} ms" for n, v in per.items())
+        + f" (total {fmt(sum(per.values()), 3)} ms)."
+    )
+    for name, p in prof["networks"].items():
+        out += ["", f"**{name}** ({p['kernels']} kernels, {fmt(p['kernel_ms'], 2)} ms)", ""]
+        out += table(
+            ["kernel kind", "kernels", "ms", "share"],
+            [
+                [k, str(v["kernels"]), fmt(v["ms"], 3), f"{100 * v['ms'] / p['kernel_ms']:.0f}%"]
+                for k, v in p["by_category"].items()
+            ]
+            if p["kernel_ms"] > 0
+            else [],
+        )
+        out += [
+            "",
+            *table(
+                ["top kernels", "count", "ms"],
+                [
+                    [f"`{t['name'][:80]}`".replace("|", "/"), str(t["count"]), fmt(t["ms"], 3)]
+                    for t in p["top_kernels"][:6]
+                ],
+            ),
+        ]
+    return out
 
 
 def _progress_line(name: str, rec: dict[str, Any]) -> str:
@@ -1046,6 +1130,9 @@ def to_markdown(result: dict[str, Any]) -> str:
         rows += [[n, f"B={b}", "error", str(why).replace("|", "/")] for n, b, why in errors]
         out += table(["path", "batch", "status", "reason"], rows)
 
+    if result.get("profile"):
+        out += _profile_markdown(result["profile"])
+
     out += ["", "### Settings per path", ""]
     rows = []
     for name, rec in ok.items():
@@ -1185,6 +1272,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cudnn-benchmark", action="store_true", help="keep cuDNN heuristics")
     p.add_argument("--no-flush", action="store_true", help="do not flush L2 between runs")
     p.add_argument("--manifest", metavar="FILE", help=f"path of {MANIFEST_NAME}")
+    p.add_argument("--no-profile", action="store_true", help="skip the kernel profile (CUDA)")
     return p
 
 
@@ -1215,6 +1303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cudnn_benchmark=not args.no_cudnn_benchmark,
             flush_cache=not args.no_flush,
             manifest=args.manifest,
+            profile=not args.no_profile,
             progress=lambda line: print(line, file=sys.stderr, flush=True),
         )
     except (RuntimeError, ValueError, OSError) as e:

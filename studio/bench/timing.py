@@ -17,7 +17,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -207,3 +207,50 @@ def device_facts(device: torch.device | str) -> dict[str, Any]:
     else:
         facts.update(name=facts["cpu"], capability=None)
     return facts
+
+
+def kernel_category(name: str, categories: Sequence[tuple[str, tuple[str, ...]]]) -> str:
+    """The first category whose keys the kernel's lowercase name holds, else "elementwise /
+    other"."""
+    low = name.lower()
+    return next((c for c, keys in categories if any(k in low for k in keys)), OTHER_KERNELS)
+
+
+OTHER_KERNELS = "elementwise / other"
+
+
+def kernel_profile(
+    fn: Callable[[], object],
+    device: torch.device,
+    categories: Sequence[tuple[str, tuple[str, ...]]],
+    top: int = 12,
+) -> dict[str, Any]:
+    """GPU kernels of one ``fn()`` call (``torch.profiler``, CUDA activity): count, summed
+    time, time per :func:`kernel_category` and the ``top`` kernels by time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize(device)
+    kernels: dict[str, list[float]] = {}
+    for ev in prof.events():
+        if str(getattr(ev, "device_type", "")).endswith("CUDA") and getattr(ev, "name", ""):
+            us = float(getattr(ev, "device_time", None) or getattr(ev, "cuda_time", 0.0) or 0.0)
+            kernels.setdefault(ev.name, []).append(us)
+    by_cat: dict[str, dict[str, float]] = {}
+    for name, times in kernels.items():
+        c = by_cat.setdefault(kernel_category(name, categories), {"kernels": 0, "us": 0.0})
+        c["kernels"] += len(times)
+        c["us"] += sum(times)
+    ranked = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return {
+        "kernels": sum(len(v) for v in kernels.values()),
+        "kernel_ms": sum(sum(v) for v in kernels.values()) / 1e3,
+        "by_category": {
+            k: {"kernels": int(v["kernels"]), "ms": v["us"] / 1e3}
+            for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1]["us"])
+        },
+        "top_kernels": [
+            {"name": name[:120], "count": len(t), "ms": sum(t) / 1e3} for name, t in ranked
+        ],
+    }
