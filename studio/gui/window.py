@@ -457,7 +457,10 @@ class MainWindow(QMainWindow):
         if stage == "export" and self.export_dialog is not None:
             self.export_dialog.set_progress(done, total)
         elif gen == self.generation:
-            self.statusBar().showMessage(f"rendering preview… {done}/{total}")
+            note = ""
+            if done == 0 and self.controls.settings().compile:
+                note = " (the first render with compile builds the networks: about a minute)"
+            self.statusBar().showMessage(f"rendering preview… {done}/{total}{note}")
             self._show_progress(done, total)
 
     def _show_progress(self, done: int, total: int) -> None:

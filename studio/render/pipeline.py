@@ -174,6 +174,8 @@ def iter_frames(
     stats.setdefault("render_s", 0.0)
     frame = 0
     n = plan.num_frames
+    if progress is not None:
+        progress("render", 0, n)  # before the first batch, which may build (compile) engines
     for chunk in chunks:
         if cancel is not None and cancel():
             raise Cancelled()
