@@ -8,8 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from studio.models.random_tree import random_network
-from studio.render.pipeline import balanced_batch
-from studio.render.warp_decode import WarpDecodeEngines
+from studio.render.warp_decode import MAX_BATCH_SIZES, WarpDecodeEngines, static_batch
 
 needs_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none here)"
@@ -32,10 +31,21 @@ def _eager(modules, f_s, x_s, x_d):
         return decoder(warp(f_s.expand(x_d.shape[0], *f_s.shape[1:]), x_s, x_d))
 
 
-def test_balanced_batches_render_the_fewest_padded_frames() -> None:
-    assert balanced_batch(165, 32) == 28  # 6 batches, 3 padded frames (not 27 at 32)
-    assert balanced_batch(20, 4) == 4 and balanced_batch(3, 32) == 3
-    assert balanced_batch(33, 32) == 17 and balanced_batch(0, 8) == 1
+def test_static_batches_climb_a_short_ladder() -> None:
+    # 165 frames at cap 32: five full batches and a tail of 5 on the 8-frame engines
+    assert [static_batch(n, 32) for n in (32, 5, 1, 17, 25, 40)] == [32, 8, 1, 24, 32, 32]
+    assert static_batch(3, 20) == 4 and static_batch(17, 20) == 20  # a cap off the ladder
+    assert static_batch(0, 8) == 1
+
+
+def test_engines_of_the_least_recently_used_batch_sizes_are_freed(modules, one_torch_thread):
+    wd = WarpDecodeEngines(*modules, "auto", torch.device("cpu"))
+    sizes = [1, 2, 4, 1, 8]  # 1 is used again before 8 arrives: 2 goes
+    first = wd.engines(1)
+    for b in sizes[1:]:
+        wd.engines(b)
+    assert len(wd._engines) == MAX_BATCH_SIZES and set(wd._engines) == {4, 1, 8}
+    assert wd.engines(1) is first  # kept, not rebuilt
 
 
 def test_engines_match_the_modules_and_pad_short_batches(modules, one_torch_thread) -> None:

@@ -39,7 +39,7 @@ from studio.motion.condition import ConditionConfig, ConditionSource, assemble
 from studio.motion.generator import generate_motion
 from studio.motion.layout import MOTION_DIM, motion_from_info
 from studio.motion.stitch import StitchConfig, StitchControls, stitch_motion
-from studio.render.warp_decode import WarpDecodeEngines
+from studio.render.warp_decode import WarpDecodeEngines, static_batch
 from studio.runtime.checkpoints import CheckpointSet, discover, load_cfg
 from studio.settings import RenderSettings
 
@@ -349,17 +349,16 @@ class DittoRenderer:
         while the caller blends and encodes. Chunks longer than the batch are split.
         """
         pending: tuple[Any, Tensor] | None = None
-        slot = static = 0
+        slot = 0
         for chunk in chunks:
             x_s, x_d = self._keypoints(chunk)
-            static = max(static, min(len(chunk), self.batch))  # balanced chunks: the first
             if self.device.type != "cuda":
-                yield self._render(x_s, x_d, static)
+                yield self._render(x_s, x_d)
                 continue
             k = x_d.shape[0]
             buf: Tensor | None = None
-            for s in range(0, k, static):  # each part copied out before the next overwrites it
-                part = self._frames(x_s[s : s + static], x_d[s : s + static], static)
+            for s in range(0, k, self.batch):  # each part copied out before the next overwrites
+                part = self._frames(x_s[s : s + self.batch], x_d[s : s + self.batch])
                 if buf is None:
                     buf = self._pinned_slot(slot, (k, *part.shape[1:]))
                 buf[s : s + part.shape[0]].copy_(part, non_blocking=True)
@@ -384,21 +383,22 @@ class DittoRenderer:
             cur = self._pinned[slot] = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
         return cur[: shape[0]]
 
-    def _render(self, x_s: Tensor, x_d: Tensor, batch: int | None = None) -> np.ndarray:
-        """All rows in batches of ``batch`` (default: the renderer's, or fewer rows)."""
+    def _render(self, x_s: Tensor, x_d: Tensor) -> np.ndarray:
+        """All rows in batches of the renderer's batch."""
         k = x_d.shape[0]
-        batch = batch or min(self.batch, k)
         parts = []
-        for s in range(0, k, batch):
-            b = min(batch, k - s)
-            parts.append(self._download(self._frames(x_s[s : s + b], x_d[s : s + b], batch)))
+        for s in range(0, k, self.batch):
+            parts.append(
+                self._download(self._frames(x_s[s : s + self.batch], x_d[s : s + self.batch]))
+            )
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     @torch.no_grad()
-    def _frames(self, x_s: Tensor, x_d: Tensor, batch: int) -> Tensor:
-        """Up to ``batch`` frames on the device: [b, H, W, 3] uint8 (a fresh tensor)."""
+    def _frames(self, x_s: Tensor, x_d: Tensor) -> Tensor:
+        """Up to a batch of frames on the device: [b, H, W, 3] uint8 (or yuv420p planes),
+        on the engines of the ladder rung that holds them (padded)."""
         with self.clock.stage("warp_decode"):
-            img = self.warp_decode(self.f_s, x_s, x_d, batch)
+            img = self.warp_decode(self.f_s, x_s, x_d, static_batch(x_d.shape[0], self.batch))
         with self.clock.stage("putback"):
             if self.full:
                 frames = self.paste(img)

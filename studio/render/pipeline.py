@@ -8,7 +8,6 @@ of smoothing or cadence re-runs only :func:`postprocess`, not the generator.
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -130,12 +129,6 @@ def blend(a: np.ndarray, b: np.ndarray, w: float) -> np.ndarray:
     return (out >> 8).astype(np.uint8)
 
 
-def balanced_batch(frames: int, cap: int) -> int:
-    """The smallest batch that renders ``frames`` in as few batches of at most ``cap``."""
-    n, cap = max(1, int(frames)), max(1, int(cap))
-    return math.ceil(n / math.ceil(n / cap))
-
-
 def iter_frames(
     result: MotionResult,
     renderer: FrameRenderer,
@@ -164,7 +157,6 @@ def iter_frames(
 
     prv, nxt, w = blend_weights(plan)
     keys = plan.keyframes
-    batch = balanced_batch(keys.size, batch)
     chunks = [keys[start : start + batch] for start in range(0, keys.size, batch)]
     streamed = getattr(renderer, "iter_render", None) if prepare is not None else None
     # A renderer with iter_render works one chunk ahead (the GPU renders while we encode).

@@ -8,8 +8,11 @@ on the H200 that is 10% faster than the warp network under autocast, at a cosine
 to fp32 eager for the full-size networks (docs/benchmarks.md, render suite).
 On CUDA each engine is captured as a CUDA graph with cuDNN's autotuner on (the
 algorithms are fixed at capture, so replays pay nothing for it); the avatar's f_s is written
-into the warp graph's static buffer once, not copied per batch. A short last batch is padded
-to the static batch, and :func:`studio.render.pipeline.balanced_batch` keeps that padding small.
+into the warp graph's static buffer once, not copied per batch. Engines exist only for the
+batch sizes of a short ladder (:func:`static_batch`: 1, 2, 4, 8, 16, 24, 32, ... up to the
+batch cap), a shorter batch is padded to the next rung, and the engines of the least recently
+used sizes are freed past :data:`MAX_BATCH_SIZES`: clips of any length reuse a few captured
+(and compiled) graphs instead of building new ones for every length.
 """
 
 from __future__ import annotations
@@ -31,9 +34,20 @@ from studio.runtime.engine import (
     precision_support,
 )
 
-__all__ = ["RENDER_NETWORKS", "WarpDecodeEngines"]
+__all__ = ["MAX_BATCH_SIZES", "RENDER_NETWORKS", "WarpDecodeEngines", "static_batch"]
 
 RENDER_NETWORKS = ("warp_network", "decoder")
+MAX_BATCH_SIZES = 3  # engines (graphs, compiled code) kept for this many batch sizes
+_LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
+
+
+def static_batch(frames: int, cap: int) -> int:
+    """The engine batch that renders ``frames`` (<= ``cap``): the next rung of the ladder,
+    or ``cap`` itself when that is smaller."""
+    n, cap = max(1, int(frames)), max(1, int(cap))
+    if n >= cap:
+        return cap
+    return min(cap, next((r for r in _LADDER if r >= n), cap))
 
 
 @contextlib.contextmanager
@@ -98,7 +112,15 @@ class WarpDecodeEngines:
 
     def engines(self, batch: int) -> dict[str, EngineBase]:
         """The (cached) warp and decoder engines for ``batch``; captured on CUDA."""
-        if batch not in self._engines:
+        if batch in self._engines:
+            self._engines[batch] = self._engines.pop(batch)  # most recently used last
+        else:
+            while len(self._engines) >= MAX_BATCH_SIZES:
+                oldest = next(iter(self._engines))
+                del self._engines[oldest]
+                self._f_s.pop(oldest, None)
+                if self.cuda:
+                    torch.cuda.empty_cache()
             built: dict[str, EngineBase] = {}
             with _cudnn_autotune(self.device):
                 for name in RENDER_NETWORKS:
