@@ -353,3 +353,63 @@ def test_hubert_runs_in_onnxruntime_with_its_dynamic_length(tmp_path):
         assert tuple(out.shape) == (frames, 1024)
     with pytest.raises(ValueError, match=r"input_values must be \[1xN\]"):
         e.run({"input_values": torch.randn(2, 6480)})
+
+
+def test_cuda_provider_options_give_the_session_its_stream_and_tf32_switch():
+    from studio.runtime.ort_engine import cuda_provider_options
+
+    opts = cuda_provider_options(1, 0x7F00_1234, tf32=False)
+    # Strings, as ORT's provider-option parser reads them; user_compute_stream alone also
+    # sets has_user_compute_stream there.
+    assert opts == {"device_id": "1", "user_compute_stream": str(0x7F00_1234), "use_tf32": "0"}
+    assert cuda_provider_options(0, 5, tf32=True)["use_tf32"] == "1"
+    with pytest.raises(ValueError, match="ignores stream 0"):
+        cuda_provider_options(0, 0, tf32=False)  # torch's default stream: ORT would drop it
+
+
+def test_iobinding_element_types():
+    import numpy as np
+
+    from studio.runtime.engine import BackendUnavailable
+    from studio.runtime.ort_engine import element_type
+
+    assert element_type(torch.float32) is np.float32 and element_type(torch.int64) is np.int64
+    assert element_type(torch.float16) is np.float16 and element_type(torch.bool) is np.bool_
+    onnx = pytest.importorskip("onnx")
+    assert element_type(torch.bfloat16) == onnx.TensorProto.BFLOAT16  # numpy has no bf16
+    with pytest.raises(BackendUnavailable, match="no torch.complex64"):
+        element_type(torch.complex64)
+
+
+def test_the_iobinding_calls_of_the_cuda_path_run_on_this_onnxruntime(nets, onnx_dir):
+    """The CUDA path's IOBinding calls, made with device "cpu" against the installed ORT:
+    bind_input/bind_output by pointer with shape and element type, run_with_iobinding with the
+    no-sync run option, and a device-allocated output read back with copy_outputs_to_cpu."""
+    ort = pytest.importorskip("onnxruntime")
+    from studio.runtime.ort_engine import RUN_NO_SYNC, element_type
+
+    path = export_for_engine("stitch_network", nets["stitch_network"], onnx_dir, verify=False)
+    ref = OrtEngine("stitch_network", path, "fp32", "cpu", threads=1)
+    feed = {s.name: torch.randn(s.shape) for s in ref.inputs}
+    want = ref.run(feed)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    options = ort.RunOptions()
+    options.add_run_config_entry(RUN_NO_SYNC, "1")
+    for preallocate in (True, False):
+        io = session.io_binding()
+        for s in ref.inputs:
+            t = feed[s.name].contiguous()
+            io.bind_input(s.name, "cpu", 0, element_type(s.dtype), tuple(t.shape), t.data_ptr())
+        out = {s.name: torch.empty(s.shape, dtype=s.dtype) for s in ref.outputs}
+        for s in ref.outputs:
+            if preallocate:
+                ptr = out[s.name].data_ptr()
+                io.bind_output(s.name, "cpu", 0, element_type(s.dtype), s.shape, ptr)
+            else:
+                io.bind_output(s.name, "cpu", 0)
+        session.run_with_iobinding(io, options)
+        if not preallocate:
+            got = io.copy_outputs_to_cpu()
+            out = {s.name: torch.from_numpy(v) for s, v in zip(ref.outputs, got, strict=True)}
+        for name, w in want.items():
+            assert torch.allclose(out[name], w, atol=1e-6), (preallocate, name)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from studio.cli import main
-from studio.errors import OptionError
+from studio.errors import InputError, OptionError
 from studio.runtime import engine_cache as ec
 from studio.runtime import tensorrt_engine as te
 from studio.runtime.engine import BackendUnavailable
@@ -144,6 +144,94 @@ def test_versions_typing_and_grid_sample_support():
         te.engine_stem("lmdm") == "lmdm_v0.4_hubert"
         and te.engine_stem("decoder", 8) == "decoder_b8"
     )
+
+
+@pytest.mark.parametrize(
+    ("version", "typing", "bit", "flags"),
+    [
+        ("10.8.0.43", "strong", 1, 1 << 1),  # 10.x: strong typing is opt-in
+        ("10.16.1", "strong", 1, 1 << 1),
+        ("10.13.0", "weak", 1, 0),
+        ("11.0.0", "strong", 1, 0),  # 11.x: always strong, STRONGLY_TYPED deprecated + ignored
+        ("11.2.1", "strong", 1, 0),
+        ("10.8.0.43", "strong", None, 0),  # a build without the flag
+    ],
+)
+def test_network_flags_per_version_and_typing(version, typing, bit, flags):
+    assert te.network_flags(typing, version, bit) == flags
+
+
+@pytest.mark.parametrize(
+    ("precision", "typing", "flags"),
+    [
+        ("fp32", "weak", ()),
+        ("tf32", "weak", ()),
+        ("fp16", "weak", ("FP16", "OBEY_PRECISION_CONSTRAINTS")),
+        ("bf16", "weak", ("BF16", "OBEY_PRECISION_CONSTRAINTS")),
+        ("int8", "weak", ("INT8", "FP16", "OBEY_PRECISION_CONSTRAINTS")),
+        ("fp8", "weak", ("FP16", "OBEY_PRECISION_CONSTRAINTS")),  # never BuilderFlag.FP8
+        ("fp16", "strong", ()),  # types come from the graph; flags must not be set
+        ("bf16", "strong", ()),
+        ("int8", "strong", ()),
+        ("fp8", "strong", ()),
+    ],
+)
+def test_precision_flags_per_precision_and_typing(precision, typing, flags):
+    assert te.precision_flags(precision, typing) == flags
+
+
+def test_precision_flags_refuse_an_unknown_precision():
+    with pytest.raises(OptionError, match="--precision: TensorRT cannot build 'fp4'"):
+        te.precision_flags("fp4", "weak")
+
+
+def test_only_default_streams_get_a_side_stream():
+    assert te.uses_side_stream(0)  # torch's default (legacy) stream
+    assert te.uses_side_stream(1) and te.uses_side_stream(2)  # cudaStreamLegacy, PerThread
+    assert not te.uses_side_stream(0x7F3A_2C00_1230)
+
+
+def test_plugin_entry_points_tell_dynamic_from_static_libraries():
+    assert te.plugin_entry_points(types.SimpleNamespace()) == []
+    assert te.plugin_entry_points(types.SimpleNamespace(getCreators=1)) == ["getCreators"]
+    old_style = types.SimpleNamespace(getPluginCreators=1, setLoggerFinder=1)
+    assert te.plugin_entry_points(old_style) == ["getPluginCreators"]
+
+
+def test_plugin_native_or_library_choice(tmp_path):
+    """The warp network needs the plugin below 11.2, or whenever its graph has plugin ops."""
+    src = grid_model(tmp_path / "g.onnx")
+    plugged = tmp_path / "g.plugin.onnx"
+    te.rewrite_grid_sample_for_plugin(src, plugged)
+    assert te._plugin_needed("warp_network", src, "10.16.1")
+    assert te._plugin_needed("warp_network", src, "11.1.0")
+    assert not te._plugin_needed("warp_network", src, "11.2.1")
+    assert te._plugin_needed("warp_network", plugged, "11.2.1")  # Ditto's released graph
+    assert not te._plugin_needed("decoder", src, "10.8.0.43")  # no 3-D sampling elsewhere
+
+
+def test_cache_key_fields_follow_the_build_that_would_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(te, "_device_facts", lambda device: ("NVIDIA H200", "9.0"))
+    onnx = grid_model(tmp_path / "g.onnx")
+    plugin = tmp_path / "libgrid_sample_3d_plugin.so"
+    plugin.write_bytes(b"\x7fELF v1")
+    settings = te.BuildSettings(plugin=str(plugin))
+    dev = torch.device("cuda", 0)
+    old = te.engine_key("warp_network", onnx, "fp16", dev, settings, "10.16.1")
+    new = te.engine_key("warp_network", onnx, "fp16", dev, settings, "11.2.1")
+    assert old.builder["plugin_sha256"] == ec.file_sha256(plugin)
+    assert new.builder["plugin_sha256"] is None  # native 3-D GridSample: the .so is unused
+    assert old.builder["typing"] == new.builder["typing"] == "strong"
+    assert (old.gpu_name, old.compute_capability) == ("NVIDIA H200", "9.0")
+    assert old.tensorrt_version == "10.16.1" and old.digest() != new.digest()
+    plugin.write_bytes(b"\x7fELF v2")  # another plugin build: another engine
+    again = te.engine_key("warp_network", onnx, "fp16", dev, settings, "10.16.1")
+    assert again.digest() != old.digest()
+    weak = te.engine_key(
+        "warp_network", onnx, "fp16", dev, replace(settings, typing="weak"), "10.16.1"
+    )
+    assert weak.builder["typing"] == "weak" and weak.digest() != old.digest()
+    assert te.engine_key("warp_network", onnx, "bf16", dev, settings, "10.16.1") != old
 
 
 def test_build_settings_are_validated_by_option(tmp_path):
@@ -309,7 +397,7 @@ def fake_tensorrt(version: str, parse_ok: bool = True) -> types.ModuleType:
     trt.NetworkDefinitionCreationFlag = _Enum(STRONGLY_TYPED=5)
     flags = {"TF32": "tf32"}
     if te.weak_typing_available(version):
-        flags.update(FP16="fp16", BF16="bf16", OBEY_PRECISION_CONSTRAINTS="obey")
+        flags.update(FP16="fp16", BF16="bf16", INT8="int8", OBEY_PRECISION_CONSTRAINTS="obey")
     trt.BuilderFlag = _Enum(**flags)
     trt.LayerType = _Enum(GRID_SAMPLE="grid_sample", CONV="conv", PLUGIN_V2="plugin")
     trt.HardwareCompatibilityLevel = _Enum(AMPERE_PLUS="ampere_plus")
@@ -447,9 +535,15 @@ def fake_tensorrt(version: str, parse_ok: bool = True) -> types.ModuleType:
 def stand_in(monkeypatch):
     """Install a stand-in tensorrt and a pretend GPU; returns a function making the module."""
 
-    def install(version: str = "10.8.0.43", **kw):
+    def install(version: str = "10.8.0.43", library: object | None = None, **kw):
         trt = fake_tensorrt(version, **kw)
         monkeypatch.setitem(sys.modules, "tensorrt", trt)
+
+        def dlopen(path):  # a statically registered plugin library unless told otherwise
+            trt.calls.append(("dlopen", Path(path).name))
+            return library if library is not None else types.SimpleNamespace()
+
+        monkeypatch.setattr(te, "_dlopen", dlopen)
         monkeypatch.setattr(te, "_cuda_device", lambda device=None: torch.device("cuda", 0))
         monkeypatch.setattr(te, "_device_facts", lambda device: ("NVIDIA H200", "9.0"))
         monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
@@ -483,7 +577,7 @@ def test_strongly_typed_build_with_timing_cache_and_cache_reuse(stand_in, warp_o
     assert decision.action == "build" and path == tmp_path / "warp_network_fp16.engine"
     assert path.read_bytes() == b"serialized-engine"
     ((_, network, config),) = [c for c in trt.calls if c[0] == "build"]
-    assert network.flags == 1 << 5  # STRONGLY_TYPED
+    assert network.flags == 0  # TensorRT 11: always strongly typed, the flag is ignored
     assert config.limits == {"workspace": 2 << 30} and config.builder_optimization_level == 4
     assert "tf32" not in config.flags and config.plugins_to_serialize == []
     assert (tmp_path / "timing.cache").read_bytes() == b"+timed"
@@ -541,12 +635,14 @@ def test_old_tensorrt_needs_the_plugin_for_the_warp_network(stand_in, warp_onnx,
         "fp32",
         settings=te.BuildSettings(plugin=str(plugin)),
     )
-    assert ("load_library", plugin.name) in trt.calls
+    # A statically registered library: opened globally, not handed to load_library.
+    assert ("dlopen", plugin.name) in trt.calls
+    assert not [c for c in trt.calls if c[0] == "load_library"]
     parsed = [c[1] for c in trt.calls if c[0] == "parse"]
     assert parsed == [f"{warp_onnx['fp32'].stem}.plugin.onnx"]
     ((_, network, config),) = [c for c in trt.calls if c[0] == "build"]
     assert [layer.type for layer in network.layers].count("plugin") == 2
-    assert config.plugins_to_serialize == [str(plugin.resolve())]
+    assert config.plugins_to_serialize == []  # only for version-compatible engines
     meta = json.loads(ec.metadata_file(tmp_path / "w.engine").read_text())
     assert meta["key"]["builder"]["plugin_sha256"] == ec.file_sha256(plugin)
     assert not (tmp_path / ".w.engine.work").exists()
@@ -565,6 +661,196 @@ def test_quantized_precisions_need_modelopt(stand_in, warp_onnx, tmp_path, monke
     monkeypatch.setitem(sys.modules, "modelopt.onnx.quantization", None)
     with pytest.raises(BackendUnavailable, match="nvidia-modelopt"):
         te.build_engine("warp_network", warp_onnx["fp32"], tmp_path / "w.engine", "int8")
+
+
+def test_tensorrt_10_strong_build_sets_the_flag_and_no_precision_flags(
+    stand_in, warp_onnx, tmp_path
+):
+    trt = stand_in("10.16.1")
+    plugin = tmp_path / "libgrid_sample_3d_plugin.so"
+    plugin.write_bytes(b"\x7fELF stand-in")
+    te.build_engine(
+        "decoder",
+        warp_onnx["fp16"],
+        tmp_path / "d.engine",
+        "fp16",
+        settings=te.BuildSettings(plugin=str(plugin)),
+    )
+    ((_, network, config),) = [c for c in trt.calls if c[0] == "build"]
+    assert network.flags == 1 << 5  # the stand-in's STRONGLY_TYPED bit
+    assert config.flags == set()  # no FP16/OBEY on a strongly typed network, TF32 cleared
+    assert all(layer.precision is None for layer in network.layers)  # nothing pinned
+
+
+def test_weak_int8_quantizes_before_the_plugin_rewrite(stand_in, warp_onnx, tmp_path, monkeypatch):
+    """ModelOpt must see standard GridSample nodes; TensorRT then parses the plugin graph."""
+    import shutil
+
+    onnx = pytest.importorskip("onnx")
+    trt = stand_in("10.8.0.43")
+    seen = {}
+
+    def quantize(
+        onnx_path, quantize_mode, calibration_data, op_types_to_exclude, output_path, **kw
+    ):
+        ops = {n.op_type for n in onnx.load(onnx_path).graph.node}
+        seen.update(mode=quantize_mode, ops=ops, exclude=op_types_to_exclude, **kw)
+        seen["inputs"] = sorted(calibration_data)
+        shutil.copyfile(onnx_path, output_path)
+
+    for name in ("modelopt", "modelopt.onnx"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    quant = types.ModuleType("modelopt.onnx.quantization")
+    quant.quantize = quantize
+    monkeypatch.setitem(sys.modules, "modelopt.onnx.quantization", quant)
+    plugin = tmp_path / "libgrid_sample_3d_plugin.so"
+    plugin.write_bytes(b"\x7fELF stand-in")
+    te.build_engine(
+        "warp_network",
+        warp_onnx["fp32"],
+        tmp_path / "w.engine",
+        "int8",
+        settings=te.BuildSettings(plugin=str(plugin), typing="weak"),
+    )
+    assert seen["mode"] == "int8" and "GridSample" in seen["ops"]
+    assert "GridSample3D" not in seen["ops"]
+    assert "GridSample" in seen["exclude"] and seen["op_types_to_exclude_fp16"] == ["GridSample"]
+    assert seen["inputs"] == sorted(i.name for i in onnx.load(warp_onnx["fp32"]).graph.input)
+    parsed = [c[1] for c in trt.calls if c[0] == "parse"]
+    assert parsed == [f"{warp_onnx['fp32'].stem}.int8.plugin.onnx"]
+    ((_, network, config),) = [c for c in trt.calls if c[0] == "build"]
+    assert network.flags == 0 and config.flags == {"int8", "fp16", "obey"}
+    plugged = [layer for layer in network.layers if layer.type == "plugin"]
+    assert plugged and all(layer.precision == "float32" for layer in plugged)
+
+
+def test_a_dynamically_registered_plugin_goes_through_load_library_once(stand_in, tmp_path):
+    trt = stand_in("10.8.0.43", library=types.SimpleNamespace(getCreators=object()))
+    plugin = tmp_path / "libdynamic_plugin.so"
+    plugin.write_bytes(b"\x7fELF stand-in")
+    first = te.load_plugin(trt, plugin)
+    assert te.load_plugin(trt, plugin) is first  # once per process
+    assert [c for c in trt.calls if c[0] in ("dlopen", "load_library")] == [
+        ("dlopen", plugin.name),
+        ("load_library", plugin.name),
+    ]
+
+
+def test_a_plugin_library_that_does_not_load_is_an_input_error(stand_in, tmp_path, monkeypatch):
+    trt = stand_in("10.8.0.43")
+
+    def broken(path):
+        raise OSError("undefined symbol: getPluginRegistry")
+
+    monkeypatch.setattr(te, "_dlopen", broken)
+    plugin = tmp_path / "libgrid_sample_3d_plugin.so"
+    plugin.write_bytes(b"not a library")
+    with pytest.raises(InputError, match="cannot load the plugin library .*undefined symbol"):
+        te.load_plugin(trt, plugin)
+    with pytest.raises(InputError, match="does not exist"):
+        te.load_plugin(trt, tmp_path / "missing.so")
+
+
+# --- the runner's stream and graph logic, on stand-ins ---------------------------------------
+
+
+class _Stream:
+    def __init__(self, handle, log):
+        self.cuda_stream, self.log = handle, log
+
+    def wait_stream(self, other):
+        self.log.append(("wait", self.cuda_stream, other.cuda_stream))
+
+    def synchronize(self):
+        self.log.append(("sync", self.cuda_stream))
+
+
+class _Context:
+    def __init__(self, log, ok=True):
+        self.log, self.ok = log, ok
+
+    def execute_async_v3(self, stream):
+        self.log.append(("execute", stream))
+        return self.ok
+
+    def set_tensor_address(self, name, ptr):
+        return True
+
+    def set_input_shape(self, name, shape):
+        return tuple(shape) == (1, 3)
+
+
+def bare_runner(monkeypatch, current: int, ok: bool = True):
+    """A TensorRTEngine without TensorRT or a GPU: stand-in context and streams."""
+    from studio.runtime.engine import TensorSpec
+
+    log: list = []
+    eng = object.__new__(te.TensorRTEngine)
+    spec = TensorSpec("x", (1, 3), torch.float32)
+    te.EngineBase.__init__(eng, "stitch_network", "fp32", torch.device("cuda", 0), (spec,), ())
+    eng._context = _Context(log, ok)
+    eng._buffers = {"x": torch.zeros(1, 3)}
+    eng._bound, eng._dynamic, eng._graph, eng._side = {}, set(), None, None
+    streams = {"current": _Stream(current, log), "side": _Stream(0xBEEF, log)}
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: streams["current"])
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: streams["side"])
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append(("sync", "all")))
+    return eng, log
+
+
+def test_the_runner_enqueues_on_the_callers_stream_when_it_is_not_a_default_one(monkeypatch):
+    eng, log = bare_runner(monkeypatch, current=0x1234)
+    eng._enqueue()
+    assert log == [("execute", 0x1234)]
+
+
+def test_the_runner_avoids_the_default_stream_with_device_side_waits(monkeypatch):
+    eng, log = bare_runner(monkeypatch, current=0)
+    eng._enqueue()
+    eng._enqueue()
+    # Side stream after the caller's work, execute there, the caller's stream after it; the
+    # side stream is made once.
+    assert log == [("wait", 0xBEEF, 0), ("execute", 0xBEEF), ("wait", 0, 0xBEEF)] * 2
+
+
+def test_a_failed_enqueue_is_an_error_and_a_shape_outside_the_profile_too(monkeypatch):
+    eng, _ = bare_runner(monkeypatch, current=0x1234, ok=False)
+    with pytest.raises(RuntimeError, match="stitch_network: TensorRT execute_async_v3 failed"):
+        eng._enqueue()
+    eng._set_input_shape("x", (1, 3))
+    with pytest.raises(ValueError, match=r"refused shape \(9, 3\) for x .*optimization profile"):
+        eng._set_input_shape("x", (9, 3))
+
+
+def test_capture_warms_up_once_and_stays_eager_when_capture_fails(monkeypatch):
+    eng, log = bare_runner(monkeypatch, current=0x1234)
+
+    def not_capturable(fn, warmup):
+        fn()
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(te, "capture_cuda_graph", not_capturable)
+    assert eng.capture() is False
+    assert eng._graph is None and not eng.captured
+    assert log[:2] == [("execute", 0x1234), ("sync", 0x1234)]  # eager enqueue, then a sync
+    assert log[-1] == ("sync", "all")
+    captured = []
+
+    def capture_ok(fn, warmup):
+        captured.append(warmup)
+        return "graph", None
+
+    monkeypatch.setattr(te, "capture_cuda_graph", capture_ok)
+    assert eng.capture() is True and eng.captured and eng._graph == "graph"
+    assert eng.static_inputs == {"x": eng._buffers["x"]} and captured == [1]
+    assert eng.capture() is True and captured == [1]  # captured once
+
+
+def test_dynamic_engines_are_not_captured(monkeypatch):
+    eng, log = bare_runner(monkeypatch, current=0x1234)
+    eng._dynamic = {"x"}
+    assert eng.capture() is False and log == []
 
 
 # --- real TensorRT ----------------------------------------------------------------------------

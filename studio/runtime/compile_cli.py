@@ -77,7 +77,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="auto",
         metavar="MODE",
         help="auto|strong|weak: strongly typed networks from typed graphs (the default; the "
-        "only mode of TensorRT 11), or fp16/bf16 builder flags (TensorRT 10)",
+        "only mode of TensorRT 11), or fp16/bf16 builder flags (TensorRT 10 only, "
+        "deprecated there since 10.12)",
     )
     p.add_argument(
         "--calibration",

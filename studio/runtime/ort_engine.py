@@ -2,17 +2,25 @@
 
 - CPU: inputs are handed to ``InferenceSession.run`` as numpy views of the torch tensors
   (no copy for contiguous tensors) and the outputs come back as torch views of ORT's arrays.
-- CUDA: the session runs on a stream of its own, given to the CUDA provider as its
-  ``user_compute_stream``; inputs are bound by device pointer (``bind_input`` with
-  ``data_ptr()``, re-bound only when a pointer or shape changes), outputs are preallocated
-  torch tensors bound once, and ``disable_synchronize_execution_providers`` keeps ``run`` from
-  waiting on the GPU. The caller's current stream and the session's stream are ordered with
-  device-side waits both ways, so no host sync happens. Outputs are the engine's persistent
-  buffers: the next ``run`` overwrites them.
+- CUDA: the session runs on a stream of its own (a non-default torch stream: ORT treats the
+  handle 0 as "no stream"), given to the CUDA provider as its ``user_compute_stream``, which
+  also sets ``has_user_compute_stream`` (the provider's option parser; Python support since
+  onnxruntime-gpu 1.17, microsoft/onnxruntime#19229). ``do_copy_in_default_stream`` keeps its
+  default (1, the documented safe setting; nothing is copied with device-bound I/O anyway).
+  Inputs are bound by device pointer (``IOBinding.bind_input(name, "cuda", id, element type,
+  shape, data_ptr())``, re-bound only when a pointer or shape changes), outputs are
+  preallocated torch tensors bound once (``bind_output`` with a buffer pointer), and the run
+  option ``disable_synchronize_execution_providers=1`` keeps ``run_with_iobinding`` from
+  waiting on the GPU. ORT's own ``synchronize_inputs``/``synchronize_outputs`` are host syncs;
+  instead the caller's current stream and the session's stream are ordered with device-side
+  waits both ways, so no host sync happens. Outputs are the engine's persistent buffers: the
+  next ``run`` overwrites them.
 
 Graphs with dynamic dimensions (HuBERT's ``input_values`` [1, N]) accept any size there; on
 CUDA their outputs cannot be preallocated, so ORT allocates them and they come back through
-the host (said here because it is a host round trip).
+the host with ``copy_outputs_to_cpu``. That copy is a plain ``cudaMemcpy`` on the legacy
+default stream, which does not wait for a non-blocking stream such as the session's, so the
+session stream is synchronized first (a host round trip, said here because of it).
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from studio.runtime.engine import (
     torch_dtype,
 )
 
-__all__ = ["OrtEngine", "import_onnxruntime"]
+__all__ = ["OrtEngine", "cuda_provider_options", "element_type", "import_onnxruntime"]
 
 _NUMPY = {
     torch.float32: np.float32,
@@ -47,7 +55,31 @@ _NUMPY = {
     torch.uint8: np.uint8,
     torch.bool: np.bool_,
 }
+# IOBinding also takes an ONNX TensorProto type number where numpy has no dtype.
+_ONNX_BFLOAT16 = 16
 RUN_NO_SYNC = "disable_synchronize_execution_providers"
+
+
+def element_type(dtype: torch.dtype) -> Any:
+    """The ``element_type`` IOBinding wants for ``dtype``: a numpy type, or for bf16 the ONNX
+    type number (``bind_input``'s docstring allows either)."""
+    if dtype == torch.bfloat16:
+        return _ONNX_BFLOAT16
+    try:
+        return _NUMPY[dtype]
+    except KeyError:
+        raise BackendUnavailable(f"ONNX Runtime I/O binding has no {dtype} here") from None
+
+
+def cuda_provider_options(device_index: int, stream_handle: int, tf32: bool) -> dict[str, str]:
+    """The CUDA provider's options: device, the session's own stream, and the TF32 switch."""
+    if stream_handle == 0:
+        raise ValueError("the CUDA provider ignores stream 0; give it a stream of its own")
+    return {
+        "device_id": str(device_index),
+        "user_compute_stream": str(stream_handle),
+        "use_tf32": "1" if tf32 else "0",
+    }
 
 
 def import_onnxruntime() -> Any:
@@ -104,16 +136,20 @@ class OrtEngine(EngineBase):
                     "ONNX Runtime has no CUDAExecutionProvider here: pip install onnxruntime-gpu"
                 )
             self._stream = torch.cuda.Stream(dev)
-            cuda_opts = {
-                "device_id": dev.index or 0,
-                "user_compute_stream": str(self._stream.cuda_stream),
-                "use_tf32": "1" if precision == "tf32" else "0",
-            }
+            cuda_opts = cuda_provider_options(
+                dev.index or 0, self._stream.cuda_stream, precision == "tf32"
+            )
             try:
                 session = self._session(ort, opts, cuda_opts)
             except Exception:  # noqa: BLE001 - an older ORT without use_tf32
                 cuda_opts.pop("use_tf32")
-                session = self._session(ort, opts, cuda_opts)
+                try:
+                    session = self._session(ort, opts, cuda_opts)
+                except Exception as e:  # noqa: BLE001 - e.g. no user_compute_stream before 1.17
+                    raise BackendUnavailable(
+                        f"ONNX Runtime {ort.__version__} cannot open {self.path.name} on CUDA "
+                        f"with a user compute stream (needs onnxruntime-gpu >= 1.17): {e}"
+                    ) from None
             if "CUDAExecutionProvider" not in session.get_providers():
                 raise BackendUnavailable(f"ONNX Runtime could not put {self.path.name} on CUDA")
         else:
@@ -137,7 +173,12 @@ class OrtEngine(EngineBase):
                 if _static(s.shape):
                     buf = torch.empty(s.shape, dtype=s.dtype, device=dev)
                     self._io.bind_output(
-                        s.name, "cuda", dev.index or 0, _NUMPY[s.dtype], s.shape, buf.data_ptr()
+                        s.name,
+                        "cuda",
+                        dev.index or 0,
+                        element_type(s.dtype),
+                        s.shape,
+                        buf.data_ptr(),
                     )
                     self._out[s.name] = buf
                 else:
@@ -170,7 +211,7 @@ class OrtEngine(EngineBase):
             key = (t.data_ptr(), tuple(t.shape))
             if self._bound.get(s.name) != key:
                 self._io.bind_input(
-                    s.name, "cuda", index, _NUMPY[s.dtype], tuple(t.shape), t.data_ptr()
+                    s.name, "cuda", index, element_type(s.dtype), tuple(t.shape), t.data_ptr()
                 )
                 self._bound[s.name] = key
         assert self._stream is not None
@@ -182,6 +223,9 @@ class OrtEngine(EngineBase):
             t.record_stream(self._stream)
         out = dict(self._out)
         if len(out) < len(self.outputs):  # dynamic outputs: through the host
+            # copy_outputs_to_cpu is a cudaMemcpy on the legacy default stream, which does
+            # not wait for the (non-blocking) session stream: wait for it here.
+            self._stream.synchronize()
             values = self._io.copy_outputs_to_cpu()
             for s, v in zip(self.outputs, values, strict=True):
                 if s.name not in out:

@@ -7,6 +7,10 @@ Builder (:func:`build_engine`, TensorRT 10.x and 11.x Python API):
 
 - ``trt.Builder`` -> ``create_network(flags)`` -> ``trt.OnnxParser.parse_from_file``; parser
   errors are collected and raised, never ignored (Ditto's script prints and carries on).
+  ``flags`` (:func:`network_flags`): ``1 << STRONGLY_TYPED`` on TensorRT 10 for strong typing;
+  0 on TensorRT 11, whose networks are always strongly typed and whose ``STRONGLY_TYPED`` flag is
+  deprecated and ignored (NvInfer Python docstrings of 11.1); ``EXPLICIT_BATCH`` is never set
+  (ignored since 10.0, gone in 11).
 - ``IBuilderConfig``: ``builder_optimization_level`` (0..5, default 5 as in Ditto's
   build), ``set_memory_pool_limit(MemoryPoolType.WORKSPACE, bytes)``, an ``ITimingCache``
   loaded from and saved back to a file (``create_timing_cache`` / ``set_timing_cache`` /
@@ -15,22 +19,35 @@ Builder (:func:`build_engine`, TensorRT 10.x and 11.x Python API):
   ``BuilderFlag.FP16``/``BF16``/``INT8``/``FP8`` and the precision-constraint flags; source:
   the TensorRT 10.x -> 11.x migration guide, "Removed Python APIs") builds a
   ``NetworkDefinitionCreationFlag.STRONGLY_TYPED`` network from a typed graph: for fp16/bf16
-  the half export of :mod:`studio.runtime.onnx_cache` (fp32 I/O, GridSample kept fp32).
-  ``typing="weak"`` (TensorRT 10 only) takes the fp32 graph with ``BuilderFlag.FP16``/``BF16``
-  and ``OBEY_PRECISION_CONSTRAINTS``, every GridSample layer (native or plugin) pinned to fp32
-  (``layer.precision`` and ``set_output_type``), as Ditto's build does. ``fp32`` clears the
-  TF32 flag (strict fp32); ``tf32`` sets it.
+  the half export of :mod:`studio.runtime.onnx_cache` (fp32 I/O, GridSample kept fp32); no
+  precision flag is set ("use explicit quantization with strong typing; precision-control build
+  flags are not required and should not be specified", TensorRT's explicit-quantization page).
+  ``typing="weak"`` (TensorRT 10 only; its flags are deprecated since 10.12) takes the fp32
+  graph with ``BuilderFlag.FP16``/``BF16`` and ``OBEY_PRECISION_CONSTRAINTS``, every GridSample
+  layer (native or plugin) pinned to fp32 (``layer.precision`` and ``set_output_type``, both
+  deprecated in 10.12 and removed in 11), as Ditto's build does (:func:`precision_flags`).
+  ``fp32`` clears the TF32 flag (on by default: strict fp32); ``tf32`` sets it.
 - FP8/INT8: explicit quantization only, through ModelOpt's ONNX PTQ
   (``modelopt.onnx.quantization.quantize``, Q/DQ nodes, GridSample excluded), when
   ``modelopt`` imports; random calibration data unless ``calibration`` (an ``.npz`` of input
-  arrays) is given.
+  arrays) is given. Quantization runs on the standard-op graph, before the plugin rewrite, so
+  ModelOpt's ONNX Runtime calibration never meets the plugin op. Weakly typed Q/DQ builds set
+  ``INT8`` (int8) and ``FP16``; never ``BuilderFlag.FP8``, which only enables plugins with FP8
+  I/O and is refused with ``HardwareCompatibilityLevel.AMPERE_PLUS`` (NvInfer.h, 10.16).
 - 3-D GridSample: native on TensorRT >= 11.2 (source: TensorRT 11.2.1 release notes, "GridSample
   3D support: Extends GridSample from 2D-only to 3D (rank-5 input) with FP32, FP16, and BF16",
   and the NVIDIA/TensorRT v11.2 release, "Added support for ... 5D GridSample operators" in the
   ONNX parser). Older versions need the GridSample3D plugin library (Ditto's
-  ``libgrid_sample_3d_plugin.so``, user-supplied), loaded with
-  ``trt.get_plugin_registry().load_library`` (ctypes ``RTLD_GLOBAL`` as a fallback) before
-  parsing and before deserializing, and listed in ``plugins_to_serialize``. Our exports carry
+  ``libgrid_sample_3d_plugin.so``, user-supplied), loaded before parsing and before
+  deserializing (:func:`load_plugin`). TensorRT knows two kinds of plugin library (trtexec's
+  README, "Using your own Plugin"): statically registered ones (``REGISTER_TENSORRT_PLUGIN``,
+  registered when the library is loaded: this plugin, whose README loads it with ctypes
+  ``RTLD_GLOBAL``) and dynamically registered ones exporting ``getCreators`` (or the deprecated
+  ``getPluginCreators``), which ``IPluginRegistry.load_library`` registers. The library is not
+  put in ``plugins_to_serialize``: that list is for version-compatible engines only (NvInfer.h
+  ``setPluginsToSerialize``), and an engine carrying host code would need
+  ``Runtime.engine_host_code_allowed``. The plugin is V2 (``IPluginV2DynamicExt``), deprecated
+  but still run by TensorRT 11 (its Python migration guide). Our exports carry
   standard 5-D ``GridSample`` nodes; for the plugin they are rewritten to ``GridSample3D``
   nodes with the int attributes ``interpolation_mode``, ``padding_mode``, ``align_corners``
   (all 0: trilinear, zeros, False), the fields the public GridSample3D plugin's creator reads
@@ -41,9 +58,14 @@ Builder (:func:`build_engine`, TensorRT 10.x and 11.x Python API):
 Runner (:class:`TensorRTEngine`): ``trt.Runtime.deserialize_cuda_engine``, one execution
 context, persistent torch device buffers for every I/O tensor bound once with
 ``set_tensor_address`` (an input given as a contiguous tensor of the engine's dtype is bound
-by pointer instead of copied), ``execute_async_v3`` on ``torch.cuda.current_stream()``, and
-optionally a CUDA graph of the context (:meth:`TensorRTEngine.capture`: one eager enqueue
-first, then capture on a side stream, as TensorRT's CUDA-graph notes require).
+by pointer instead of copied), ``execute_async_v3`` on ``torch.cuda.current_stream()`` unless
+that is a default stream: "using default stream may lead to performance issues due to
+additional cudaDeviceSynchronize() calls" (``enqueueV3`` in NvInferRuntime.h), so the engine
+then enqueues on a stream of its own, ordered with the caller's by device-side waits. A CUDA
+graph of the context (:meth:`TensorRTEngine.capture`) follows trtexec's recipe: one eager
+enqueue first (deferred initialisation must not be captured), capture on a non-default stream,
+and eager execution kept when the enqueue fails under capture (an engine may hold operations
+that capture does not permit).
 
 Cache (:func:`cached_engine`): the engine file's metadata (:mod:`studio.runtime.engine_cache`)
 decides reuse, build or rebuild (stale GPU, TensorRT version, precision, ONNX or builder
@@ -94,14 +116,24 @@ __all__ = [
     "import_tensorrt",
     "load_plugin",
     "native_grid_sample_3d",
+    "network_flags",
     "parse_version",
+    "plugin_entry_points",
+    "precision_flags",
     "rewrite_grid_sample_for_plugin",
     "tensorrt_version",
+    "uses_side_stream",
     "weak_typing_available",
 ]
 
 NATIVE_GRID_SAMPLE_3D = (11, 2)
+ALWAYS_STRONG = (11,)  # TensorRT 11: every network strongly typed, STRONGLY_TYPED ignored
 PLUGIN_OP = "GridSample3D"
+# Entry points of a dynamically registered plugin library (trtexec README); getPluginCreators
+# is the deprecated spelling.
+PLUGIN_ENTRY_POINTS = ("getCreators", "getPluginCreators")
+# CUDA's default-stream handles: 0 (legacy, torch's default), cudaStreamLegacy, cudaStreamPerThread.
+DEFAULT_STREAM_HANDLES = (0, 1, 2)
 OPT_LEVELS = range(0, 6)
 # Ditto's HuBERT profile (scripts/cvt_onnx_to_trt.py): min, opt, max.
 DEFAULT_PROFILES: dict[str, dict[str, tuple[tuple[int, ...], ...]]] = {
@@ -153,6 +185,41 @@ def native_grid_sample_3d(version: str) -> bool:
 def weak_typing_available(version: str) -> bool:
     """TensorRT 11 removed the weak-typing precision flags; 10.x still has them."""
     return parse_version(version)[:1] < (11,)
+
+
+def network_flags(typing: str, version: str, strongly_typed_bit: int | None) -> int:
+    """``create_network`` flags: the STRONGLY_TYPED bit for strong typing on TensorRT 10 only.
+
+    TensorRT 11 networks are always strongly typed and its STRONGLY_TYPED flag is deprecated
+    and ignored, so 0 is passed there (no deprecation warning); weak typing passes 0 on 10.x.
+    """
+    if typing != "strong" or strongly_typed_bit is None:
+        return 0
+    if parse_version(version)[:1] >= ALWAYS_STRONG:
+        return 0
+    return 1 << int(strongly_typed_bit)
+
+
+def precision_flags(precision: str, typing: str) -> tuple[str, ...]:
+    """The ``BuilderFlag`` names a build sets for ``precision`` (TF32 aside).
+
+    Strongly typed networks take their types from the graph and set none. Weak typing (TensorRT
+    10) enables the reduced precision and obeys the per-layer constraints that keep GridSample
+    fp32; Q/DQ graphs add INT8 for int8, and both keep FP16 for the layers ModelOpt leaves in
+    half. ``BuilderFlag.FP8`` only enables plugins with FP8 I/O, so it is never set.
+    """
+    if typing != "weak" or precision in ("fp32", "tf32"):
+        return ()
+    wanted = {"fp16": ("FP16",), "bf16": ("BF16",), "int8": ("INT8", "FP16"), "fp8": ("FP16",)}
+    if precision not in wanted:
+        raise OptionError("--precision", f"TensorRT cannot build {precision!r}")
+    return (*wanted[precision], "OBEY_PRECISION_CONSTRAINTS")
+
+
+def uses_side_stream(stream_handle: int) -> bool:
+    """True for a default-stream handle, on which enqueueV3 adds device syncs (TensorRT's
+    warning), so the runner enqueues on a stream of its own instead."""
+    return int(stream_handle) in DEFAULT_STREAM_HANDLES
 
 
 def graph_precision(precision: str, typing: str) -> str:
@@ -230,27 +297,39 @@ class BuildSettings:
 _LOADED_PLUGINS: dict[str, Any] = {}
 
 
+def plugin_entry_points(library: Any) -> list[str]:
+    """The dynamic-registration entry points ``library`` (a ``ctypes.CDLL``) exports."""
+    return [name for name in PLUGIN_ENTRY_POINTS if hasattr(library, name)]
+
+
+def _dlopen(path: str) -> Any:
+    """Open a shared library with its symbols global, as plugin libraries need."""
+    return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+
+
 def load_plugin(trt: Any, path: str | os.PathLike[str]) -> Any:
-    """Load a plugin library into TensorRT's registry once per process (ctypes as fallback)."""
+    """Load a plugin library once per process so TensorRT's registry knows its creators.
+
+    The library is opened with ``RTLD_GLOBAL``, which runs the static registrars of
+    ``REGISTER_TENSORRT_PLUGIN`` libraries (Ditto's GridSample3D plugin); a library exporting
+    the dynamic-registration entry points is also handed to ``IPluginRegistry.load_library``,
+    the documented loader for those.
+    """
     p = str(Path(path).expanduser().resolve())
     if p in _LOADED_PLUGINS:
         return _LOADED_PLUGINS[p]
     if not Path(p).is_file():
         raise InputError(f"plugin library {p} does not exist")
-    handle: Any = None
-    registry = trt.get_plugin_registry()
-    if hasattr(registry, "load_library"):
-        try:
-            handle = registry.load_library(p)
-        except Exception:  # noqa: BLE001 - fall back to a global ctypes load below
-            handle = None
-    if handle is None:
-        try:
-            handle = ctypes.CDLL(p, mode=ctypes.RTLD_GLOBAL)
-        except OSError as e:
-            raise InputError(f"cannot load the plugin library {p}: {e}") from None
-    _LOADED_PLUGINS[p] = handle
-    return handle
+    try:
+        library = _dlopen(p)
+    except OSError as e:
+        raise InputError(f"cannot load the plugin library {p}: {e}") from None
+    if plugin_entry_points(library):
+        # None means "a creator of this library is already registered" (the registry's
+        # docstring): loaded before by someone else, so nothing is missing.
+        trt.get_plugin_registry().load_library(p)
+    _LOADED_PLUGINS[p] = library
+    return library
 
 
 def _rank_of(model: Any, name: str) -> int | None:
@@ -477,34 +556,33 @@ def _build(
     logger = trt.Logger(trt.Logger.WARNING)
     trt.init_libnvinfer_plugins(logger, "")
     plugin_used = _plugin_needed(network, onnx_in, version)
+    if plugin_used and settings.plugin is None:
+        why = (
+            f"{onnx_in.name} uses the {PLUGIN_OP} plugin op"
+            if _has_op(onnx_in, PLUGIN_OP)
+            else f"TensorRT {version} has no 3-D GridSample (native from 11.2)"
+        )
+        raise BackendUnavailable(
+            f"{why}: pass --plugin PATH to the GridSample3D plugin library "
+            "(Ditto's libgrid_sample_3d_plugin.so)"
+        )
+    if precision in ("fp8", "int8"):
+        # Before the plugin rewrite: ModelOpt calibrates in ONNX Runtime, which knows GridSample
+        # but not the plugin op.
+        onnx_in = quantize_onnx(
+            onnx_in, work / f"{onnx_in.stem}.{precision}.onnx", precision, settings.calibration, say
+        )
     if plugin_used:
-        if settings.plugin is None:
-            why = (
-                f"{onnx_in.name} uses the {PLUGIN_OP} plugin op"
-                if _has_op(onnx_in, PLUGIN_OP)
-                else f"TensorRT {version} has no 3-D GridSample (native from 11.2)"
-            )
-            raise BackendUnavailable(
-                f"{why}: pass --plugin PATH to the GridSample3D plugin library "
-                "(Ditto's libgrid_sample_3d_plugin.so)"
-            )
+        assert settings.plugin is not None
         load_plugin(trt, settings.plugin)
-        plugin_used = True
         rewritten = work / f"{onnx_in.stem}.plugin.onnx"
         if rewrite_grid_sample_for_plugin(onnx_in, rewritten):
             say(f"{network}: 5-D GridSample -> {PLUGIN_OP} plugin nodes ({rewritten.name})")
             onnx_in = rewritten
-    if precision in ("fp8", "int8"):
-        onnx_in = quantize_onnx(
-            onnx_in, work / f"{onnx_in.stem}.{precision}.onnx", precision, settings.calibration, say
-        )
     with torch.cuda.device(dev):
         builder = trt.Builder(logger)
-        flags = 0
         strongly = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
-        if typing == "strong" and strongly is not None:  # 11.x: always strong, flag optional
-            flags |= 1 << int(strongly)
-        net = builder.create_network(flags)
+        net = builder.create_network(network_flags(typing, version, strongly))
         parser = trt.OnnxParser(net, logger)
         if not parser.parse_from_file(str(onnx_in)):
             errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
@@ -523,12 +601,10 @@ def _build(
             else:
                 config.clear_flag(tf32)
         pinned: list[str] = []
-        if typing == "weak" and precision != "fp32" and precision != "tf32":
-            # Q/DQ graphs (fp8/int8) keep their other layers in fp16, as ModelOpt leaves them.
-            wanted = {"fp16": ("FP16",), "bf16": ("BF16",), "fp8": ("FP8", "FP16")}
-            for flag in wanted.get(precision, ("INT8", "FP16")):
-                config.set_flag(getattr(trt.BuilderFlag, flag))
-            config.set_flag(trt.BuilderFlag.OBEY_PRECISION_CONSTRAINTS)
+        flags = precision_flags(precision, typing)
+        for flag in flags:
+            config.set_flag(getattr(trt.BuilderFlag, flag))
+        if flags:
             pinned = pin_grid_sample_fp32(trt, net)
         _add_profiles(builder, config, net, settings.profiles.get(network, {}))
         cache_path = Path(settings.timing_cache).expanduser() if settings.timing_cache else None
@@ -538,8 +614,6 @@ def _build(
             if blob:
                 say(f"{cache_path}: timing cache from another GPU/TensorRT, starting a new one")
             _attach(config, config.create_timing_cache(b""))
-        if plugin_used and settings.plugin:
-            config.plugins_to_serialize = [str(Path(settings.plugin).expanduser().resolve())]
         say(
             f"building {target.name} (TensorRT {version}, {typing}ly typed, {precision}, "
             f"opt level {settings.opt_level}, workspace {settings.workspace_gb:g} GiB)"
@@ -595,6 +669,7 @@ def _torch_dtypes(trt: Any) -> dict[Any, torch.dtype]:
         "int8": torch.int8,
         "uint8": torch.uint8,
         "bool": torch.bool,
+        "fp8": torch.float8_e4m3fn,
     }
     return {getattr(trt, k): v for k, v in table.items() if hasattr(trt, k)}
 
@@ -614,6 +689,7 @@ class TensorRTEngine(EngineBase):
     ) -> None:
         trt = import_tensorrt()
         dev = _cuda_device(device)
+        self.name = name  # for messages before EngineBase.__init__ runs
         self.path = Path(engine_path).expanduser()
         if not self.path.is_file():
             raise InputError(f"TensorRT engine {self.path} does not exist")
@@ -646,7 +722,7 @@ class TensorRTEngine(EngineBase):
                 if any(d < 0 for d in shape):
                     self._dynamic.add(n)
                     opt = tuple(int(d) for d in engine.get_tensor_profile_shape(n, 0)[1])
-                    self._context.set_input_shape(n, opt)
+                    self._set_input_shape(n, opt)
                 inputs.append(spec)
             else:
                 outputs.append(spec)
@@ -659,6 +735,15 @@ class TensorRTEngine(EngineBase):
             self._bind(s.name, self._buffers[s.name])
         self._allocate_outputs()
         self._graph: torch.cuda.CUDAGraph | None = None
+        self._side: torch.cuda.Stream | None = None
+
+    def _set_input_shape(self, name: str, shape: tuple[int, ...]) -> None:
+        """``set_input_shape``, whose False (a shape outside the profile) becomes an error."""
+        if not self._context.set_input_shape(name, shape):
+            raise ValueError(
+                f"{self.name}: TensorRT refused shape {shape} for {name} "
+                "(outside the engine's optimization profile)"
+            )
 
     def _bind(self, name: str, t: Tensor) -> None:
         ptr = t.data_ptr()
@@ -680,25 +765,42 @@ class TensorRTEngine(EngineBase):
         """The persistent I/O buffers (write inputs into them to skip every copy)."""
         return dict(self._buffers)
 
-    def _enqueue(self) -> None:
-        stream = torch.cuda.current_stream(self.device).cuda_stream
+    def _execute(self, stream: int) -> None:
         if not self._context.execute_async_v3(stream):
             raise RuntimeError(f"{self.name}: TensorRT execute_async_v3 failed")
+
+    def _enqueue(self, borrowed: tuple[Tensor, ...] = ()) -> None:
+        """``execute_async_v3`` on the caller's stream, or on the engine's own stream ordered
+        both ways with it when the caller's is a default stream; ``borrowed`` (caller tensors
+        bound by pointer) are then recorded on that stream so their memory outlives the read."""
+        current = torch.cuda.current_stream(self.device)
+        if not uses_side_stream(current.cuda_stream):
+            self._execute(current.cuda_stream)
+            return
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.device)
+        self._side.wait_stream(current)
+        self._execute(self._side.cuda_stream)
+        current.wait_stream(self._side)
+        for t in borrowed:
+            t.record_stream(self._side)
 
     def run(self, feed: Mapping[str, Tensor]) -> dict[str, Tensor]:
         self.check_feed(feed)
         reshaped = False
+        borrowed = []
         for s in self.inputs:
             t = feed[s.name]
             if s.name in self._dynamic and tuple(self._buffers[s.name].shape) != tuple(t.shape):
                 if self._graph is not None:
                     raise ValueError(f"{self.name}: a captured engine has fixed input shapes")
-                self._context.set_input_shape(s.name, tuple(t.shape))
+                self._set_input_shape(s.name, tuple(t.shape))
                 self._buffers[s.name] = torch.empty(t.shape, dtype=s.dtype, device=self.device)
                 reshaped = True
             buf = self._buffers[s.name]
             if self._graph is None and t.dtype == s.dtype and t.is_contiguous():
                 self._bind(s.name, t)  # by pointer: no copy
+                borrowed.append(t)
             else:
                 if t.data_ptr() != buf.data_ptr():
                     buf.copy_(t)
@@ -708,19 +810,30 @@ class TensorRTEngine(EngineBase):
         if self._graph is not None:
             self._graph.replay()
         else:
-            self._enqueue()
+            self._enqueue(tuple(borrowed))
         return {s.name: self._buffers[s.name] for s in self.outputs}
 
     def capture(self, warmup: int = 1) -> bool:
-        """CUDA graph of the context over the persistent buffers (static shapes only)."""
+        """CUDA graph of the context over the persistent buffers (static shapes only).
+
+        False, with eager execution kept, for dynamic shapes and for engines whose enqueue
+        fails under stream capture (trtexec falls back the same way).
+        """
         if self._graph is not None:
             return True
         if self._dynamic:
             return False
         for s in self.inputs:
             self._bind(s.name, self._buffers[s.name])
-        self._enqueue()  # the first enqueue does deferred setup that must not be captured
-        self._graph, _ = capture_cuda_graph(self._enqueue, warmup)
+        with torch.cuda.device(self.device):
+            self._enqueue()  # the first enqueue does deferred setup that must not be captured
+            torch.cuda.current_stream(self.device).synchronize()
+            try:
+                self._graph, _ = capture_cuda_graph(self._enqueue, warmup)
+            except Exception:  # noqa: BLE001 - not capturable: stay eager
+                self._graph = None
+                torch.cuda.synchronize(self.device)
+                return False
         self.static_inputs = {s.name: self._buffers[s.name] for s in self.inputs}
         return True
 
