@@ -36,7 +36,7 @@ __all__ = [
     "write_metadata",
 ]
 
-ENGINE_FORMAT = 1  # bump when the studio's build recipe changes what an engine contains
+ENGINE_FORMAT = 2  # bump when the studio's build recipe changes what an engine contains
 _CHUNK = 1 << 20
 
 
