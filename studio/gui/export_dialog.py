@@ -1,4 +1,4 @@
-"""The Export MP4 dialog: path, size, quality; progress, ETA and Cancel."""
+"""The Export MP4 dialog: path, size, quality, encoder speed; progress, ETA and Cancel."""
 
 from __future__ import annotations
 
@@ -21,12 +21,13 @@ from PySide6.QtWidgets import (
 )
 
 from studio.gui.widgets.controls import SIZES
+from studio.settings import PRESETS
 
 
 class ExportDialog(QDialog):
     """Collects export options and shows the export's progress."""
 
-    exportRequested = Signal(str, int, int)  # path, size, crf
+    exportRequested = Signal(str, int, int, str)  # path, size, crf, x264 preset
     cancelRequested = Signal()
 
     def __init__(
@@ -36,6 +37,7 @@ class ExportDialog(QDialog):
         crf: int,
         parent=None,
         full_frame_hw: tuple[int, int] | None = None,
+        preset: str = "medium",
     ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Export MP4")
@@ -68,6 +70,14 @@ class ExportDialog(QDialog):
         self.crf.setToolTip(
             "H.264 constant rate factor: lower is better quality, 18 is visually lossless"
         )
+        self.preset = QComboBox()
+        for p in PRESETS:
+            self.preset.addItem(p, p)
+        self.preset.setCurrentIndex(max(0, self.preset.findData(preset)))
+        self.preset.setToolTip(
+            "x264 speed preset: faster presets encode sooner at the same quality (CRF) but make "
+            "larger files; on a fast GPU, 'veryfast' keeps the encoder from setting the pace"
+        )
         self.progress = QProgressBar()
         self.progress.setRange(0, 100)
         self.progress.setValue(0)
@@ -78,6 +88,7 @@ class ExportDialog(QDialog):
         form.addRow("Size", self.size)
         form.addRow("", self.size_note)
         form.addRow("Quality (CRF)", self.crf)
+        form.addRow("Encoder speed", self.preset)
         self.buttons = QDialogButtonBox()
         self.export_button = self.buttons.addButton(
             "Export", QDialogButtonBox.ButtonRole.AcceptRole
@@ -105,7 +116,10 @@ class ExportDialog(QDialog):
 
     def _export(self) -> None:
         self.exportRequested.emit(
-            self.path.text().strip(), int(self.size.currentData()), self.crf.value()
+            self.path.text().strip(),
+            int(self.size.currentData()),
+            self.crf.value(),
+            str(self.preset.currentData()),
         )
 
     def _cancel(self) -> None:

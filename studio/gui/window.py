@@ -807,21 +807,24 @@ class MainWindow(QMainWindow):
         s = self.current_settings()
         last = self.store.value("files/last_export")
         path = str(last) if last else default_export_path(self.audio_path)
-        dlg = ExportDialog(path, s.size, s.crf, self, full_frame_hw=self.export_frame_hw())
+        dlg = ExportDialog(
+            path, s.size, s.crf, self, full_frame_hw=self.export_frame_hw(), preset=s.preset
+        )
         dlg.exportRequested.connect(self.export)
         dlg.cancelRequested.connect(self.render_worker.cancel_export)
         self.export_dialog = dlg
         dlg.open()
         return dlg
 
-    def export(self, path: str, size: int, crf: int) -> None:
-        """Export the current motion to ``path`` with the preview's settings."""
+    def export(self, path: str, size: int, crf: int, preset: str | None = None) -> None:
+        """Export the current motion to ``path`` with the preview's settings (and the dialog's
+        size, quality and encoder speed)."""
         if self.result is None:
             self.show_error("Nothing to export yet: wait for the motion to be computed.")
             return
         try:
             target = check_output_path(path)
-            settings = export_settings(self.current_settings(), size, crf)
+            settings = export_settings(self.current_settings(), size, crf, preset)
             ran = getattr(self.engine, "name", "demo")
             if ran != settings.backend:
                 raise StudioError(

@@ -506,9 +506,12 @@ def start_in_thread(worker: QObject, name: str) -> QThread:
     return thread
 
 
-def export_settings(settings: RenderSettings, size: int, crf: int) -> RenderSettings:
-    """The settings an export runs with: the preview's, with the dialog's size and quality."""
-    return replace(settings, size=size, crf=crf).validate()
+def export_settings(
+    settings: RenderSettings, size: int, crf: int, preset: str | None = None
+) -> RenderSettings:
+    """The settings an export runs with: the preview's, with the dialog's size, quality and
+    x264 speed preset."""
+    return replace(settings, size=size, crf=crf, preset=preset or settings.preset).validate()
 
 
 def default_export_path(audio_path: str | None) -> str:
