@@ -263,3 +263,18 @@ def test_yuv_frames_are_the_rgb_frames_converted(render_nets) -> None:
     planes = r.render_frames(np.arange(2))
     assert planes.shape == (2, 450, 420)
     np.testing.assert_array_equal(planes, rgb_to_yuv420p(torch.from_numpy(rgb)).numpy())
+
+
+def test_render_engine_sets_of_old_settings_are_dropped(render_nets) -> None:
+    from studio.render.ditto import RENDER_CONFIGS
+
+    nets = render_nets
+    nets._render.clear()
+    first = nets.warp_decode("auto")
+    assert nets.warp_decode("auto") is first  # cached
+    nets.warp_decode("fp32")
+    nets.warp_decode("auto")  # used again: "fp32" is now the oldest
+    nets.warp_decode("bf16")
+    assert len(nets._render) == RENDER_CONFIGS
+    assert set(nets._render) == {"torch:auto", "torch:bf16"}
+    assert nets.warp_decode("auto") is first

@@ -47,6 +47,7 @@ CROP = 512  # the decoder's output side
 MAX_AUTO_BATCH = 32
 CPU_BATCH = 4
 STREAMED_MAX_BATCH = 4
+RENDER_CONFIGS = 2  # warp/decoder engine sets (runtime, precision, compile) kept per network set
 # Working memory of warp + decode per frame of a batch (activations, fp32), with headroom;
 # half precision needs about half. Used to pick a batch from free VRAM.
 WORK_BYTES_PER_FRAME = 640 * 2**20
@@ -158,12 +159,18 @@ class DittoNetworks:
     def warp_decode(
         self, precision: str, compile: bool = False, runtime: str = "torch"
     ) -> WarpDecodeEngines:
-        """The (cached) warp + decoder engines for a runtime, precision and compile setting."""
+        """The (cached) warp + decoder engines for a runtime, precision and compile setting;
+        the engines of the least recently used settings go past :data:`RENDER_CONFIGS`."""
         key = f"{runtime}:{precision}{'+compile' if compile else ''}"
-        if key not in self._render:
-            self._render[key] = WarpDecodeEngines(
+        if key in self._render:
+            self._render[key] = self._render.pop(key)  # most recently used last
+        else:
+            made = WarpDecodeEngines(
                 self.warp, self.decoder, precision, self.device, compile, runtime
             )
+            while len(self._render) >= RENDER_CONFIGS:
+                del self._render[next(iter(self._render))]
+            self._render[key] = made
         return self._render[key]
 
 
