@@ -121,6 +121,7 @@ def test_ditto_renders_full_frames_emotion_reruns_motion_deltas_only_rerender(qt
     assert stats["precision"] == "fp32"  # auto on the CPU
     text = w.status_engine.text()
     assert "backend ditto" in text and "device cpu" in text and "precision fp32" in text
+    assert "runtime torch" in text and stats["runtime"] == "torch"
     # Every frame arrived, at the avatar image's size, and the viewer shows it unsquashed.
     assert len(w.frames) == w.result.num_frames == round(CLIP_S * 25)
     assert all(f is not None and f.shape == (h, wd, 3) for f in w.frames)

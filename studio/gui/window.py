@@ -662,6 +662,7 @@ class MainWindow(QMainWindow):
         fps = f"{self.last_fps:.1f} fps" if self.last_fps else "– fps"
         audio = "" if not self.playback.silent else f"  ·  {self.playback.silent_reason}"
         memory = f"  ·  memory {st['memory']}" if st.get("memory") else ""
+        runtime = f"  ·  runtime {st['runtime']}" if st.get("runtime") else ""
         wanted = self.controls.backend_name()
         pending = ""
         if self.building_engine:
@@ -670,7 +671,7 @@ class MainWindow(QMainWindow):
             pending = f"  ·  switching to {wanted}…"
         self.status_engine.setText(
             f"backend {st['backend']}  ·  device {st['device']}  ·  precision {st['precision']}"
-            f"{memory}  ·  last render {fps}{audio}{pending}"
+            f"{runtime}{memory}  ·  last render {fps}{audio}{pending}"
         )
 
     def show_error(self, message: str, details: str = "") -> None:

@@ -362,11 +362,13 @@ def describe_renderer(engine: Any, renderer: Any) -> dict[str, Any]:
     if getattr(engine, "name", "demo") != "ditto":
         return {"backend": "demo", "device": "CPU", "precision": "fp32", "memory": ""}
     plan = renderer.memory
+    run = renderer.warp_decode.describe()
     return {
         "backend": "ditto",
         "device": str(renderer.device),
         "precision": _DTYPE_NAMES.get(str(renderer.dtype), str(renderer.dtype)),
         "memory": f"{plan.mode}, batch {plan.batch}",
+        "runtime": f"{run['runtime']}{', compiled' if run['compiled'] else ''}",
     }
 
 
