@@ -119,7 +119,7 @@ def test_plan_paths_per_device():
                    "channels_last_bf16_autocast"]  # fmt: skip
     cuda = [p.name for p in R.plan_paths(["fp32", "fp16"], "cuda", compile=True)]
     assert cuda == ["eager_fp32", "eager_fp16", "channels_last_fp16", "graph_fp16",
-                    "compiled_graph_fp16"]  # fmt: skip
+                    "compiled_graph_fp16", "compiled_graph_channels_last_fp16"]  # fmt: skip
     with pytest.raises(ValueError):
         R.plan_paths(["fp64"], "cpu")
 

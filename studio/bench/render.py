@@ -20,7 +20,9 @@ Paths (``<kind>_<precision>``):
 - ``graph_*`` (CUDA): warp + decode captured once per batch size into a CUDA graph with static
   input buffers and replayed, in whichever layout was faster eager at the largest batch.
 - ``compiled_graph_*`` (CUDA, ``compile=True``): the same with warp + decode through
-  ``torch.compile`` (Inductor kernels inside our graph).
+  ``torch.compile`` (Inductor kernels inside our graph); ``compiled_graph_channels_last_*``
+  forces the channels-last weights there (eager pays for its layout changes, Inductor may
+  fuse them).
 
 Each point: warm-up, then the median of repeats (CUDA events at the run boundaries; by
 default enough repeats for about ``target_ms`` of timed work, 3..20), rotating over
@@ -195,6 +197,15 @@ def plan_paths(precisions: Sequence[str], device: str, compile: bool = False) ->
             if compile:
                 paths.append(
                     RenderPath(f"compiled_graph_{t}", name, layout="auto", graph=True, compile=True)
+                )
+                paths.append(  # Inductor may fuse the layout changes eager pays for
+                    RenderPath(
+                        f"compiled_graph_channels_last_{t}",
+                        name,
+                        layout="channels_last",
+                        graph=True,
+                        compile=True,
+                    )
                 )
     return paths
 
