@@ -317,15 +317,15 @@ def _summary(report: dict) -> str:
     k = report["kinematics"]
     t = report["timings_ms"]
     hist = report["stride_histogram"]
-    red = 0.0
+    change = 0.0
     if k["pose_jerk_mean_raw"] > 0:
-        red = 100.0 * (1 - k["pose_jerk_mean_smoothed"] / k["pose_jerk_mean_raw"])
+        change = 100.0 * (k["pose_jerk_mean_smoothed"] / k["pose_jerk_mean_raw"] - 1)
     lines = [
         f"{report['frames']} frames ({report['duration_s']:.2f} s at {report['fps']} fps), "
         f"strides 1/2/3: {hist['1']}/{hist['2']}/{hist['3']}, "
         f"rendered {report['rendered_frames']} ({100 * report['rendered_fraction']:.0f}%)",
         f"pose jerk {k['pose_jerk_mean_raw']:.2f} -> {k['pose_jerk_mean_smoothed']:.2f} rad/s³ "
-        f"({red:+.1f}% reduction), max accel {k['accel_max_smoothed']:.3f} <= "
+        f"({change:+.1f}%), max accel {k['accel_max_smoothed']:.3f} <= "
         f"{k['accel_limit']:.3f} deg/frame², exp MAE {k['exp_mae']:.2g}",
         "timings: " + ", ".join(f"{name} {ms:.0f} ms" for name, ms in t.items()),
     ]
