@@ -1,5 +1,5 @@
 """The renderer's warp + decode engines: equal to the modules run eagerly, short batches padded,
-balanced batch sizes; on a GPU the captured fp16 path against fp32 and the one-ahead stream."""
+the ladder of batch sizes and its eviction; ONNX Runtime; on a GPU the captured fp16 path."""
 
 from __future__ import annotations
 
@@ -40,12 +40,14 @@ def test_static_batches_climb_a_short_ladder() -> None:
 
 def test_engines_of_the_least_recently_used_batch_sizes_are_freed(modules, one_torch_thread):
     wd = WarpDecodeEngines(*modules, "auto", torch.device("cpu"))
-    sizes = [1, 2, 4, 1, 8]  # 1 is used again before 8 arrives: 2 goes
+    sizes = [1, 2, 4, 8, 1, 16]  # 1 is used again before 16 arrives: 2 goes
     first = wd.engines(1)
     for b in sizes[1:]:
         wd.engines(b)
-    assert len(wd._engines) == MAX_BATCH_SIZES and set(wd._engines) == {4, 1, 8}
+    assert len(wd._engines) == MAX_BATCH_SIZES and set(wd._engines) == {4, 8, 1, 16}
     assert wd.engines(1) is first  # kept, not rebuilt
+    assert wd.batch_for(3, 32) == 4 and wd.batch_for(5, 32) == 8  # built rungs up to 2x reused
+    assert wd.batch_for(17, 32) == 24  # no built rung near: the ladder's
 
 
 def test_engines_match_the_modules_and_pad_short_batches(modules, one_torch_thread) -> None:

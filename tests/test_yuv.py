@@ -87,3 +87,18 @@ def test_writer_takes_planes_and_they_decode_like_rgb(tmp_path) -> None:
         with VideoWriter(tmp_path / "bad.mp4", 128, 128, preset="ultrafast") as w:
             w.write(planes[:-2])
     assert not (tmp_path / "bad.mp4").exists()
+
+
+@pytest.mark.parametrize(("h", "w"), [(258, 510), (6, 4), (134, 108)])
+def test_heights_that_are_not_multiples_of_four_pack_as_pyav_reads_them(h, w) -> None:
+    """Each chroma plane is (H/2)(W/2) bytes, not whole rows of W when H/2 is odd."""
+    yy, xx = np.mgrid[0:h, 0:w]
+    rgb = np.stack([xx * 255 // (w - 1), yy * 255 // (h - 1), (xx + yy) * 255 // (w + h)], -1)
+    rgb = rgb.astype(np.uint8)
+    got = rgb_to_yuv420p(torch.from_numpy(rgb)[None])[0].numpy()
+    diff = np.abs(got.astype(int) - _swscale(rgb))
+    assert got.shape == (h * 3 // 2, w) and diff[:h].max() <= 1 and diff[h:].mean() < 1.5
+    vf = av.VideoFrame.from_ndarray(got, format="yuv420p")  # PyAV takes the planes back
+    back = vf.reformat(format="rgb24", src_colorspace=Colorspace.ITU709).to_ndarray()
+    if h > 16:  # a 6x4 ramp is too steep for 2x2 chroma to come back close
+        assert np.abs(back.astype(int) - rgb).mean() < 3.0

@@ -28,18 +28,20 @@ def rgb_to_yuv420p(frames: Tensor) -> Tensor:
 
     H and W must be even. Chroma is the mean of each 2x2 block (swscale's default filter
     for this conversion is close to it: a level of difference at most on smooth images).
+    The matrix enters as Python scalars: no upload, so no host sync in a render loop.
     """
     b, h, w, c = frames.shape
     if c != 3 or h % 2 or w % 2:
         raise ValueError(f"frames must be [B, H, W, 3] with even H and W, got {list(frames.shape)}")
-    m = torch.tensor(BT709_LIMITED, dtype=torch.float32, device=frames.device) / 255.0
-    rgb = frames.to(torch.float32)
-    yuv = torch.einsum("bhwc,kc->bkhw", rgb, m)
-    y = yuv[:, 0] + 16.0
-    uv = torch.nn.functional.avg_pool2d(yuv[:, 1:], 2) + 128.0  # [B, 2, H/2, W/2]
+    r, g, bl = (frames[..., i].to(torch.float32) for i in range(3))
+    planes = [(kr * r + kg * g + kb * bl) / 255.0 for kr, kg, kb in BT709_LIMITED]
+    y = planes[0] + 16.0
+    uv = torch.nn.functional.avg_pool2d(torch.stack(planes[1:], 1), 2) + 128.0  # [B,2,H/2,W/2]
     out = torch.empty((b, h * 3 // 2, w), dtype=torch.uint8, device=frames.device)
-    out[:, :h] = y.round_().clamp_(0, 255).to(torch.uint8)
-    chroma = uv.round_().clamp_(0, 255).to(torch.uint8).reshape(b, 2, h // 4, w)
-    out[:, h : h + h // 4] = chroma[:, 0]
-    out[:, h + h // 4 :] = chroma[:, 1]
+    flat = out.view(b, -1)  # Y (h*w), then U and V (h*w/4 each), as from_ndarray reads them
+    n = h * w
+    flat[:, :n] = y.round_().clamp_(0, 255).to(torch.uint8).reshape(b, n)
+    chroma = uv.round_().clamp_(0, 255).to(torch.uint8).reshape(b, 2, n // 4)
+    flat[:, n : n + n // 4] = chroma[:, 0]
+    flat[:, n + n // 4 :] = chroma[:, 1]
     return out

@@ -7,9 +7,9 @@ Networks are loaded once per checkpoint folder and device and shared by every en
 
 Precision (the released set's choice): HuBERT and LMDM run in fp32; warp and decoder run in
 fp16 on a GPU (weights cast; grid sampling stays fp32) and fp32 on the CPU, as the runtime's
-torch engines (:mod:`studio.render.warp_decode`): one static batch, CUDA graphs. Frames come
-back through double-buffered pinned host memory, so the GPU renders the next batch while the
-host encodes the last one.
+engines (:mod:`studio.render.warp_decode`): a few static batch sizes, CUDA graphs. Frames come
+back through double-buffered pinned host memory, one chunk behind the GPU, so it renders the
+next chunk while the host blends and encodes the last one.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from studio.motion.condition import ConditionConfig, ConditionSource, assemble
 from studio.motion.generator import generate_motion
 from studio.motion.layout import MOTION_DIM, motion_from_info
 from studio.motion.stitch import StitchConfig, StitchControls, stitch_motion
-from studio.render.warp_decode import WarpDecodeEngines, static_batch
+from studio.render.warp_decode import WarpDecodeEngines
 from studio.runtime.checkpoints import CheckpointSet, discover, load_cfg
 from studio.settings import RenderSettings
 
@@ -303,7 +303,7 @@ class DittoRenderer:
         self._x: tuple[Tensor, Tensor] | None = None  # resident: the clip's (x_s, x_d)
         self._motion: Tensor | None = None  # streamed: the clip's motion, stitched per batch
         self.clock = StageClock(dev)
-        self._pinned: list[Tensor | None] = [None, None]
+        self._pinned: list[Tensor | None] = [None, None, None]  # iter_render's two, _download's
         # "yuv420p": frames leave the device as the encoder's planes (render_video asks).
         self.pixel_format = "rgb24"
         self.warp_decode = networks.warp_decode(
@@ -333,7 +333,9 @@ class DittoRenderer:
 
     # - rendering -
     def _keypoints(self, frames: np.ndarray) -> tuple[Tensor, Tensor]:
-        idx = torch.as_tensor(np.asarray(frames, dtype=np.int64)).to(self.device)
+        idx = torch.as_tensor(np.asarray(frames, dtype=np.int64))
+        if self.device.type == "cuda":  # a pageable upload would wait for the GPU to drain
+            idx = idx.pin_memory().to(self.device, non_blocking=True)
         if self._x is not None:
             return self._x[0][idx], self._x[1][idx]
         if self._motion is not None:
@@ -358,6 +360,8 @@ class DittoRenderer:
         pending: tuple[Any, Tensor] | None = None
         slot = 0
         for chunk in chunks:
+            if len(chunk) == 0:
+                continue
             x_s, x_d = self._keypoints(chunk)
             if self.device.type != "cuda":
                 yield self._render(x_s, x_d)
@@ -371,7 +375,7 @@ class DittoRenderer:
                 buf[s : s + part.shape[0]].copy_(part, non_blocking=True)
             assert buf is not None
             done = torch.cuda.Event()
-            done.record()
+            done.record(torch.cuda.current_stream(self.device))
             slot ^= 1
             if pending is not None:
                 yield self._collect(*pending)
@@ -391,21 +395,27 @@ class DittoRenderer:
         return cur[: shape[0]]
 
     def _render(self, x_s: Tensor, x_d: Tensor) -> np.ndarray:
-        """All rows in batches of the renderer's batch."""
+        """All rows in batches of the renderer's batch, into one host array."""
         k = x_d.shape[0]
-        parts = []
+        out: np.ndarray | None = None
         for s in range(0, k, self.batch):
-            parts.append(
-                self._download(self._frames(x_s[s : s + self.batch], x_d[s : s + self.batch]))
-            )
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+            part = self._frames(x_s[s : s + self.batch], x_d[s : s + self.batch])
+            if out is None:
+                out = np.empty((k, *part.shape[1:]), dtype=np.uint8)
+            self._download(part, out[s : s + part.shape[0]])
+        if out is None:  # no rows
+            rows = self.height * 3 // 2 if self.pixel_format == "yuv420p" else self.height
+            tail = (self.width,) if self.pixel_format == "yuv420p" else (self.width, 3)
+            return np.empty((0, rows, *tail), dtype=np.uint8)
+        return out
 
     @torch.no_grad()
     def _frames(self, x_s: Tensor, x_d: Tensor) -> Tensor:
         """Up to a batch of frames on the device: [b, H, W, 3] uint8 (or yuv420p planes),
         on the engines of the ladder rung that holds them (padded)."""
         with self.clock.stage("warp_decode"):
-            img = self.warp_decode(self.f_s, x_s, x_d, static_batch(x_d.shape[0], self.batch))
+            batch = self.warp_decode.batch_for(x_d.shape[0], self.batch)
+            img = self.warp_decode(self.f_s, x_s, x_d, batch)
         with self.clock.stage("putback"):
             if self.full:
                 frames = self.paste(img)
@@ -417,14 +427,16 @@ class DittoRenderer:
                 return rgb_to_yuv420p(frames)
             return frames
 
-    def _download(self, frames: Tensor) -> np.ndarray:
-        """Device frames -> host numpy; through a reused pinned buffer on a GPU (copied out)."""
+    def _download(self, frames: Tensor, out: np.ndarray) -> None:
+        """Device frames into ``out``; on a GPU through a pinned buffer of its own (slot 2, so
+        a chunk pending in :meth:`iter_render` is never overwritten)."""
         if self.device.type != "cuda":
-            return frames.numpy().copy()  # paste-back reuses its canvas
-        buf = self._pinned_slot(0, frames.shape)
+            np.copyto(out, frames.numpy())
+            return
+        buf = self._pinned_slot(2, tuple(frames.shape))
         buf.copy_(frames, non_blocking=True)
         torch.cuda.current_stream(self.device).synchronize()  # the frame is needed on the host
-        return buf.numpy().copy()
+        np.copyto(out, buf.numpy())
 
     @property
     def timings_ms(self) -> dict[str, float]:

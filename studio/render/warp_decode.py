@@ -1,18 +1,19 @@
-"""Warp + decode for the Ditto renderer on the runtime's torch engines (issue 6).
+"""Warp + decode for the Ditto renderer on the runtime's engines (issue 6).
 
-Both networks run as :class:`~studio.runtime.torch_engine.TorchEngine` at one static batch,
-each with its own precision from :func:`~studio.runtime.engine.parse_precision` (the released
+Both networks run as engines of the chosen runtime (torch by default:
+:class:`~studio.runtime.torch_engine.TorchEngine`) at static batch sizes, each with its own
+precision from :func:`~studio.runtime.engine.parse_precision` (the released
 set's fp16 on a GPU, fp32 on the CPU), the decoder with its spectral norm folded into plain
 convolutions. Half precision casts the weights of both (grid sampling still runs in fp32):
 on the H200 that is 10% faster than the warp network under autocast, at a cosine of 0.99995
 to fp32 eager for the full-size networks (docs/benchmarks.md, render suite).
-On CUDA each engine is captured as a CUDA graph with cuDNN's autotuner on (the
-algorithms are fixed at capture, so replays pay nothing for it); the avatar's f_s is written
-into the warp graph's static buffer once, not copied per batch. Engines exist only for the
-batch sizes of a short ladder (:func:`static_batch`: 1, 2, 4, 8, 16, 24, 32, ... up to the
-batch cap), a shorter batch is padded to the next rung, and the engines of the least recently
-used sizes are freed past :data:`MAX_BATCH_SIZES`: clips of any length reuse a few captured
-(and compiled) graphs instead of building new ones for every length.
+On CUDA each engine is captured as a CUDA graph with cuDNN's autotuner on (the algorithms are
+fixed at capture, so replays pay nothing for it); the avatar's f_s is written into the warp
+graph's static buffer once per renderer, not copied per batch. Engines exist only for the batch
+sizes of a short ladder (:func:`static_batch`: 1, 2, 4, 8, 16, 24, 32, ... up to the batch
+cap), a shorter batch is padded to the next rung, and the engines of the least recently used
+sizes are freed past :data:`MAX_BATCH_SIZES`: clips of any length reuse a few captured (and
+compiled) graphs instead of building new ones for every length.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from studio.runtime.engine import (
 __all__ = ["MAX_BATCH_SIZES", "RENDER_NETWORKS", "WarpDecodeEngines", "static_batch"]
 
 RENDER_NETWORKS = ("warp_network", "decoder")
-MAX_BATCH_SIZES = 3  # engines (graphs, compiled code) kept for this many batch sizes
+MAX_BATCH_SIZES = 4  # engines (graphs, compiled code) kept for this many batch sizes
 _LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 
 
@@ -137,6 +138,13 @@ class WarpDecodeEngines:
             self._engines[batch] = built
         return self._engines[batch]
 
+    def batch_for(self, frames: int, cap: int) -> int:
+        """The engine batch for ``frames``: a built rung up to twice the ladder's, else the
+        ladder's (so preview and export batches share engines instead of evicting them)."""
+        want = static_batch(frames, cap)
+        built = [b for b in self._engines if want <= b <= 2 * want]
+        return min(built) if built else want
+
     def _options(self, name: str) -> dict[str, object]:
         if self.runtime != "torch":
             return {}
@@ -153,15 +161,15 @@ class WarpDecodeEngines:
             x_d = torch.cat((x_d, x_d[-1:].expand(batch - b, -1, -1)))
         eng = self.engines(batch)
         warp = eng["warp_network"]
-        with _cudnn_autotune(self.device):
-            feature = warp.run(
-                {
-                    "feature_3d": self._features(warp, f_s, batch),
-                    "kp_source": x_s,
-                    "kp_driving": x_d,
-                }
-            )["out"]
-            image = eng["decoder"].run({"feature": feature})["output"]
+        # cuDNN's choices were fixed when the engines were built (autotuned there)
+        feature = warp.run(
+            {
+                "feature_3d": self._features(warp, f_s, batch),
+                "kp_source": x_s,
+                "kp_driving": x_d,
+            }
+        )["out"]
+        image = eng["decoder"].run({"feature": feature})["output"]
         return image[:b]
 
     def _features(self, warp: EngineBase, f_s: Tensor, batch: int) -> Tensor:
