@@ -117,7 +117,7 @@ STAGE_LABELS: dict[str, str] = {
     "stitching": "stitching",
     "warp_decode": "warp + decode",
     "putback": "paste-back / crop out",
-    "blend": "blending, frame copies to the host",
+    "blend": "blending in-between frames (host)",
     "encode": "encode (busy, beside the loop)",
     "encode_wait": "encode wait (loop blocked)",
     "other": "other (set-up, MP4 open/close, copies)",
