@@ -622,19 +622,25 @@ def test_weak_typing_pins_grid_sample_layers_to_fp32(stand_in, warp_onnx, tmp_pa
     assert len(meta["grid_sample_fp32_layers"]) == 2
 
 
-def test_old_tensorrt_needs_the_plugin_for_the_warp_network(stand_in, warp_onnx, tmp_path):
-    trt = stand_in("10.8.0.43")
-    with pytest.raises(BackendUnavailable, match="no 3-D GridSample .* --plugin PATH"):
-        te.build_engine("warp_network", warp_onnx["fp32"], tmp_path / "w.engine", "fp32")
+def _build_warp_with_plugin(tmp_path, onnx_path, precision: str, **settings):
+    """Build the warp network's engine with a stand-in GridSample3D plugin library."""
     plugin = tmp_path / "libgrid_sample_3d_plugin.so"
     plugin.write_bytes(b"\x7fELF stand-in")
     te.build_engine(
         "warp_network",
-        warp_onnx["fp32"],
+        onnx_path,
         tmp_path / "w.engine",
-        "fp32",
-        settings=te.BuildSettings(plugin=str(plugin)),
+        precision,
+        settings=te.BuildSettings(plugin=str(plugin), **settings),
     )
+    return plugin
+
+
+def test_old_tensorrt_needs_the_plugin_for_the_warp_network(stand_in, warp_onnx, tmp_path):
+    trt = stand_in("10.8.0.43")
+    with pytest.raises(BackendUnavailable, match="no 3-D GridSample .* --plugin PATH"):
+        te.build_engine("warp_network", warp_onnx["fp32"], tmp_path / "w.engine", "fp32")
+    plugin = _build_warp_with_plugin(tmp_path, warp_onnx["fp32"], "fp32")
     # A statically registered library: opened globally, not handed to load_library.
     assert ("dlopen", plugin.name) in trt.calls
     assert not [c for c in trt.calls if c[0] == "load_library"]
@@ -703,15 +709,7 @@ def test_weak_int8_quantizes_before_the_plugin_rewrite(stand_in, warp_onnx, tmp_
     quant = types.ModuleType("modelopt.onnx.quantization")
     quant.quantize = quantize
     monkeypatch.setitem(sys.modules, "modelopt.onnx.quantization", quant)
-    plugin = tmp_path / "libgrid_sample_3d_plugin.so"
-    plugin.write_bytes(b"\x7fELF stand-in")
-    te.build_engine(
-        "warp_network",
-        warp_onnx["fp32"],
-        tmp_path / "w.engine",
-        "int8",
-        settings=te.BuildSettings(plugin=str(plugin), typing="weak"),
-    )
+    _build_warp_with_plugin(tmp_path, warp_onnx["fp32"], "int8", typing="weak")
     assert seen["mode"] == "int8" and "GridSample" in seen["ops"]
     assert "GridSample3D" not in seen["ops"]
     assert "GridSample" in seen["exclude"] and seen["op_types_to_exclude_fp16"] == ["GridSample"]
