@@ -201,3 +201,12 @@ def test_gpu_torch_equals_onnxruntime_cpu(costlike: Path) -> None:
     assert got._torch.capture_error is None and len(got._torch._graphs) == 2
     chunk = next(iter(ref.online_chunks(clips[1.0])))
     assert rel_l2(next(iter(got.online_chunks(clips[1.0]))), chunk) <= 1e-4
+
+
+def test_an_unreadable_file_on_the_torch_path_is_named(tmp_path) -> None:
+    from studio.errors import InputError
+
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"this is not an onnx model")
+    with pytest.raises(InputError, match="junk.onnx.*could not be read.*re-download"):
+        HubertFeatures(junk, device="cpu")

@@ -28,7 +28,7 @@ from torch import Tensor
 from studio.audio.hubert_signature import INPUT_NAME, OUTPUT_NAME, check_signature
 from studio.errors import InputError, OptionError
 from studio.runtime.engine import DEFAULT_PRECISION, capture_cuda_graph, math_mode
-from studio.runtime.onnx_torch import OnnxTorchGraph, onnx_ports
+from studio.runtime.onnx_torch import OnnxTorchGraph, onnx_ports, read_onnx
 
 MAX_BATCH = 64  # chunks per vmapped call: bounds activation memory (~15 MB a chunk)
 MAX_GRAPHS = 2  # captured chunk counts kept (each holds its activation pool)
@@ -137,17 +137,11 @@ def _cached_graph(
     path: str, _mtime_ns: int, _size: int, split_len: int, device: str
 ) -> OnnxTorchGraph:
     """One planned graph per file, chunk length and device (the weights live on the device)."""
-    import onnx
-
     p = Path(path)
     try:
-        model = onnx.load(path)
-    except Exception as e:  # protobuf and onnx raise several types for bad files
-        reason = " ".join(str(e).split())[:160] or type(e).__name__
-        raise InputError(
-            f"HuBERT model '{p}' could not be loaded by onnx ({reason}); it is not a readable "
-            "ONNX file (re-download hubert_streaming_fix_kv.onnx)."
-        ) from None
+        model = read_onnx(p)
+    except InputError as e:
+        raise InputError(f"HuBERT model {e}: re-download hubert_streaming_fix_kv.onnx.") from None
     check_signature(*onnx_ports(model), p, split_len)
     shapes = {INPUT_NAME: (1, split_len)}
     return OnnxTorchGraph(model, shapes, device, source=str(p), outputs=(OUTPUT_NAME,))
