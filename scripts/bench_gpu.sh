@@ -23,5 +23,5 @@ run render 200 --suite render --device cuda --batches 1,4,8,16,32 --precisions f
   --compile --target-ms 150 --plots "$out" \
   --paths eager_fp16,graph_fp16,compiled_graph_fp16,compiled_graph_channels_last_fp16
 run lmdm 120 --suite lmdm --device cuda --compile --no-onnx \
-  --paths eager_fp32,fast_fp32_window_graph,fast_fp16_window_graph,fast_bf16_window_graph,fast_bf16_compiled_graph,fast_bf16_window_compiled_graph
+  --paths eager_fp32,fast_fp32_window_graph,fast_fp16_window_graph,fast_bf16_window_graph,fast_bf16_window_compiled_graph,fast_fp16_window_compiled_graph
 run pipeline 170 --suite pipeline --device cuda --compile --x264-preset veryfast --plots "$out"

@@ -115,6 +115,7 @@ COMPILED_PATHS: tuple[PathSpec, ...] = (
     PathSpec("fast_bf16_compiled_graph", "bfloat16", "cast", compile=True),
     PathSpec("fast_fp16_compiled_graph", "float16", "cast", compile=True),
     PathSpec("fast_bf16_window_compiled_graph", "bfloat16", "cast", compile=True, window=True),
+    PathSpec("fast_fp16_window_compiled_graph", "float16", "cast", compile=True, window=True),
 )
 ORT_PATHS = ("onnxruntime_cpu", "onnxruntime_cuda")
 ALL_PATHS = ("eager_fp32", *(p.name for p in FAST_PATHS + COMPILED_PATHS), *ORT_PATHS, "tensorrt")
