@@ -141,12 +141,16 @@ def _window(model: LMDM, steps: int, seed: int = 3):
     return cf, cond, sched, x_t, noises, ref
 
 
-@pytest.mark.parametrize("hoist", [True, False])
-def test_fast_path_fp32_equals_module_forward(hoist):
+@pytest.mark.parametrize(
+    "policy",
+    [{"hoist": True}, {"hoist": False}, {"window": True}, {"fold": True}],
+    ids=["hoist", "perstep", "window", "fold"],
+)
+def test_fast_path_fp32_equals_module_forward(policy):
     torch.manual_seed(0)
     model = LMDM(**REDUCED_KWARGS).eval()
     cf, cond, sched, x_t, noises, ref = _window(model, 4)
-    fast = B.FastLMDM(model, B.PathSpec("t", "float32", "fp32", hoist=hoist), "cpu")
+    fast = B.FastLMDM(model, B.PathSpec("t", "float32", "fp32", **policy), "cpu")
     fast.load_condition(cf, cond)
     sampler = DeviceDDIM(sched, (1, 80, 265), noises, "cpu")
     out = fast.sample(sampler, x_t)
@@ -174,12 +178,13 @@ def test_fast_path_low_precision_is_close(dtype, mode):
     assert cos > 0.999 and rel < 0.05
 
 
-def test_fast_sample_reads_nothing_back_to_host(host_reads):
+@pytest.mark.parametrize("fold", [False, True], ids=["hoist", "fold"])
+def test_fast_sample_reads_nothing_back_to_host(host_reads, fold):
     """What is captured into a CUDA graph must not sync: no item/tolist/cpu/numpy/bool."""
     torch.manual_seed(0)
     model = LMDM(**REDUCED_KWARGS).eval()
     cf, cond, sched, x_t, noises, _ = _window(model, 4)
-    fast = B.FastLMDM(model, B.PathSpec("t", "bfloat16", "cast"), "cpu")
+    fast = B.FastLMDM(model, B.PathSpec("t", "bfloat16", "cast", fold=fold), "cpu")
     fast.load_condition(cf, cond)
     sampler = DeviceDDIM(sched, (1, 80, 265), noises, "cpu")
     with host_reads(

@@ -110,12 +110,16 @@ FAST_PATHS: tuple[PathSpec, ...] = (
     PathSpec("fast_fp32_window_graph", "float32", "fp32", window=True),
     PathSpec("fast_bf16_window_graph", "bfloat16", "cast", window=True),
     PathSpec("fast_fp16_window_graph", "float16", "cast", window=True),
+    PathSpec("fast_fp32_fold_graph", "float32", "fp32", fold=True),
+    PathSpec("fast_fp16_fold_graph", "float16", "cast", fold=True),
 )
 COMPILED_PATHS: tuple[PathSpec, ...] = (
     PathSpec("fast_bf16_compiled_graph", "bfloat16", "cast", compile=True),
     PathSpec("fast_fp16_compiled_graph", "float16", "cast", compile=True),
     PathSpec("fast_bf16_window_compiled_graph", "bfloat16", "cast", compile=True, window=True),
     PathSpec("fast_fp16_window_compiled_graph", "float16", "cast", compile=True, window=True),
+    PathSpec("fast_fp16_fold_compiled_graph", "float16", "cast", compile=True, fold=True),
+    PathSpec("fast_bf16_fold_compiled_graph", "bfloat16", "cast", compile=True, fold=True),
 )
 ORT_PATHS = ("onnxruntime_cpu", "onnxruntime_cuda")
 ALL_PATHS = ("eager_fp32", *(p.name for p in FAST_PATHS + COMPILED_PATHS), *ORT_PATHS, "tensorrt")
@@ -317,7 +321,8 @@ def _run_fast(
     # SDPA backend: time the captured single step under each candidate, keep the fastest.
     sweep: dict[str, Any] = {}
     best: tuple[float, str, Timing, list[Tensor]] | None = None
-    candidates = SDPA_CANDIDATES[spec.dtype] if sweep_sdpa and not spec.compile else ("auto",)
+    sweep_sdpa = sweep_sdpa and not spec.compile and not spec.fold  # fold needs unequal widths
+    candidates = SDPA_CANDIDATES[spec.dtype] if sweep_sdpa else ("auto",)
     for backend in candidates:
         fast.sdpa = backend
         try:

@@ -32,6 +32,7 @@ from studio.motion.diffusion import (
     predict_noise_from_start,
 )
 from studio.motion.layout import GUIDANCE_WEIGHT, MOTION_DIM, SEQ_FRAMES
+from studio.motion.lmdm_fold import fold_window, folded_weights, folded_x0_step
 from studio.motion.lmdm_hoist import guided_x0_step, window_constants
 from studio.runtime.engine import capture_cuda_graph, math_mode
 from studio.runtime.torch_engine import PrecisionAdapter
@@ -66,6 +67,7 @@ class PathSpec:
     tf32: bool = False
     compile: bool = False
     window: bool = False  # also the per-window constants (studio.motion.lmdm_hoist)
+    fold: bool = False  # window constants with the attention projections folded in (lmdm_fold)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -137,9 +139,16 @@ class FastLMDM:
         self.noise_tables = noise_tables(alphas_cumprod()).to(dev)
         self._core: Callable[..., Tensor] = self._x0
         self._step_x0: Callable[..., Tensor] = guided_x0_step
+        self._folded_x0: Callable[..., Tensor] = folded_x0_step
+        self.folded = None
+        if spec.fold:
+            self.folded = folded_weights(base, self.input_dtype)
+            self.folded.value_out = [w.to(dev) for w in self.folded.value_out]
+            self.folded.value_bias = [b.to(dev) for b in self.folded.value_bias]
         if spec.compile:
             self._core = torch.compile(self._x0, mode=compile_mode, dynamic=False)
             self._step_x0 = torch.compile(guided_x0_step, mode=compile_mode, dynamic=False)
+            self._folded_x0 = torch.compile(folded_x0_step, mode=compile_mode, dynamic=False)
 
     def load_condition(self, cond_frame: Tensor, cond: Tensor) -> None:
         """Copy a window's condition into the static buffers (cast to their dtype)."""
@@ -206,10 +215,16 @@ class FastLMDM:
             cond_tokens, hidden = self._condition()
             t_vecs, t_tokens = self.model.time_embedding(sampler.time_cond[:, 0])
             order = iter(range(sampler.time_cond.shape[0]))
-            if self.spec.window:
+            if self.spec.window or self.spec.fold:
                 consts = window_constants(
                     self.model, self.cond_frame, cond_tokens, hidden, t_vecs, t_tokens
                 )
+            if self.folded is not None:
+                folded, weights = fold_window(self.model, consts), self.folded
+
+                def x0_of(x: Tensor, k: int) -> Tensor:
+                    return self._folded_x0(self.model, x, folded, weights, k)
+            elif self.spec.window:
 
                 def x0_of(x: Tensor, k: int) -> Tensor:
                     return self._step_x0(self.model, x, consts, k)
