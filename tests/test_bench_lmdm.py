@@ -234,3 +234,21 @@ def test_markdown_profile_section_and_kernel_kinds(result):
     text = B.to_markdown(fake)
     assert "### Where the time goes: fast_fp16_graph, T=4" in text
     assert "| matmul | 103 | 0.4300 |" in text
+
+
+def test_compiled_fold_step_is_traced_once_for_all_steps():
+    """Every step of a window shares one compiled graph (the step's constants are inputs)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = LMDM(**REDUCED_KWARGS).eval()
+    cf, cond, sched, x_t, noises, ref = _window(model, 4)
+    spec = B.PathSpec("t", "float32", "fp32", fold=True, compile=True)
+    fast = B.FastLMDM(model, spec, "cpu")
+    fast.load_condition(cf, cond)
+    out = fast.sample(DeviceDDIM(sched, (1, 80, 265), noises, "cpu"), x_t)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    assert counters["stats"]["unique_graphs"] == 1
+    torch._dynamo.reset()

@@ -219,15 +219,18 @@ class FastLMDM:
                 consts = window_constants(
                     self.model, self.cond_frame, cond_tokens, hidden, t_vecs, t_tokens
                 )
+            # One step's constants per call, at index 0: a compiled step is traced once.
             if self.folded is not None:
                 folded, weights = fold_window(self.model, consts), self.folded
+                per_fold = [folded.at(k) for k in range(folded.steps)]
 
                 def x0_of(x: Tensor, k: int) -> Tensor:
-                    return self._folded_x0(self.model, x, folded, weights, k)
+                    return self._folded_x0(self.model, x, per_fold[k], weights, 0)
             elif self.spec.window:
+                per_step = [consts.at(k) for k in range(consts.steps)]
 
                 def x0_of(x: Tensor, k: int) -> Tensor:
-                    return self._step_x0(self.model, x, consts, k)
+                    return self._step_x0(self.model, x, per_step[k], 0)
             else:
 
                 def x0_of(x: Tensor, k: int) -> Tensor:

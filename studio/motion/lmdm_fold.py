@@ -20,7 +20,7 @@ memory-efficient kernel on CUDA (it takes any width divisible by 8). The arithme
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +28,7 @@ from torch import Tensor
 
 from studio.models.lmdm import LMDM, DecoderLayer
 from studio.motion.layout import GUIDANCE_WEIGHT, MOTION_DIM
-from studio.motion.lmdm_hoist import WindowConstants
+from studio.motion.lmdm_hoist import WindowConstants, step_slices
 
 __all__ = ["FoldedConstants", "FoldedWeights", "fold_window", "folded_weights", "folded_x0_step"]
 
@@ -70,6 +70,10 @@ class FoldedConstants:
     @property
     def steps(self) -> int:
         return int(self.keys[0].shape[0])
+
+    def at(self, step: int) -> FoldedConstants:
+        """Step ``step``'s constants alone, as :meth:`WindowConstants.at`."""
+        return replace(self, **step_slices(self, step))
 
 
 def _heads_of(weight: Tensor, heads: int) -> Tensor:

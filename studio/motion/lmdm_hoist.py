@@ -15,7 +15,8 @@ to float rounding (tested against it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +25,7 @@ from torch import Tensor
 from studio.models.lmdm import LMDM, DecoderLayer
 from studio.motion.layout import GUIDANCE_WEIGHT, MOTION_DIM
 
-__all__ = ["WindowConstants", "guided_x0_step", "window_constants"]
+__all__ = ["STEP_FIELDS", "WindowConstants", "guided_x0_step", "step_slices", "window_constants"]
 
 
 @dataclass
@@ -44,6 +45,26 @@ class WindowConstants:
     @property
     def steps(self) -> int:
         return int(self.keys[0].shape[0])
+
+    def at(self, step: int) -> WindowConstants:
+        """Step ``step``'s constants alone (views, leading axis 1): call the step function with
+        index 0, so that a compiled step is traced once for every step of the window."""
+        return replace(self, **step_slices(self, step))
+
+
+def step_slices(consts: Any, step: int) -> dict[str, Any]:
+    """The step-indexed fields of a constants dataclass (lists of tensors or of tuples of
+    tensors with a leading step axis) sliced to ``step:step+1``."""
+
+    def cut(value: Any) -> Any:
+        if isinstance(value, Tensor):
+            return value[step : step + 1]
+        return type(value)(cut(v) for v in value)
+
+    return {f.name: cut(getattr(consts, f.name)) for f in fields(consts) if f.name in STEP_FIELDS}
+
+
+STEP_FIELDS = ("films", "keys", "values")
 
 
 def _split_heads(t: Tensor, heads: int) -> Tensor:
