@@ -11,6 +11,7 @@ import torch
 from studio.bench import SUITES
 from studio.bench import render as R
 from studio.cli import main as cli_main
+from studio.models.channel_pad import PaddedConv
 from studio.models.decoder import Decoder
 from studio.models.random_tree import random_network
 from studio.models.warp_network import WarpNetwork
@@ -116,10 +117,12 @@ def test_released_sizes_count_the_manifest_flops():
 def test_plan_paths_per_device():
     cpu = [p.name for p in R.plan_paths(["fp32", "bf16-autocast"], "cpu")]
     assert cpu == ["eager_fp32", "channels_last_fp32", "eager_bf16_autocast",
-                   "channels_last_bf16_autocast"]  # fmt: skip
+                   "channels_last_bf16_autocast", "padded_bf16_autocast"]  # fmt: skip
     cuda = [p.name for p in R.plan_paths(["fp32", "fp16"], "cuda", compile=True)]
     assert cuda == ["eager_fp32", "eager_fp16", "channels_last_fp16", "graph_fp16",
-                    "compiled_graph_fp16", "compiled_graph_channels_last_fp16"]  # fmt: skip
+                    "compiled_graph_fp16", "compiled_graph_channels_last_fp16",
+                    "compiled_graph_padded_fp16", "compiled_graph_padded_cl3d_fp16",
+                    "padded_fp16"]  # fmt: skip
     with pytest.raises(ValueError):
         R.plan_paths(["fp64"], "cpu")
 
@@ -244,3 +247,20 @@ def test_profile_section_splits_the_networks_by_kernel_kind(run):
     assert "| convolution / GEMM | 2 | 6.000 | 75% |" in md
     fake["profile"] = {"error": "OutOfMemoryError: boom"}
     assert "Profile failed: OutOfMemoryError: boom" in to_markdown(fake)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last_3d"])
+def test_padded_warp_decode_matches_the_reference(layout, one_torch_thread):
+    """Padded channels (and the 3-D weights in channels-last-3d) render the same images."""
+    cpu = torch.device("cpu")
+    warp = random_network("warp_network", reduced=True)
+    decoder = random_network("decoder", reduced=True)
+    inputs = R._make_inputs(warp, [2], 1, 32, 0, cpu)
+    fp32 = R.PRECISIONS["fp32"]
+    ref = R.WarpDecode(warp, decoder, fp32, cpu, reference=True)(*inputs.batch(2)[0])
+    wd = R.WarpDecode(warp, decoder, fp32, cpu, layout=layout, pad=R.PAD_MULTIPLE)
+    assert any(isinstance(m, PaddedConv) for m in wd.warp.modules())
+    if layout == "channels_last_3d":
+        w5 = next(p for p in wd.warp.parameters() if p.dim() == 5 and p.shape[1] > 1)
+        assert w5.is_contiguous(memory_format=torch.channels_last_3d)
+    torch.testing.assert_close(wd(*inputs.batch(2)[0]), ref, rtol=1e-4, atol=1e-5)

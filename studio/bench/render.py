@@ -15,14 +15,18 @@ Paths (``<kind>_<precision>``):
   ``fp16-autocast``/``bf16-autocast`` (fp32 weights under ``torch.autocast``, which keeps
   grid sampling in fp32: what the Ditto engine runs on a GPU).
 - ``channels_last_*``: the same with every 4-D weight in channels-last layout (the decoder and
-  the warp network's 2-D convolutions; its 3-D part stays contiguous because the warp network
-  flattens the warped volume with ``view``).
+  the warp network's 2-D convolutions; its 3-D part stays contiguous).
 - ``graph_*`` (CUDA): warp + decode captured once per batch size into a CUDA graph with static
   input buffers and replayed, in whichever layout was faster eager at the largest batch.
 - ``compiled_graph_*`` (CUDA, ``compile=True``): the same with warp + decode through
   ``torch.compile`` (Inductor kernels inside our graph); ``compiled_graph_channels_last_*``
   forces the channels-last weights there (eager pays for its layout changes, Inductor may
   fuse them).
+- ``padded_*`` / ``compiled_graph_padded_*`` / ``compiled_graph_padded_cl3d_*``: every
+  convolution whose channel counts are not a multiple of :data:`PAD_MULTIPLE` zero-padded to
+  one (:func:`studio.models.channel_pad.pad_conv_channels`: the dense-motion mask 142 -> 22,
+  the hourglass's first and last convolutions, the occlusion head 2272 -> 1; exact), the
+  ``cl3d`` one with the 3-D weights in channels-last-3d as well.
 
 Each point: warm-up, then the median of repeats (CUDA events at the run boundaries; by
 default enough repeats for about ``target_ms`` of timed work, 3..20), rotating over
@@ -76,6 +80,7 @@ from studio.bench.timing import (
     utc_now,
 )
 from studio.models import network_spec
+from studio.models.channel_pad import TENSOR_CORE_MULTIPLE, pad_conv_channels
 from studio.models.decoder import fold_spectral_norm
 from studio.models.random_tree import random_network
 from studio.models.warp_network import FEATURE_SIZE
@@ -102,6 +107,7 @@ DEFAULT_BATCHES: tuple[int, ...] = (1, 4, 8, 16, 32)
 MAX_BATCH = 256
 ACCURATE_COSINE = 0.999  # a fast path counts as accurate at or above this cosine to fp32 eager
 MIN_REPEATS, MAX_REPEATS = 3, 20
+PAD_MULTIPLE = TENSOR_CORE_MULTIPLE  # channel multiple of the padded paths
 TARGET_MS = 1000.0  # timed work per point when repeats are chosen automatically
 COMPILE_MODE = "default"
 
@@ -165,7 +171,8 @@ class RenderPath:
 
     name: str
     precision: str
-    layout: str = "contiguous"  # "contiguous" | "channels_last" | "auto" (faster eager layout)
+    layout: str = "contiguous"  # | "channels_last" | "channels_last_3d" | "auto" (faster eager)
+    pad: int = 0  # conv channels padded to this multiple (studio.models.channel_pad), 0: as is
     graph: bool = False
     compile: bool = False
     reference: bool = False
@@ -207,6 +214,19 @@ def plan_paths(precisions: Sequence[str], device: str, compile: bool = False) ->
                         compile=True,
                     )
                 )
+                for layout, tag in (("contiguous", ""), ("channels_last_3d", "_cl3d")):
+                    paths.append(  # tensor-core friendly channel counts, in either layout
+                        RenderPath(
+                            f"compiled_graph_padded{tag}_{t}",
+                            name,
+                            layout=layout,
+                            pad=PAD_MULTIPLE,
+                            graph=True,
+                            compile=True,
+                        )
+                    )
+        if name != "fp32":
+            paths.append(RenderPath(f"padded_{t}", name, pad=PAD_MULTIPLE))
     return paths
 
 
@@ -222,14 +242,16 @@ def _tf32(enabled: bool) -> Iterator[None]:
         torch.backends.cudnn.allow_tf32 = before
 
 
-def _channels_last(module: nn.Module) -> nn.Module:
-    """Every 4-D parameter and buffer in channels-last layout, in place (5-D ones untouched)."""
+def _channels_last(module: nn.Module, three_d: bool = False) -> nn.Module:
+    """Every 4-D parameter and buffer in channels-last layout, in place (5-D ones too, in
+    channels-last-3d, with ``three_d``)."""
+    formats = {4: torch.channels_last, **({5: torch.channels_last_3d} if three_d else {})}
     with torch.no_grad():
         for m in module.modules():
             for tensors in (m._parameters, m._buffers):
                 for t in tensors.values():
-                    if t is not None and t.dim() == 4:
-                        t.data = t.data.contiguous(memory_format=torch.channels_last)
+                    if t is not None and t.dim() in formats:
+                        t.data = t.data.contiguous(memory_format=formats[t.dim()])
     return module
 
 
@@ -252,6 +274,7 @@ class WarpDecode:
         reference: bool = False,
         compile: bool = False,
         compile_mode: str = COMPILE_MODE,
+        pad: int = 0,
     ) -> None:
         self.device = torch.device(device)
         self.precision = precision
@@ -264,8 +287,11 @@ class WarpDecode:
             if precision.mode == "cast":
                 self.warp.to(precision.torch_dtype)
                 self.decoder.to(precision.torch_dtype)
-            if layout == "channels_last":
-                _channels_last(self.warp)
+            if pad:
+                self.warp = pad_conv_channels(self.warp, pad)
+                self.decoder = pad_conv_channels(self.decoder, pad)
+            if layout in ("channels_last", "channels_last_3d"):
+                _channels_last(self.warp, three_d=layout == "channels_last_3d")
                 _channels_last(self.decoder)
         self.warp.eval().requires_grad_(False)
         self.decoder.eval().requires_grad_(False)
@@ -791,6 +817,7 @@ def run_render_suite(
                     reference=spec.reference,
                     compile=spec.compile,
                     compile_mode=compile_mode,
+                    pad=spec.pad,
                 )
                 rec, images = _run_path(
                     spec,
@@ -816,7 +843,7 @@ def run_render_suite(
             settings["path_s"] = round(time.perf_counter() - started, 1)
             rec["settings"] = settings
             result["paths"][spec.name] = rec
-            if not spec.graph and is_ok(rec):
+            if not spec.graph and not spec.pad and is_ok(rec):
                 ok_b = [int(b) for b, r in rec["batches"].items() if is_ok(r)]
                 largest = str(max(ok_b))
                 eager_layout.setdefault(spec.precision, {})[layout] = rec["batches"][largest]["fps"]
@@ -826,12 +853,13 @@ def run_render_suite(
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
         if profile and dev.type == "cuda":
-            try:
-                result["profile"] = profile_networks(
-                    warp, decoder, PRECISIONS["fp16"], dev, inputs, max(batches)
-                )
-            except Exception as e:  # out of memory, a profiler without CUDA activity, ...
-                result["profile"] = {"error": _reason(e)}
+            for key, pad in (("profile", 0), ("profile_padded", PAD_MULTIPLE)):
+                try:
+                    result[key] = profile_networks(
+                        warp, decoder, PRECISIONS["fp16"], dev, inputs, max(batches), pad
+                    )
+                except Exception as e:  # out of memory, a profiler without CUDA activity, ...
+                    result[key] = {"error": _reason(e)}
     finally:
         if dev.type == "cuda":
             torch.backends.cudnn.benchmark = bench_before
@@ -866,10 +894,12 @@ def profile_networks(
     device: torch.device,
     inputs: _Inputs,
     batch: int,
+    pad: int = 0,
 ) -> dict[str, Any]:
     """Where a batch's time goes: the kernels of the warp network and of the decoder, each run
-    once eagerly (spectral norm folded, ``precision``) after a warm-up, by kind of kernel."""
-    wd = WarpDecode(warp, decoder, precision, device)
+    once eagerly (spectral norm folded, ``precision``, conv channels padded to ``pad``) after
+    a warm-up, by kind of kernel."""
+    wd = WarpDecode(warp, decoder, precision, device, pad=pad)
     f_s, x_s, x_d = wd.cast_inputs(*inputs.batch(batch)[0])
     f_b = f_s.expand(batch, *f_s.shape[1:])
     with wd.context():
@@ -883,13 +913,16 @@ def profile_networks(
     return {
         "precision": precision.name,
         "batch": batch,
+        "pad": pad,
         "networks": nets,
         "ms_per_frame": {n: p["kernel_ms"] / batch for n, p in nets.items()},
     }
 
 
 def _profile_markdown(prof: dict[str, Any]) -> list[str]:
-    out = ["", f"### Where the time goes: eager {prof.get('precision')}, B={prof.get('batch')}", ""]
+    padded = f", channels padded to {prof['pad']}" if prof.get("pad") else ""
+    title = f"### Where the time goes: eager {prof.get('precision')}, B={prof.get('batch')}{padded}"
+    out = ["", title, ""]
     if prof.get("error"):
         return [*out, f"Profile failed: {prof['error']}"]
     per = prof["ms_per_frame"]
@@ -1141,8 +1174,9 @@ def to_markdown(result: dict[str, Any]) -> str:
         rows += [[n, f"B={b}", "error", str(why).replace("|", "/")] for n, b, why in errors]
         out += table(["path", "batch", "status", "reason"], rows)
 
-    if result.get("profile"):
-        out += _profile_markdown(result["profile"])
+    for key in ("profile", "profile_padded"):
+        if result.get(key):
+            out += _profile_markdown(result[key])
 
     out += ["", "### Settings per path", ""]
     rows = []

@@ -120,7 +120,7 @@ class DenseMotionNetwork(nn.Module):
             mode="bilinear",
             padding_mode="zeros",
             align_corners=False,
-        ).view(b, k1, c, d, h, w)
+        ).reshape(b, k1, c, d, h, w)
 
         heat = kp_to_gaussian(kp_driving, (d, h, w), KP_VARIANCE) - kp_to_gaussian(
             kp_source, (d, h, w), KP_VARIANCE
@@ -128,7 +128,7 @@ class DenseMotionNetwork(nn.Module):
         heat = torch.cat([torch.zeros_like(heat[:, :1]), heat], dim=1)  # background channel
 
         # Keypoint-major channels: [heatmap_k, deformed_k (c channels)] for k = 0..num_kp.
-        net_in = torch.cat([heat.unsqueeze(2), deformed], dim=2).view(b, k1 * (c + 1), d, h, w)
+        net_in = torch.cat([heat.unsqueeze(2), deformed], dim=2).reshape(b, k1 * (c + 1), d, h, w)
         prediction = self.hourglass(net_in)
 
         mask = F.softmax(self.mask(prediction), dim=1)
@@ -136,7 +136,7 @@ class DenseMotionNetwork(nn.Module):
 
         occlusion_map = None
         if self.occlusion is not None:
-            flat = prediction.view(b, -1, h, w)  # channel-major (channel, depth) reshape
+            flat = prediction.reshape(b, -1, h, w)  # channel-major (channel, depth) reshape
             occlusion_map = torch.sigmoid(self.occlusion(flat))
         return DenseMotion(deformation, occlusion_map, mask)
 
@@ -195,7 +195,7 @@ class WarpNetwork(nn.Module):
             align_corners=False,
         )
         b, c, d, h, w = out.shape
-        out = self.fourth(self.third(out.view(b, c * d, h, w)))
+        out = self.fourth(self.third(out.reshape(b, c * d, h, w)))
         if motion.occlusion_map is not None:
             out = out * motion.occlusion_map
         return out

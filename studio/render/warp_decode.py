@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from studio.errors import OptionError
+from studio.models.channel_pad import TENSOR_CORE_MULTIPLE, pad_conv_channels
 from studio.models.decoder import fold_spectral_norm
 from studio.models.warp_network import FEATURE_SIZE
 from studio.runtime.engine import (
@@ -68,7 +69,9 @@ class WarpDecodeEngines:
     or ``bf16``; ``compile`` runs both through ``torch.compile`` inside the graphs (CUDA
     only: on the CPU it is ignored and :attr:`compiled` says so); ``runtime`` is the engine
     backend (torch, onnxruntime or tensorrt; CUDA graphs and compile are torch's, and a
-    runtime that cannot run here is an OptionError naming ``--runtime``). The output of
+    runtime that cannot run here is an OptionError naming ``--runtime``); ``channel_pad``
+    zero-pads convolution channels to that multiple (:mod:`studio.models.channel_pad`; by
+    default on CUDA graphs only). The output of
     :meth:`__call__` is an engine's static buffer on CUDA: the next call overwrites it, so
     consume (or copy) it before rendering the next batch.
     """
@@ -81,6 +84,7 @@ class WarpDecodeEngines:
         device: torch.device,
         compile: bool = False,
         runtime: str = "torch",
+        channel_pad: int | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.runtime = runtime
@@ -98,6 +102,12 @@ class WarpDecodeEngines:
         self.precisions = {n: plan.of(n) for n in RENDER_NETWORKS}
         folded = fold_spectral_norm(decoder)
         folded.feature_size = FEATURE_SIZE  # the engine's static input is the warp's output
+        if channel_pad is None:  # cuDNN on a GPU; ONNX Runtime and TensorRT pad for themselves
+            channel_pad = TENSOR_CORE_MULTIPLE if self.graphs else 0
+        self.channel_pad = channel_pad
+        if channel_pad:
+            warp = pad_conv_channels(warp, channel_pad)
+            folded = pad_conv_channels(folded, channel_pad)
         self._modules = {"warp_network": warp, "decoder": folded}
         self._engines: dict[int, dict[str, EngineBase]] = {}
         self._f_s: dict[int, Tensor] = {}  # batch -> the f_s last written into its buffer
@@ -109,6 +119,7 @@ class WarpDecodeEngines:
             "precision": dict(self.precisions),
             "cuda_graphs": self.graphs,
             "compiled": self.compiled,
+            "channel_pad": self.channel_pad,
         }
 
     def engines(self, batch: int) -> dict[str, EngineBase]:
