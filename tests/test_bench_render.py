@@ -121,6 +121,7 @@ def test_plan_paths_per_device():
     cuda = [p.name for p in R.plan_paths(["fp32", "fp16"], "cuda", compile=True)]
     assert cuda == ["eager_fp32", "eager_fp16", "channels_last_fp16", "graph_fp16",
                     "compiled_graph_fp16", "compiled_graph_channels_last_fp16",
+                    "compiled_graph_split_fp16", "compiled_graph_split_padded_fp16",
                     "compiled_graph_padded_fp16", "compiled_graph_padded_cl3d_fp16",
                     "padded_fp16"]  # fmt: skip
     with pytest.raises(ValueError):
@@ -258,7 +259,7 @@ def test_padded_warp_decode_matches_the_reference(layout, one_torch_thread):
     inputs = R._make_inputs(warp, [2], 1, 32, 0, cpu)
     fp32 = R.PRECISIONS["fp32"]
     ref = R.WarpDecode(warp, decoder, fp32, cpu, reference=True)(*inputs.batch(2)[0])
-    wd = R.WarpDecode(warp, decoder, fp32, cpu, layout=layout, pad=R.PAD_MULTIPLE)
+    wd = R.WarpDecode(warp, decoder, fp32, cpu, layout=layout, pad=R.PAD_MULTIPLE, split=True)
     assert any(isinstance(m, PaddedConv) for m in wd.warp.modules())
     if layout == "channels_last_3d":
         w5 = next(p for p in wd.warp.parameters() if p.dim() == 5 and p.shape[1] > 1)

@@ -50,13 +50,15 @@ def test_engines_of_the_least_recently_used_batch_sizes_are_freed(modules, one_t
     assert wd.batch_for(17, 32) == 24  # no built rung near: the ladder's
 
 
-@pytest.mark.parametrize("channel_pad", [None, 8], ids=["as-is", "padded"])
+@pytest.mark.parametrize("rewrite", [None, 8], ids=["as-is", "padded-split"])
 def test_engines_match_the_modules_and_pad_short_batches(
-    modules, channel_pad, one_torch_thread
+    modules, rewrite, one_torch_thread
 ) -> None:
-    wd = WarpDecodeEngines(*modules, "auto", torch.device("cpu"), channel_pad=channel_pad)
+    cpu = torch.device("cpu")
+    wd = WarpDecodeEngines(*modules, "auto", cpu, channel_pad=rewrite, depth_split=bool(rewrite))
     assert wd.precisions == {"warp_network": "fp32", "decoder": "fp32"}  # fp16 needs a GPU
-    assert wd.describe()["channel_pad"] == (channel_pad or 0)  # no padding by default on a CPU
+    assert wd.describe()["channel_pad"] == (rewrite or 0)  # no rewrites by default on a CPU
+    assert wd.describe()["depth_split"] is bool(rewrite)
     f_s, x_s, x_d = _inputs(modules[0], 3)
     want = _eager(modules, f_s, x_s, x_d)
     torch.testing.assert_close(wd(f_s, x_s, x_d, 3), want, rtol=1e-4, atol=1e-5)
@@ -73,7 +75,7 @@ def test_cuda_graphed_fp16_engines_track_fp32_and_a_new_avatar(modules) -> None:
     warp, decoder = (m.to(dev) for m in modules)
     wd = WarpDecodeEngines(warp, decoder, "auto", dev)
     assert wd.precisions == {"warp_network": "fp16", "decoder": "fp16"}
-    assert wd.channel_pad == 8  # the padded convolutions run on CUDA graphs
+    assert wd.channel_pad == 8 and wd.depth_split  # the rewrites run on CUDA graphs
     f_s, x_s, x_d = _inputs(warp, 4, "cuda")
     got = wd(f_s, x_s, x_d, 4).clone()
     assert wd.engines(4)["decoder"].static_inputs is not None  # captured

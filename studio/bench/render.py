@@ -27,6 +27,9 @@ Paths (``<kind>_<precision>``):
   one (:func:`studio.models.channel_pad.pad_conv_channels`: the dense-motion mask 142 -> 22,
   the hourglass's first and last convolutions, the occlusion head 2272 -> 1; exact), the
   ``cl3d`` one with the 3-D weights in channels-last-3d as well.
+- ``compiled_graph_split_*`` / ``compiled_graph_split_padded_*``: the warp network's 7x7x7
+  mask convolution as one 2-D convolution over depth slices
+  (:func:`studio.models.depth_split.split_deep_conv3d`; exact), without and with padding.
 
 Each point: warm-up, then the median of repeats (CUDA events at the run boundaries; by
 default enough repeats for about ``target_ms`` of timed work, 3..20), rotating over
@@ -82,6 +85,7 @@ from studio.bench.timing import (
 from studio.models import network_spec
 from studio.models.channel_pad import TENSOR_CORE_MULTIPLE, pad_conv_channels
 from studio.models.decoder import fold_spectral_norm
+from studio.models.depth_split import split_deep_conv3d
 from studio.models.random_tree import random_network
 from studio.models.warp_network import FEATURE_SIZE
 
@@ -173,6 +177,7 @@ class RenderPath:
     precision: str
     layout: str = "contiguous"  # | "channels_last" | "channels_last_3d" | "auto" (faster eager)
     pad: int = 0  # conv channels padded to this multiple (studio.models.channel_pad), 0: as is
+    split: bool = False  # deep 3-D convolutions over depth slices (studio.models.depth_split)
     graph: bool = False
     compile: bool = False
     reference: bool = False
@@ -214,6 +219,17 @@ def plan_paths(precisions: Sequence[str], device: str, compile: bool = False) ->
                         compile=True,
                     )
                 )
+                for pad, tag in ((0, ""), (PAD_MULTIPLE, "_padded")):
+                    paths.append(  # the 7x7x7 mask as a 2-D convolution over depth slices
+                        RenderPath(
+                            f"compiled_graph_split{tag}_{t}",
+                            name,
+                            pad=pad,
+                            split=True,
+                            graph=True,
+                            compile=True,
+                        )
+                    )
                 for layout, tag in (("contiguous", ""), ("channels_last_3d", "_cl3d")):
                     paths.append(  # tensor-core friendly channel counts, in either layout
                         RenderPath(
@@ -275,6 +291,7 @@ class WarpDecode:
         compile: bool = False,
         compile_mode: str = COMPILE_MODE,
         pad: int = 0,
+        split: bool = False,
     ) -> None:
         self.device = torch.device(device)
         self.precision = precision
@@ -287,6 +304,8 @@ class WarpDecode:
             if precision.mode == "cast":
                 self.warp.to(precision.torch_dtype)
                 self.decoder.to(precision.torch_dtype)
+            if split:
+                self.warp = split_deep_conv3d(self.warp)
             if pad:
                 self.warp = pad_conv_channels(self.warp, pad)
                 self.decoder = pad_conv_channels(self.decoder, pad)
@@ -818,6 +837,7 @@ def run_render_suite(
                     compile=spec.compile,
                     compile_mode=compile_mode,
                     pad=spec.pad,
+                    split=spec.split,
                 )
                 rec, images = _run_path(
                     spec,
@@ -843,7 +863,7 @@ def run_render_suite(
             settings["path_s"] = round(time.perf_counter() - started, 1)
             rec["settings"] = settings
             result["paths"][spec.name] = rec
-            if not spec.graph and not spec.pad and is_ok(rec):
+            if not spec.graph and not spec.pad and not spec.split and is_ok(rec):
                 ok_b = [int(b) for b, r in rec["batches"].items() if is_ok(r)]
                 largest = str(max(ok_b))
                 eager_layout.setdefault(spec.precision, {})[layout] = rec["batches"][largest]["fps"]

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from studio.errors import OptionError
 from studio.models.channel_pad import TENSOR_CORE_MULTIPLE, pad_conv_channels
 from studio.models.decoder import fold_spectral_norm
+from studio.models.depth_split import split_deep_conv3d
 from studio.models.warp_network import FEATURE_SIZE
 from studio.runtime.engine import (
     HALF_DTYPES,
@@ -70,8 +71,9 @@ class WarpDecodeEngines:
     only: on the CPU it is ignored and :attr:`compiled` says so); ``runtime`` is the engine
     backend (torch, onnxruntime or tensorrt; CUDA graphs and compile are torch's, and a
     runtime that cannot run here is an OptionError naming ``--runtime``); ``channel_pad``
-    zero-pads convolution channels to that multiple (:mod:`studio.models.channel_pad`; by
-    default on CUDA graphs only). The output of
+    zero-pads convolution channels to that multiple (:mod:`studio.models.channel_pad`) and
+    ``depth_split`` runs the 7x7x7 mask convolution over depth slices
+    (:mod:`studio.models.depth_split`); both exact, by default on CUDA graphs only. The output of
     :meth:`__call__` is an engine's static buffer on CUDA: the next call overwrites it, so
     consume (or copy) it before rendering the next batch.
     """
@@ -85,6 +87,7 @@ class WarpDecodeEngines:
         compile: bool = False,
         runtime: str = "torch",
         channel_pad: int | None = None,
+        depth_split: bool | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.runtime = runtime
@@ -105,6 +108,13 @@ class WarpDecodeEngines:
         if channel_pad is None:  # cuDNN on a GPU; ONNX Runtime and TensorRT pad for themselves
             channel_pad = TENSOR_CORE_MULTIPLE if self.graphs else 0
         self.channel_pad = channel_pad
+        if (
+            depth_split is None
+        ):  # cuDNN's deep 3-D kernel is the slow one (studio.models.depth_split)
+            depth_split = self.graphs
+        self.depth_split = depth_split
+        if depth_split:
+            warp = split_deep_conv3d(warp)
         if channel_pad:
             warp = pad_conv_channels(warp, channel_pad)
             folded = pad_conv_channels(folded, channel_pad)
@@ -120,6 +130,7 @@ class WarpDecodeEngines:
             "cuda_graphs": self.graphs,
             "compiled": self.compiled,
             "channel_pad": self.channel_pad,
+            "depth_split": self.depth_split,
         }
 
     def engines(self, batch: int) -> dict[str, EngineBase]:
