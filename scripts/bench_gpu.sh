@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU session in one command (about 9 minutes on an H200): the render suite at B=32 with
-# the channel-padded paths and both kernel profiles, the LMDM suite at T=4 with the window,
+# the depth-split and channel-padded paths and both kernel profiles (as loaded, rewritten), the LMDM suite at T=4 with the window,
 # fold and compiled paths, the 165-frame clip end to end, then the CUDA tests of the render
 # engines if time is left. Results (logs, JSON, Markdown, plots: about 10 files) go to $1;
 # through the device tool, which returns at most 8 files, give a folder under /tmp and tar it
@@ -16,11 +16,11 @@ run() {  # name, seconds, suite arguments...
     --markdown "$out/$name.md" >"$out/$name.log" 2>&1
   echo "$name: exit $? ($(tail -n 1 "$out/$name.log" | cut -c1-120))"
 }
-run render 230 --suite render --device cuda --batches 32 --precisions fp16 --compile \
-  --target-ms 150 --paths compiled_graph_fp16,compiled_graph_padded_fp16,compiled_graph_padded_cl3d_fp16
-run lmdm 150 --suite lmdm --device cuda --compile --no-onnx --steps 4 \
+run render 250 --suite render --device cuda --batches 32 --precisions fp16 --compile \
+  --target-ms 150 --paths compiled_graph_fp16,compiled_graph_split_fp16,compiled_graph_split_padded_fp16
+run lmdm 130 --suite lmdm --device cuda --compile --no-onnx --steps 4 \
   --paths eager_fp32,fast_fp16_window_graph,fast_fp16_fold_graph,fast_bf16_window_compiled_graph,fast_fp16_fold_compiled_graph,fast_bf16_fold_compiled_graph
-run pipeline 130 --suite pipeline --device cuda --compile --x264-preset veryfast --plots "$out"
+run pipeline 140 --suite pipeline --device cuda --compile --x264-preset veryfast --plots "$out"
 timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_warp_decode.py \
-  tests/test_channel_pad.py >"$out/tests.log" 2>&1
+  tests/test_channel_pad.py tests/test_depth_split.py >"$out/tests.log" 2>&1
 echo "tests: exit $? ($(tail -n 1 "$out/tests.log" | cut -c1-120))"

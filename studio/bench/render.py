@@ -873,10 +873,18 @@ def run_render_suite(
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
         if profile and dev.type == "cuda":
-            for key, pad in (("profile", 0), ("profile_padded", PAD_MULTIPLE)):
+            # as loaded, then with the render engines' rewrites (depth split, padded channels)
+            for key, rewrite in (("profile", False), ("profile_rewritten", True)):
                 try:
                     result[key] = profile_networks(
-                        warp, decoder, PRECISIONS["fp16"], dev, inputs, max(batches), pad
+                        warp,
+                        decoder,
+                        PRECISIONS["fp16"],
+                        dev,
+                        inputs,
+                        max(batches),
+                        PAD_MULTIPLE if rewrite else 0,
+                        rewrite,
                     )
                 except Exception as e:  # out of memory, a profiler without CUDA activity, ...
                     result[key] = {"error": _reason(e)}
@@ -915,11 +923,12 @@ def profile_networks(
     inputs: _Inputs,
     batch: int,
     pad: int = 0,
+    split: bool = False,
 ) -> dict[str, Any]:
     """Where a batch's time goes: the kernels of the warp network and of the decoder, each run
-    once eagerly (spectral norm folded, ``precision``, conv channels padded to ``pad``) after
-    a warm-up, by kind of kernel."""
-    wd = WarpDecode(warp, decoder, precision, device, pad=pad)
+    once eagerly (spectral norm folded, ``precision``, conv channels padded to ``pad``, the
+    deep 3-D convolution depth-split with ``split``) after a warm-up, by kind of kernel."""
+    wd = WarpDecode(warp, decoder, precision, device, pad=pad, split=split)
     f_s, x_s, x_d = wd.cast_inputs(*inputs.batch(batch)[0])
     f_b = f_s.expand(batch, *f_s.shape[1:])
     with wd.context():
@@ -934,6 +943,7 @@ def profile_networks(
         "precision": precision.name,
         "batch": batch,
         "pad": pad,
+        "split": split,
         "networks": nets,
         "ms_per_frame": {n: p["kernel_ms"] / batch for n, p in nets.items()},
     }
@@ -941,6 +951,7 @@ def profile_networks(
 
 def _profile_markdown(prof: dict[str, Any]) -> list[str]:
     padded = f", channels padded to {prof['pad']}" if prof.get("pad") else ""
+    padded = (", mask depth-split" if prof.get("split") else "") + padded
     title = f"### Where the time goes: eager {prof.get('precision')}, B={prof.get('batch')}{padded}"
     out = ["", title, ""]
     if prof.get("error"):
@@ -1194,7 +1205,7 @@ def to_markdown(result: dict[str, Any]) -> str:
         rows += [[n, f"B={b}", "error", str(why).replace("|", "/")] for n, b, why in errors]
         out += table(["path", "batch", "status", "reason"], rows)
 
-    for key in ("profile", "profile_padded"):
+    for key in ("profile", "profile_rewritten"):
         if result.get(key):
             out += _profile_markdown(result[key])
 
