@@ -8,7 +8,7 @@ import torch
 from studio.models.lmdm import LMDM, REDUCED_KWARGS
 from studio.motion.layout import MOTION_DIM, SEQ_FRAMES
 from studio.motion.lmdm_fold import ALIGN, fold_window, folded_weights, folded_x0_step
-from studio.motion.lmdm_hoist import guided_x0_step, window_constants
+from studio.motion.lmdm_hoist import constants_of_condition, guided_x0_step
 
 
 def _model(kwargs: dict) -> LMDM:
@@ -24,17 +24,7 @@ def _model(kwargs: dict) -> LMDM:
 def _constants(model: LMDM, times: torch.Tensor):
     cond_frame = torch.randn(1, MOTION_DIM)
     cond = torch.randn(1, SEQ_FRAMES, model.cond_dim)
-    tokens, hidden = model.encode_condition(cond)
-    null_tokens, null_hidden = model.null_condition(1)
-    t_vecs, t_tokens = model.time_embedding(times)
-    return window_constants(
-        model,
-        cond_frame,
-        torch.cat((null_tokens, tokens)),
-        torch.cat((null_hidden, hidden)),
-        t_vecs,
-        t_tokens,
-    )
+    return constants_of_condition(model, cond_frame, cond, times)
 
 
 @pytest.mark.parametrize("kwargs", [REDUCED_KWARGS, {"num_layers": 2}], ids=["reduced", "wide"])

@@ -7,7 +7,7 @@ import torch
 
 from studio.models.lmdm import LMDM, REDUCED_KWARGS
 from studio.motion.layout import MOTION_DIM, SEQ_FRAMES
-from studio.motion.lmdm_hoist import guided_x0_step, window_constants
+from studio.motion.lmdm_hoist import constants_of_condition, guided_x0_step
 
 
 @pytest.mark.parametrize("kwargs", [REDUCED_KWARGS, {"num_layers": 2}], ids=["reduced", "wide"])
@@ -18,17 +18,7 @@ def test_hoisted_step_equals_guided_x0_at_every_step(kwargs, one_torch_thread) -
     cond = torch.randn(1, SEQ_FRAMES, model.cond_dim)
     times = torch.tensor([999, 749, 499, 249, 0])
     with torch.no_grad():
-        tokens, hidden = model.encode_condition(cond)
-        null_tokens, null_hidden = model.null_condition(1)
-        t_vecs, t_tokens = model.time_embedding(times)
-        consts = window_constants(
-            model,
-            cond_frame,
-            torch.cat((null_tokens, tokens)),
-            torch.cat((null_hidden, hidden)),
-            t_vecs,
-            t_tokens,
-        )
+        consts = constants_of_condition(model, cond_frame, cond, times)
         assert consts.steps == times.numel()
         for k, t in enumerate(times.tolist()):
             x = torch.randn(1, SEQ_FRAMES, MOTION_DIM)

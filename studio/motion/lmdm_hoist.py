@@ -25,7 +25,14 @@ from torch import Tensor
 from studio.models.lmdm import LMDM, DecoderLayer
 from studio.motion.layout import GUIDANCE_WEIGHT, MOTION_DIM
 
-__all__ = ["STEP_FIELDS", "WindowConstants", "guided_x0_step", "step_slices", "window_constants"]
+__all__ = [
+    "STEP_FIELDS",
+    "WindowConstants",
+    "constants_of_condition",
+    "guided_x0_step",
+    "step_slices",
+    "window_constants",
+]
 
 
 @dataclass
@@ -106,6 +113,24 @@ def window_constants(
     proj = model.input_projection
     bias = F.linear(cond_frame, proj.weight[:, MOTION_DIM:], proj.bias)
     return WindowConstants(films, keys, values, bias[:, None, :])
+
+
+def constants_of_condition(
+    model: LMDM, cond_frame: Tensor, cond: Tensor, times: Tensor
+) -> WindowConstants:
+    """:func:`window_constants` of a window's raw condition: ``cond_frame`` [1, 265], ``cond``
+    [1, S, C] and the T timesteps ``times`` [T] (null and conditional branches)."""
+    tokens, hidden = model.encode_condition(cond)
+    null_tokens, null_hidden = model.null_condition(1)
+    t_vecs, t_tokens = model.time_embedding(times)
+    return window_constants(
+        model,
+        cond_frame,
+        torch.cat((null_tokens, tokens)),
+        torch.cat((null_hidden, hidden)),
+        t_vecs,
+        t_tokens,
+    )
 
 
 def _layer_step(layer: DecoderLayer, x: Tensor, film: tuple[Tensor, ...], k: Tensor, v: Tensor):
