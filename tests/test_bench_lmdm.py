@@ -178,13 +178,15 @@ def test_fast_path_low_precision_is_close(dtype, mode):
     assert cos > 0.999 and rel < 0.05
 
 
-@pytest.mark.parametrize("fold", [False, True], ids=["hoist", "fold"])
-def test_fast_sample_reads_nothing_back_to_host(host_reads, fold):
+@pytest.mark.parametrize(
+    "policy", [{}, {"window": True}, {"fold": True}], ids=["hoist", "window", "fold"]
+)
+def test_fast_sample_reads_nothing_back_to_host(host_reads, policy):
     """What is captured into a CUDA graph must not sync: no item/tolist/cpu/numpy/bool."""
     torch.manual_seed(0)
     model = LMDM(**REDUCED_KWARGS).eval()
     cf, cond, sched, x_t, noises, _ = _window(model, 4)
-    fast = B.FastLMDM(model, B.PathSpec("t", "bfloat16", "cast", fold=fold), "cpu")
+    fast = B.FastLMDM(model, B.PathSpec("t", "bfloat16", "cast", **policy), "cpu")
     fast.load_condition(cf, cond)
     sampler = DeviceDDIM(sched, (1, 80, 265), noises, "cpu")
     with host_reads(

@@ -4,8 +4,9 @@
 static condition buffers, and :meth:`FastLMDM.sample` runs a whole DDIM loop with the
 condition encoder and the time embeddings, which do not depend on the noisy motion, computed
 once per window (``hoist``); ``window`` also hoists the FiLM, cross-attention keys and
-values and the ``cond_frame`` projection (:mod:`studio.motion.lmdm_hoist`: 58 matmuls a step
-instead of 98), which the product's fp32 path uses. :class:`WindowGraph` captures that loop
+values and the ``cond_frame`` projection (:mod:`studio.motion.lmdm_hoist`: 50 matmuls a step
+instead of 98, and 3 stacked ones a window for all of those constants), which the product's
+fp32 path uses. :class:`WindowGraph` captures that loop
 once per step count and window shape into a CUDA graph and replays it per window;
 :func:`graphed_lmdm` keeps those graphs for the loaded LMDM.
 :func:`studio.motion.generator.generate_motion` uses them on CUDA, and the ``lmdm`` bench
@@ -33,7 +34,7 @@ from studio.motion.diffusion import (
 )
 from studio.motion.layout import GUIDANCE_WEIGHT, MOTION_DIM, SEQ_FRAMES
 from studio.motion.lmdm_fold import fold_window, folded_weights, folded_x0_step
-from studio.motion.lmdm_hoist import guided_x0_step, window_constants
+from studio.motion.lmdm_hoist import guided_x0_step, stacked_projections, window_constants
 from studio.runtime.engine import capture_cuda_graph, math_mode
 from studio.runtime.torch_engine import PrecisionAdapter
 
@@ -140,6 +141,7 @@ class FastLMDM:
         self._core: Callable[..., Tensor] = self._x0
         self._step_x0: Callable[..., Tensor] = guided_x0_step
         self._folded_x0: Callable[..., Tensor] = folded_x0_step
+        self.stacked = stacked_projections(self.model) if spec.window or spec.fold else None
         self.folded = None
         if spec.fold:
             self.folded = folded_weights(base, self.input_dtype)
@@ -217,7 +219,7 @@ class FastLMDM:
             order = iter(range(sampler.time_cond.shape[0]))
             if self.spec.window or self.spec.fold:
                 consts = window_constants(
-                    self.model, self.cond_frame, cond_tokens, hidden, t_vecs, t_tokens
+                    self.model, self.cond_frame, cond_tokens, hidden, t_vecs, t_tokens, self.stacked
                 )
             # One step's constants per call, at index 0: a compiled step is traced once.
             if self.folded is not None:
