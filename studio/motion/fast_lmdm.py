@@ -33,8 +33,13 @@ from studio.motion.diffusion import (
     predict_noise_from_start,
 )
 from studio.motion.layout import GUIDANCE_WEIGHT, MOTION_DIM, SEQ_FRAMES
-from studio.motion.lmdm_fold import fold_window, folded_weights, folded_x0_step
-from studio.motion.lmdm_hoist import guided_x0_step, stacked_projections, window_constants
+from studio.motion.lmdm_fold import FoldedConstants, fold_window, folded_weights, folded_x0_step
+from studio.motion.lmdm_hoist import (
+    WindowConstants,
+    guided_x0_step,
+    stacked_projections,
+    window_constants,
+)
 from studio.runtime.engine import capture_cuda_graph, math_mode
 from studio.runtime.torch_engine import PrecisionAdapter
 
@@ -105,6 +110,10 @@ class FastLMDM:
     ``torch.autocast(cache_enabled=False)``, as CUDA-graph capture requires. Guidance and
     the noise prediction are always combined in fp32, and the DDIM state stays fp32.
 
+    With ``compile`` the window's constants (condition encoder, time embeddings, stacked
+    projections, the fold) are one compiled function and a step another, traced once for
+    every step of the window.
+
     Only the module's public pieces are used (``embed_motion``, ``time_embedding``,
     ``encode_condition``, ``null_condition``, ``decode``), in the order of
     :meth:`LMDM.guided_x0` with ``batch_guidance``. Batch 1.
@@ -147,7 +156,10 @@ class FastLMDM:
             self.folded = folded_weights(base, self.input_dtype)
             self.folded.value_out = [w.to(dev) for w in self.folded.value_out]
             self.folded.value_bias = [b.to(dev) for b in self.folded.value_bias]
+        self._window: Callable[[Tensor], WindowConstants | FoldedConstants]
+        self._window = self._window_constants
         if spec.compile:
+            self._window = torch.compile(self._window_constants, mode=compile_mode, dynamic=False)
             self._core = torch.compile(self._x0, mode=compile_mode, dynamic=False)
             self._step_x0 = torch.compile(guided_x0_step, mode=compile_mode, dynamic=False)
             self._folded_x0 = torch.compile(folded_x0_step, mode=compile_mode, dynamic=False)
@@ -195,6 +207,16 @@ class FastLMDM:
         uncond, conditioned = both[:1], both[1:]
         return uncond + (conditioned - uncond) * GUIDANCE_WEIGHT
 
+    def _window_constants(self, times: Tensor) -> WindowConstants | FoldedConstants:
+        """The condition encoder, the time embeddings of ``times`` [T] and the window's
+        constants (folded on the fold path): everything a window computes once."""
+        cond_tokens, hidden = self._condition()
+        t_vecs, t_tokens = self.model.time_embedding(times)
+        consts = window_constants(
+            self.model, self.cond_frame, cond_tokens, hidden, t_vecs, t_tokens, self.stacked
+        )
+        return consts if self.folded is None else fold_window(self.model, consts)
+
     def step(self, x: Tensor, time_cond: Tensor) -> tuple[Tensor, Tensor]:
         """The exported step (everything recomputed): (pred_noise, x_start), fp32. No context."""
         cond_tokens, hidden = self._condition()
@@ -214,16 +236,12 @@ class FastLMDM:
         with self.context():
             if not self.spec.hoist:
                 return sampler.sample(self.step, x_t)
-            cond_tokens, hidden = self._condition()
-            t_vecs, t_tokens = self.model.time_embedding(sampler.time_cond[:, 0])
             order = iter(range(sampler.time_cond.shape[0]))
             if self.spec.window or self.spec.fold:
-                consts = window_constants(
-                    self.model, self.cond_frame, cond_tokens, hidden, t_vecs, t_tokens, self.stacked
-                )
+                consts = self._window(sampler.time_cond[:, 0])
             # One step's constants per call, at index 0: a compiled step is traced once.
             if self.folded is not None:
-                folded, weights = fold_window(self.model, consts), self.folded
+                folded, weights = consts, self.folded
                 per_fold = [folded.at(k) for k in range(folded.steps)]
 
                 def x0_of(x: Tensor, k: int) -> Tensor:
@@ -234,6 +252,8 @@ class FastLMDM:
                 def x0_of(x: Tensor, k: int) -> Tensor:
                     return self._step_x0(self.model, x, per_step[k], 0)
             else:
+                cond_tokens, hidden = self._condition()
+                t_vecs, t_tokens = self.model.time_embedding(sampler.time_cond[:, 0])
 
                 def x0_of(x: Tensor, k: int) -> Tensor:
                     return self._core(
