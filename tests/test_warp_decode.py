@@ -46,6 +46,8 @@ def test_engines_of_the_least_recently_used_batch_sizes_are_freed(modules, one_t
         wd.engines(b)
     assert len(wd._engines) == MAX_BATCH_SIZES and set(wd._engines) == {4, 8, 1, 16}
     assert wd.engines(1) is first  # kept, not rebuilt
+    for name in ("warp_network", "decoder"):  # one copy of the weights for every batch size
+        assert wd.engines(16)[name].adapter is first[name].adapter
     assert wd.batch_for(3, 32) == 4 and wd.batch_for(5, 32) == 8  # built rungs up to 2x reused
     assert wd.batch_for(17, 32) == 24  # no built rung near: the ladder's
 

@@ -4,9 +4,10 @@ Both networks run as engines of the chosen runtime (torch by default:
 :class:`~studio.runtime.torch_engine.TorchEngine`) at static batch sizes, each with its own
 precision from :func:`~studio.runtime.engine.parse_precision` (the released
 set's fp16 on a GPU, fp32 on the CPU), the decoder with its spectral norm folded into plain
-convolutions. Half precision casts the weights of both (grid sampling still runs in fp32):
-on the H200 that is 10% faster than the warp network under autocast, at a cosine of 0.99995
-to fp32 eager for the full-size networks (docs/benchmarks.md, render suite).
+convolutions. Half precision casts the weights of both, once for the engines of every batch
+size (grid sampling still runs in fp32): on the H200 that is 10% faster than the warp network
+under autocast, at a cosine of 0.99995 to fp32 eager for the full-size networks
+(docs/benchmarks.md, render suite).
 On CUDA each engine is captured as a CUDA graph with cuDNN's autotuner on (the algorithms are
 fixed at capture, so replays pay nothing for it); the avatar's f_s is written into the warp
 graph's static buffer once per renderer, not copied per batch. Engines exist only for the batch
@@ -36,6 +37,7 @@ from studio.runtime.engine import (
     parse_precision,
     precision_support,
 )
+from studio.runtime.torch_engine import PrecisionAdapter
 
 __all__ = ["MAX_BATCH_SIZES", "RENDER_NETWORKS", "WarpDecodeEngines", "static_batch"]
 
@@ -119,6 +121,7 @@ class WarpDecodeEngines:
             warp = pad_conv_channels(warp, channel_pad)
             folded = pad_conv_channels(folded, channel_pad)
         self._modules = {"warp_network": warp, "decoder": folded}
+        self._adapters: dict[str, nn.Module] = {}
         self._engines: dict[int, dict[str, EngineBase]] = {}
         self._f_s: dict[int, Tensor] = {}  # batch -> the f_s last written into its buffer
 
@@ -152,7 +155,7 @@ class WarpDecodeEngines:
                         self.runtime,
                         self.precisions[name],
                         self.device,
-                        module=self._modules[name],
+                        module=self._module(name),
                         batch=batch,
                         cuda_graph=self.graphs,
                         **self._options(name),
@@ -166,6 +169,18 @@ class WarpDecodeEngines:
         want = static_batch(frames, cap)
         built = [b for b in self._engines if want <= b <= 2 * want]
         return min(built) if built else want
+
+    def _module(self, name: str) -> nn.Module:
+        """The network for a new engine: on torch one precision adapter per network (its
+        weights cast once), shared by the engines of every batch size."""
+        if self.runtime != "torch":
+            return self._modules[name]
+        if name not in self._adapters:
+            mode = self._options(name)["mode"]
+            self._adapters[name] = PrecisionAdapter(
+                name, self._modules[name], self.precisions[name], self.device, mode
+            ).eval()
+        return self._adapters[name]
 
     def _options(self, name: str) -> dict[str, object]:
         if self.runtime != "torch":

@@ -264,10 +264,31 @@ class PrecisionAdapter(nn.Module):
         return pred_noise, x0
 
 
+def _reusable(
+    module: nn.Module,
+    precision: str,
+    device: torch.device,
+    mode: str | None,
+    io_dtype: torch.dtype | None,
+    channels_last: bool,
+) -> bool:
+    """Whether ``module`` is already a :class:`PrecisionAdapter` of exactly this policy."""
+    return (
+        isinstance(module, PrecisionAdapter)
+        and module.precision == precision
+        and _same_device(module.device_, device)
+        and mode in (None, module.mode)
+        and (io_dtype or torch.float32) == module.io_dtype
+        and not channels_last
+    )
+
+
 class TorchEngine(EngineBase):
     """One studio network as an :class:`~studio.runtime.engine.Engine` on torch.
 
-    ``module`` is the network module (``load_network``/``random_network``); ``precision`` is
+    ``module`` is the network module (``load_network``/``random_network``), or a
+    :class:`PrecisionAdapter` of the same policy, which is then used as it is (engines of
+    several batch sizes share one cast copy of the weights); ``precision`` is
     fp32, tf32 (CUDA), bf16 or fp16 (CUDA); ``mode`` cast/autocast for half precisions (see
     the module docstring); ``channels_last`` converts weights (and, in graph mode, the static
     input buffers) to channels-last layouts; ``compile`` runs the forward through
@@ -295,9 +316,12 @@ class TorchEngine(EngineBase):
         io_dtype: torch.dtype | None = None,
     ) -> None:
         dev = torch.device(device)
-        self.adapter = PrecisionAdapter(
-            name, module, precision, dev, mode, io_dtype, channels_last
-        ).eval()
+        if _reusable(module, precision, dev, mode, io_dtype, channels_last):
+            self.adapter = module  # shared (its weights too) with the engines of other batches
+        else:
+            self.adapter = PrecisionAdapter(
+                name, module, precision, dev, mode, io_dtype, channels_last
+            ).eval()
         self.mode = self.adapter.mode
         self.channels_last = channels_last
         self._graph: torch.cuda.CUDAGraph | None = None
