@@ -17,11 +17,12 @@ run() {  # name, seconds, suite arguments...
     --markdown "$out/$name.md" >"$out/$name.log" 2>&1
   echo "$name: exit $? ($(tail -n 1 "$out/$name.log" | cut -c1-120))"
 }
-run render 250 --suite render --device cuda --batches 32 --precisions fp16 --compile \
+run render 210 --suite render --device cuda --batches 32 --precisions fp16 --compile \
   --target-ms 150 --paths compiled_graph_fp16,compiled_graph_split_fp16,compiled_graph_split_padded_fp16
-run lmdm 130 --suite lmdm --device cuda --compile --no-onnx --steps 4 \
+run lmdm 120 --suite lmdm --device cuda --compile --no-onnx --steps 4 \
   --paths eager_fp32,fast_fp32_window_graph,fast_fp16_window_graph,fast_bf16_window_compiled_graph,fast_fp16_window_compiled_graph,fast_fp16_fold_compiled_graph
-run pipeline 140 --suite pipeline --device cuda --compile --x264-preset veryfast --plots "$out"
-timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_warp_decode.py \
-  tests/test_channel_pad.py tests/test_depth_split.py >"$out/tests.log" 2>&1
+run pipeline 130 --suite pipeline --device cuda --compile --x264-preset veryfast --plots "$out"
+timeout 110 python3 -m pytest -q -p no:cacheprovider tests/test_warp_decode.py \
+  tests/test_depth_split.py tests/test_channel_pad.py tests/test_ditto_engine.py \
+  tests/test_runtime_engines.py >"$out/tests.log" 2>&1
 echo "tests: exit $? ($(tail -n 1 "$out/tests.log" | cut -c1-120))"

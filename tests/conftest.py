@@ -48,6 +48,18 @@ DITTO_FACE_HW = (300, 360)  # not square: full frames must keep it
 DITTO_CLIP_S = 0.8  # 20 frames at 25 fps
 
 
+def random_biases(model, std=0.2):
+    """``model`` with every bias drawn at random (in place): LMDM initialises its attention
+    biases to zero, and a test of the projections' regrouping must see them."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, std)
+    return model
+
+
 def write_png(path, rgb):
     """``rgb`` (HxWx3 uint8) as a PNG through PyAV's encoder."""
     import av

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import random_biases
 
 from studio.bench import lmdm as B
 from studio.bench import timing as BT
@@ -148,7 +149,7 @@ def _window(model: LMDM, steps: int, seed: int = 3):
 )
 def test_fast_path_fp32_equals_module_forward(policy):
     torch.manual_seed(0)
-    model = LMDM(**REDUCED_KWARGS).eval()
+    model = random_biases(LMDM(**REDUCED_KWARGS).eval())
     cf, cond, sched, x_t, noises, ref = _window(model, 4)
     fast = B.FastLMDM(model, B.PathSpec("t", "float32", "fp32", **policy), "cpu")
     fast.load_condition(cf, cond)

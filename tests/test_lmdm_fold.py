@@ -4,21 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import random_biases
 
 from studio.models.lmdm import LMDM, REDUCED_KWARGS
 from studio.motion.layout import MOTION_DIM, SEQ_FRAMES
 from studio.motion.lmdm_fold import ALIGN, fold_window, folded_weights, folded_x0_step
 from studio.motion.lmdm_hoist import constants_of_condition, guided_x0_step
-
-
-def _model(kwargs: dict) -> LMDM:
-    """An LMDM with random biases too (the module initialises attention biases to zero)."""
-    model = LMDM(**kwargs).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0.0, 0.2)
-    return model
 
 
 def _constants(model: LMDM, times: torch.Tensor):
@@ -30,7 +21,7 @@ def _constants(model: LMDM, times: torch.Tensor):
 @pytest.mark.parametrize("kwargs", [REDUCED_KWARGS, {"num_layers": 2}], ids=["reduced", "wide"])
 def test_folded_step_equals_window_step(kwargs, one_torch_thread) -> None:
     torch.manual_seed(0)
-    model = _model(kwargs)
+    model = random_biases(LMDM(**kwargs).eval())
     times = torch.tensor([999, 499, 0])
     with torch.no_grad():
         consts = _constants(model, times)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import random_biases
 
 from studio.models.lmdm import LMDM, REDUCED_KWARGS
 from studio.motion.layout import MOTION_DIM, SEQ_FRAMES
@@ -13,7 +14,7 @@ from studio.motion.lmdm_hoist import constants_of_condition, guided_x0_step
 @pytest.mark.parametrize("kwargs", [REDUCED_KWARGS, {"num_layers": 2}], ids=["reduced", "wide"])
 def test_hoisted_step_equals_guided_x0_at_every_step(kwargs, one_torch_thread) -> None:
     torch.manual_seed(0)
-    model = LMDM(**kwargs).eval()
+    model = random_biases(LMDM(**kwargs).eval())
     cond_frame = torch.randn(1, MOTION_DIM)
     cond = torch.randn(1, SEQ_FRAMES, model.cond_dim)
     times = torch.tensor([999, 749, 499, 249, 0])

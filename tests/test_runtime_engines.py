@@ -127,6 +127,16 @@ def test_cast_mode_keeps_the_lmdm_schedule_and_time_mlp_fp32(nets):
     assert nets["lmdm"].final_layer.weight.dtype == torch.float32  # the caller's module untouched
 
 
+def test_an_adapter_of_the_same_policy_is_shared_and_another_refused(nets):
+    first = TorchEngine("decoder", nets["decoder"], "bf16", "cpu", mode="cast", batch=1)
+    second = TorchEngine("decoder", first.adapter, "bf16", "cpu", mode="cast", batch=2)
+    assert second.adapter is first.adapter  # one cast copy of the weights for both batches
+    with pytest.raises(ValueError, match="cannot serve fp32"):
+        TorchEngine("decoder", first.adapter, "fp32", "cpu")
+    with pytest.raises(ValueError, match="cannot serve"):
+        TorchEngine("warp_network", first.adapter, "bf16", "cpu", mode="cast")
+
+
 def test_warp_defaults_to_autocast_and_cast_keeps_grid_sample_fp32(nets, monkeypatch):
     assert TorchEngine("warp_network", nets["warp_network"], "bf16", "cpu").mode == "autocast"
     e = TorchEngine("warp_network", nets["warp_network"], "bf16", "cpu", mode="cast")

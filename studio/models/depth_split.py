@@ -1,4 +1,4 @@
-"""A deep 3-D convolution as one 2-D convolution over depth slices: an exact rewrite.
+"""A deep 3-D convolution as one 2-D convolution over depth slices: the same arithmetic.
 
 The warp network's dense-motion mask is a 7x7x7 Conv3d (142 -> 22 channels, 11% of a frame's
 FLOPs). cuDNN runs it with a generic indexed implicit-GEMM kernel: on the H200 that one kernel
@@ -6,8 +6,10 @@ took 35 ms of a 32-frame batch, 48% of the warp network, at 17% of the fp16 matr
 (docs/benchmarks.md, render suite profile). :class:`DepthSplitConv3d` computes the same
 convolution as a 2-D one: every depth slice of the input goes through a Conv2d whose output
 channels are the kernel's depth taps times the output channels (``kd * Cout``), and the taps
-are summed along depth with the convolution's zero padding. FLOPs are the same; the matrix
-shape (N = 7 x 22) suits tensor cores instead of starving them (N = 22).
+are summed along depth (in fp32) with the convolution's zero padding. FLOPs are the same;
+the matrix shape (N = 7 x 22) suits tensor cores instead of starving them (N = 22). The
+result equals the 3-D convolution's up to rounding (each tap's 2-D result is rounded to the
+compute dtype before the depth sum).
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = ["MIN_DEPTH", "DepthSplitConv3d", "split_deep_conv3d"]
@@ -50,18 +51,22 @@ class DepthSplitConv3d(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         b, c, d, h, w = x.shape
-        slices = x.transpose(1, 2).reshape(b * d, c, h, w)
-        y = self.conv(slices)
-        y = y.reshape(b, d, self.taps, self.out_channels, *y.shape[-2:])
-        pad = self.depth_pad
-        y = F.pad(y, (0, 0) * 4 + (pad, pad))  # zero depth padding, as the 3-D convolution's
-        depth = d + 2 * pad - self.taps + 1
-        out = y[:, 0:depth, 0]
-        for k in range(1, self.taps):
-            out = out + y[:, k : k + depth, k]
+        pad, taps = self.depth_pad, self.taps
+        depth = d + 2 * pad - taps + 1
+        if depth < 1:
+            raise ValueError(f"input depth {d} is shallower than the kernel ({taps}, pad {pad})")
+        y = self.conv(x.transpose(1, 2).reshape(b * d, c, h, w))
+        y = y.reshape(b, d, taps, self.out_channels, *y.shape[-2:])
+        # out[o] = sum_k y[o + k - pad, k] over the slices that exist (the zero padding),
+        # accumulated in fp32 like the 3-D convolution's own sums
+        out = y.new_zeros((b, depth, self.out_channels, *y.shape[-2:]), dtype=torch.float32)
         if self.bias is not None:
-            out = out + self.bias.view(1, 1, -1, 1, 1)
-        return out.transpose(1, 2)
+            out += self.bias.float().view(1, 1, -1, 1, 1)
+        for k in range(taps):
+            lo, hi = max(0, pad - k), min(depth, d + pad - k)
+            if lo < hi:
+                out[:, lo:hi] += y[:, lo + k - pad : hi + k - pad, k]
+        return out.to(y.dtype).transpose(1, 2)
 
 
 def split_deep_conv3d(module: nn.Module, min_depth: int = MIN_DEPTH) -> nn.Module:

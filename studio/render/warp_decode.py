@@ -178,8 +178,8 @@ class WarpDecodeEngines:
         if name not in self._adapters:
             mode = self._options(name)["mode"]
             self._adapters[name] = PrecisionAdapter(
-                name, self._modules[name], self.precisions[name], self.device, mode
-            ).eval()
+                name, self._modules.pop(name), self.precisions[name], self.device, mode
+            ).eval()  # the adapter holds what it needs: no extra fp32 copy stays behind
         return self._adapters[name]
 
     def _options(self, name: str) -> dict[str, object]:

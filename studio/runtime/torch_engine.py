@@ -265,6 +265,7 @@ class PrecisionAdapter(nn.Module):
 
 
 def _reusable(
+    network: str,
     module: nn.Module,
     precision: str,
     device: torch.device,
@@ -275,6 +276,7 @@ def _reusable(
     """Whether ``module`` is already a :class:`PrecisionAdapter` of exactly this policy."""
     return (
         isinstance(module, PrecisionAdapter)
+        and module.network == network
         and module.precision == precision
         and _same_device(module.device_, device)
         and mode in (None, module.mode)
@@ -316,8 +318,13 @@ class TorchEngine(EngineBase):
         io_dtype: torch.dtype | None = None,
     ) -> None:
         dev = torch.device(device)
-        if _reusable(module, precision, dev, mode, io_dtype, channels_last):
+        if _reusable(name, module, precision, dev, mode, io_dtype, channels_last):
             self.adapter = module  # shared (its weights too) with the engines of other batches
+        elif isinstance(module, PrecisionAdapter):
+            raise ValueError(
+                f"{name}: a precision adapter ({module.network}, {module.precision}, "
+                f"{module.mode}) cannot serve {precision} {mode or ''} here; pass the network"
+            )
         else:
             self.adapter = PrecisionAdapter(
                 name, module, precision, dev, mode, io_dtype, channels_last
