@@ -153,9 +153,7 @@ class FastLMDM:
         self.stacked = stacked_projections(self.model) if spec.window or spec.fold else None
         self.folded = None
         if spec.fold:
-            self.folded = folded_weights(base, self.input_dtype)
-            self.folded.value_out = [w.to(dev) for w in self.folded.value_out]
-            self.folded.value_bias = [b.to(dev) for b in self.folded.value_bias]
+            self.folded = folded_weights(base, self.input_dtype, dev)
         self._window: Callable[[Tensor], WindowConstants | FoldedConstants]
         self._window = self._window_constants
         if spec.compile:

@@ -82,8 +82,11 @@ def _heads_of(weight: Tensor, heads: int) -> Tensor:
 
 
 @torch.no_grad()
-def folded_weights(model: LMDM, dtype: torch.dtype | None = None) -> FoldedWeights:
-    """The self-attention value/output maps of every layer, computed in fp32 then cast."""
+def folded_weights(
+    model: LMDM, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+) -> FoldedWeights:
+    """The self-attention value/output maps of every layer, computed in fp32, then cast and
+    moved (default: the model's dtype and device)."""
     value_out, value_bias = [], []
     for layer in model.seqTransDecoder.stack:
         attn = layer.self_attn
@@ -94,9 +97,10 @@ def folded_weights(model: LMDM, dtype: torch.dtype | None = None) -> FoldedWeigh
         w_v = _heads_of(w[2 * d :], heads)  # [H, dh, d]
         w_o_heads = w_o.reshape(d, heads, d // heads).permute(1, 0, 2)  # [H, d_out, dh]
         maps = torch.einsum("hoc,hci->hoi", w_o_heads, w_v)  # [H, d_out, d_in]
-        value_out.append(maps.reshape(heads * d, d).to(dtype or attn.in_proj_weight.dtype))
+        like = {"dtype": dtype or attn.in_proj_weight.dtype, "device": device or w.device}
+        value_out.append(maps.reshape(heads * d, d).to(**like))
         bias = w_o @ b[2 * d :] + attn.out_proj.bias.float()
-        value_bias.append(bias.to(dtype or attn.in_proj_weight.dtype))
+        value_bias.append(bias.to(**like))
     return FoldedWeights(value_out, value_bias)
 
 

@@ -75,7 +75,8 @@ class WarpDecodeEngines:
     runtime that cannot run here is an OptionError naming ``--runtime``); ``channel_pad``
     zero-pads convolution channels to that multiple (:mod:`studio.models.channel_pad`) and
     ``depth_split`` runs the 7x7x7 mask convolution over depth slices
-    (:mod:`studio.models.depth_split`); both exact, by default on CUDA graphs only. The output of
+    (:mod:`studio.models.depth_split`); both the same arithmetic up to rounding, by default on
+    CUDA graphs only. The output of
     :meth:`__call__` is an engine's static buffer on CUDA: the next call overwrites it, so
     consume (or copy) it before rendering the next batch.
     """
@@ -110,9 +111,8 @@ class WarpDecodeEngines:
         if channel_pad is None:  # cuDNN on a GPU; ONNX Runtime and TensorRT pad for themselves
             channel_pad = TENSOR_CORE_MULTIPLE if self.graphs else 0
         self.channel_pad = channel_pad
-        if (
-            depth_split is None
-        ):  # cuDNN's deep 3-D kernel is the slow one (studio.models.depth_split)
+        # cuDNN's deep 3-D kernel is the slow one (studio.models.depth_split)
+        if depth_split is None:
             depth_split = self.graphs
         self.depth_split = depth_split
         if depth_split:
