@@ -8,8 +8,8 @@ from conftest import random_biases
 
 from studio.models.lmdm import LMDM, REDUCED_KWARGS
 from studio.motion.layout import MOTION_DIM, SEQ_FRAMES
-from studio.motion.lmdm_fold import ALIGN, fold_window, folded_weights, folded_x0_step
-from studio.motion.lmdm_hoist import constants_of_condition, guided_x0_step
+from studio.motion.lmdm_fold import fold_window, folded_weights, folded_x0_step
+from studio.motion.lmdm_hoist import ALIGN, constants_of_condition, guided_x0_step
 
 
 def _constants(model: LMDM, times: torch.Tensor):

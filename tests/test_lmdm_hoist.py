@@ -8,7 +8,7 @@ from conftest import random_biases
 
 from studio.models.lmdm import LMDM, REDUCED_KWARGS
 from studio.motion.layout import MOTION_DIM, SEQ_FRAMES
-from studio.motion.lmdm_hoist import constants_of_condition, guided_x0_step
+from studio.motion.lmdm_hoist import ALIGN, constants_of_condition, guided_x0_step
 
 
 @pytest.mark.parametrize("kwargs", [REDUCED_KWARGS, {"num_layers": 2}], ids=["reduced", "wide"])
@@ -30,3 +30,35 @@ def test_hoisted_step_equals_guided_x0_at_every_step(kwargs, one_torch_thread) -
         # Another step's constants give another answer: the index really selects.
         other = guided_x0_step(model, x, consts, 0)
         assert not torch.allclose(other, want, atol=1e-3)
+
+
+def test_motion_projection_is_aligned_and_step_names_its_attention_backend(one_torch_thread):
+    """The step's input projection runs on an aligned (zero-padded) width; the SDPA backend
+    is traced inside the step, so compiled code is not reused under another backend."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch.manual_seed(0)
+    model = random_biases(LMDM(**REDUCED_KWARGS).eval())
+    cond_frame = torch.randn(1, MOTION_DIM)
+    cond = torch.randn(1, SEQ_FRAMES, model.cond_dim)
+    x = torch.randn(1, SEQ_FRAMES, MOTION_DIM)
+    with torch.no_grad():
+        consts = constants_of_condition(model, cond_frame, cond, torch.tensor([999, 0]))
+        width = consts.motion_weight.shape[1]
+        assert width % ALIGN == 0 and MOTION_DIM < width < MOTION_DIM + ALIGN
+        assert consts.motion_weight.is_contiguous()
+        assert torch.count_nonzero(consts.motion_weight[:, MOTION_DIM:]) == 0
+        want = guided_x0_step(model, x, consts, 1)
+        counter = CompileCounter()
+        step = torch.compile(guided_x0_step, backend=counter, dynamic=False)
+        torch._dynamo.reset()
+        try:
+            for backend in ("math", "flash", "math"):
+                torch.testing.assert_close(
+                    step(model, x, consts, 1, backend), want, rtol=1e-4, atol=1e-5
+                )
+            assert counter.frame_count == 2  # one trace per backend, the third call reused
+        finally:
+            torch._dynamo.reset()
+        with pytest.raises(ValueError, match="unknown SDPA backend 'fast'"):
+            guided_x0_step(model, x, consts, 1, "fast")

@@ -118,6 +118,22 @@ COMPILED_PATHS: tuple[PathSpec, ...] = (
     PathSpec("fast_fp16_compiled_graph", "float16", "cast", compile=True),
     PathSpec("fast_bf16_window_compiled_graph", "bfloat16", "cast", compile=True, window=True),
     PathSpec("fast_fp16_window_compiled_graph", "float16", "cast", compile=True, window=True),
+    PathSpec(
+        "fast_bf16_window_flash_compiled_graph",
+        "bfloat16",
+        "cast",
+        compile=True,
+        window=True,
+        sdpa="flash",
+    ),
+    PathSpec(
+        "fast_fp16_window_flash_compiled_graph",
+        "float16",
+        "cast",
+        compile=True,
+        window=True,
+        sdpa="flash",
+    ),
     PathSpec("fast_fp16_fold_compiled_graph", "float16", "cast", compile=True, fold=True),
     PathSpec("fast_bf16_fold_compiled_graph", "bfloat16", "cast", compile=True, fold=True),
 )
@@ -322,7 +338,7 @@ def _run_fast(
     sweep: dict[str, Any] = {}
     best: tuple[float, str, Timing, list[Tensor]] | None = None
     sweep_sdpa = sweep_sdpa and not spec.compile and not spec.fold  # fold needs unequal widths
-    candidates = SDPA_CANDIDATES[spec.dtype] if sweep_sdpa else ("auto",)
+    candidates = SDPA_CANDIDATES[spec.dtype] if sweep_sdpa else (spec.sdpa,)
     for backend in candidates:
         fast.sdpa = backend
         try:

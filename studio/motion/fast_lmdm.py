@@ -40,7 +40,7 @@ from studio.motion.lmdm_hoist import (
     stacked_projections,
     window_constants,
 )
-from studio.runtime.engine import capture_cuda_graph, math_mode
+from studio.runtime.engine import capture_cuda_graph, math_mode, sdpa_backend
 from studio.runtime.torch_engine import PrecisionAdapter
 
 __all__ = [
@@ -74,6 +74,9 @@ class PathSpec:
     compile: bool = False
     window: bool = False  # also the per-window constants (studio.motion.lmdm_hoist)
     fold: bool = False  # window constants with the attention projections folded in (lmdm_fold)
+    # SDPA backend ("auto" | "flash" | "efficient" | "cudnn" | "math"): a compiled step fixes
+    # it when traced, so compiled paths name it here rather than sweep it
+    sdpa: str = "auto"
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -85,20 +88,6 @@ def fp32_spec(tf32: bool = False) -> PathSpec:
     """The product's LMDM policy: fp32 weights and math (the released set's), TF32 on request."""
     name = "fast_tf32_window" if tf32 else "fast_fp32_window"
     return PathSpec(name, "float32", "fp32", tf32=tf32, window=True)
-
-
-def _sdpa_context(backend: str) -> contextlib.AbstractContextManager[None]:
-    if backend == "auto":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    names = {
-        "flash": SDPBackend.FLASH_ATTENTION,
-        "efficient": SDPBackend.EFFICIENT_ATTENTION,
-        "cudnn": SDPBackend.CUDNN_ATTENTION,
-        "math": SDPBackend.MATH,
-    }
-    return sdpa_kernel([names[backend]])
 
 
 class FastLMDM:
@@ -124,13 +113,13 @@ class FastLMDM:
         base: LMDM,
         spec: PathSpec,
         device: torch.device | str,
-        sdpa: str = "auto",
+        sdpa: str | None = None,
         compile_mode: str = COMPILE_MODE,
     ) -> None:
         dev = torch.device(device)
         self.device = dev
         self.spec = spec
-        self.sdpa = sdpa
+        self.sdpa = spec.sdpa if sdpa is None else sdpa
         dtype = spec.torch_dtype
         if spec.mode == "cast":
             model = copy.deepcopy(base).requires_grad_(False)
@@ -154,7 +143,7 @@ class FastLMDM:
         self.folded = None
         if spec.fold:
             self.folded = folded_weights(base, self.input_dtype, dev)
-        self._window: Callable[[Tensor], WindowConstants | FoldedConstants]
+        self._window: Callable[[Tensor, str], WindowConstants | FoldedConstants]
         self._window = self._window_constants
         if spec.compile:
             self._window = torch.compile(self._window_constants, mode=compile_mode, dynamic=False)
@@ -172,7 +161,7 @@ class FastLMDM:
         """no_grad + SDPA backend + TF32 flag (CUDA) + autocast, for a run or a capture."""
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.no_grad())
-            stack.enter_context(_sdpa_context(self.sdpa))
+            stack.enter_context(sdpa_backend(self.sdpa))
             stack.enter_context(math_mode("tf32" if self.spec.tf32 else "fp32", self.device))
             if self.spec.mode == "autocast":
                 stack.enter_context(
@@ -190,25 +179,34 @@ class FastLMDM:
         return torch.cat((null_tokens, cond_tokens)), torch.cat((null_hidden, cond_hidden))
 
     def _x0(
-        self, x: Tensor, t_vec: Tensor, time_tokens: Tensor, cond_tokens: Tensor, hidden: Tensor
+        self,
+        x: Tensor,
+        t_vec: Tensor,
+        time_tokens: Tensor,
+        cond_tokens: Tensor,
+        hidden: Tensor,
+        sdpa: str,
     ) -> Tensor:
-        """Guided x0 in fp32 for x [1, 80, 265]: unconditional and conditional as one batch."""
+        """Guided x0 in fp32 for x [1, 80, 265]: unconditional and conditional as one batch.
+        ``sdpa`` is entered here, where a compiled step traces it (:func:`sdpa_backend`)."""
         m = self.model
-        tokens = m.embed_motion(x.to(self.input_dtype), self.cond_frame)
-        both = m.decode(
-            torch.cat((tokens, tokens)),
-            t_vec.expand(2, -1),
-            time_tokens.expand(2, -1, -1),
-            cond_tokens,
-            hidden,
-        ).float()
+        with sdpa_backend(sdpa):
+            tokens = m.embed_motion(x.to(self.input_dtype), self.cond_frame)
+            both = m.decode(
+                torch.cat((tokens, tokens)),
+                t_vec.expand(2, -1),
+                time_tokens.expand(2, -1, -1),
+                cond_tokens,
+                hidden,
+            ).float()
         uncond, conditioned = both[:1], both[1:]
         return uncond + (conditioned - uncond) * GUIDANCE_WEIGHT
 
-    def _window_constants(self, times: Tensor) -> WindowConstants | FoldedConstants:
+    def _window_constants(self, times: Tensor, sdpa: str) -> WindowConstants | FoldedConstants:
         """The condition encoder, the time embeddings of ``times`` [T] and the window's
         constants (folded on the fold path): everything a window computes once."""
-        cond_tokens, hidden = self._condition()
+        with sdpa_backend(sdpa):
+            cond_tokens, hidden = self._condition()
         t_vecs, t_tokens = self.model.time_embedding(times)
         consts = window_constants(
             self.model, self.cond_frame, cond_tokens, hidden, t_vecs, t_tokens, self.stacked
@@ -219,7 +217,7 @@ class FastLMDM:
         """The exported step (everything recomputed): (pred_noise, x_start), fp32. No context."""
         cond_tokens, hidden = self._condition()
         t_vec, time_tokens = self.model.time_embedding(time_cond)
-        x0 = self._core(x, t_vec, time_tokens, cond_tokens, hidden)
+        x0 = self._core(x, t_vec, time_tokens, cond_tokens, hidden, self.sdpa)
         return predict_noise_from_start(x, time_cond, x0, self.noise_tables), x0
 
     def run_step(self, x: Tensor, time_cond: Tensor) -> tuple[Tensor, Tensor]:
@@ -236,26 +234,26 @@ class FastLMDM:
                 return sampler.sample(self.step, x_t)
             order = iter(range(sampler.time_cond.shape[0]))
             if self.spec.window or self.spec.fold:
-                consts = self._window(sampler.time_cond[:, 0])
+                consts = self._window(sampler.time_cond[:, 0], self.sdpa)
             # One step's constants per call, at index 0: a compiled step is traced once.
             if self.folded is not None:
                 folded, weights = consts, self.folded
                 per_fold = [folded.at(k) for k in range(folded.steps)]
 
                 def x0_of(x: Tensor, k: int) -> Tensor:
-                    return self._folded_x0(self.model, x, per_fold[k], weights, 0)
+                    return self._folded_x0(self.model, x, per_fold[k], weights, 0, self.sdpa)
             elif self.spec.window:
                 per_step = [consts.at(k) for k in range(consts.steps)]
 
                 def x0_of(x: Tensor, k: int) -> Tensor:
-                    return self._step_x0(self.model, x, per_step[k], 0)
+                    return self._step_x0(self.model, x, per_step[k], 0, self.sdpa)
             else:
                 cond_tokens, hidden = self._condition()
                 t_vecs, t_tokens = self.model.time_embedding(sampler.time_cond[:, 0])
 
                 def x0_of(x: Tensor, k: int) -> Tensor:
                     return self._core(
-                        x, t_vecs[k : k + 1], t_tokens[k : k + 1], cond_tokens, hidden
+                        x, t_vecs[k : k + 1], t_tokens[k : k + 1], cond_tokens, hidden, self.sdpa
                     )
 
             def denoise(x: Tensor, time_cond: Tensor) -> tuple[Tensor, Tensor]:

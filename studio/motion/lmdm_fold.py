@@ -27,16 +27,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from studio.models.lmdm import LMDM, DecoderLayer
-from studio.motion.layout import GUIDANCE_WEIGHT, MOTION_DIM
-from studio.motion.lmdm_hoist import WindowConstants, step_slices
+from studio.motion.lmdm_hoist import (
+    WindowConstants,
+    aligned_width,
+    embed_step_motion,
+    guided_output,
+    step_slices,
+)
+from studio.runtime.engine import sdpa_backend
 
 __all__ = ["FoldedConstants", "FoldedWeights", "fold_window", "folded_weights", "folded_x0_step"]
-
-ALIGN = 8  # the memory-efficient kernel's width multiple for half types
-
-
-def _padded(width: int) -> int:
-    return -(-width // ALIGN) * ALIGN
 
 
 @dataclass
@@ -55,15 +55,17 @@ class FoldedWeights:
 class FoldedConstants:
     """A window's constants with the cross-attention projections folded in.
 
-    ``keys[i]`` [T, 2, heads, M, d'] are ``[k_j W_qj, k_j b_qj, 0...]`` (d' = d + 1 padded to
-    :data:`ALIGN`); ``values[i]`` [T, 2, heads, M, d] are ``v_j W_oj^T``; ``films`` and
-    ``input_bias`` as in :class:`WindowConstants`.
+    ``keys[i]`` [T, 2, heads, M, d'] are ``[k_j W_qj, k_j b_qj, 0...]`` (d' = d + 1 padded by
+    :func:`~studio.motion.lmdm_hoist.aligned_width`); ``values[i]`` [T, 2, heads, M, d] are
+    ``v_j W_oj^T``; ``films``, ``input_bias`` and ``motion_weight`` as in
+    :class:`WindowConstants`.
     """
 
     films: list[tuple[Tensor, ...]]
     keys: list[Tensor]
     values: list[Tensor]
     input_bias: Tensor
+    motion_weight: Tensor
     head_dim: int
     query_tail: Tensor  # [1, 1, d' - d]: the ones channel and the padding of the query
 
@@ -117,7 +119,7 @@ def fold_window(model: LMDM, consts: WindowConstants) -> FoldedConstants:
         b_q = b[:d].reshape(heads, d // heads)  # [H, dh]
         key = torch.einsum("tbhmc,hci->tbhmi", k, w_q)
         key_bias = torch.einsum("tbhmc,hc->tbhm", k, b_q)[..., None]
-        pad = _padded(d + 1) - d - 1
+        pad = aligned_width(d + 1) - d - 1
         parts = [key, key_bias]
         if pad:
             parts.append(key_bias.new_zeros(*key_bias.shape[:-1], pad))
@@ -128,7 +130,13 @@ def fold_window(model: LMDM, consts: WindowConstants) -> FoldedConstants:
     tail = keys[0].new_zeros(1, 1, keys[0].shape[-1] - layer0.dim)
     tail[..., 0] = 1
     return FoldedConstants(
-        consts.films, keys, values, consts.input_bias, layer0.dim // layer0.num_heads, tail
+        consts.films,
+        keys,
+        values,
+        consts.input_bias,
+        consts.motion_weight,
+        layer0.dim // layer0.num_heads,
+        tail,
     )
 
 
@@ -166,23 +174,26 @@ def _layer_step(
 
 
 def folded_x0_step(
-    model: LMDM, x: Tensor, consts: FoldedConstants, weights: FoldedWeights, step: int
+    model: LMDM,
+    x: Tensor,
+    consts: FoldedConstants,
+    weights: FoldedWeights,
+    step: int,
+    sdpa: str = "auto",
 ) -> Tensor:
-    """Guided x0 [1, S, 265] in fp32 of x [1, S, 265] at step index ``step`` (a Python int)."""
-    proj = model.input_projection
-    tokens = F.linear(x.to(proj.weight.dtype), proj.weight[:, :MOTION_DIM]) + consts.input_bias
-    h = tokens.expand(2, -1, -1)
-    for i, layer in enumerate(model.seqTransDecoder.stack):
-        h = _layer_step(
-            layer,
-            h,
-            tuple(f[step] for f in consts.films[i]),
-            consts.keys[i][step],
-            consts.values[i][step],
-            weights.value_out[i],
-            weights.value_bias[i],
-            consts,
-        )
-    both = model.final_layer(h).float()
-    uncond, conditioned = both[:1], both[1:]
-    return uncond + (conditioned - uncond) * GUIDANCE_WEIGHT
+    """Guided x0 [1, S, 265] in fp32 of x [1, S, 265] at step index ``step`` (a Python int);
+    ``sdpa`` as in :func:`~studio.motion.lmdm_hoist.guided_x0_step`."""
+    with sdpa_backend(sdpa):
+        h = embed_step_motion(x, consts.motion_weight, consts.input_bias)
+        for i, layer in enumerate(model.seqTransDecoder.stack):
+            h = _layer_step(
+                layer,
+                h,
+                tuple(f[step] for f in consts.films[i]),
+                consts.keys[i][step],
+                consts.values[i][step],
+                weights.value_out[i],
+                weights.value_bias[i],
+                consts,
+            )
+        return guided_output(model, h)

@@ -26,12 +26,27 @@ from torch import Tensor
 
 from studio.models.lmdm import LMDM, DecoderLayer
 from studio.motion.layout import GUIDANCE_WEIGHT, MOTION_DIM
+from studio.runtime.engine import sdpa_backend
+
+# Width multiple of aligned half-type kernels (16 bytes): the 265-wide motion would otherwise
+# put the input projection on an unaligned GEMM, and the fold's keys on the slow SDPA kernel.
+ALIGN = 8
+
+
+def aligned_width(width: int) -> int:
+    """``width`` rounded up to a multiple of :data:`ALIGN`."""
+    return -(-width // ALIGN) * ALIGN
+
 
 __all__ = [
+    "ALIGN",
     "STEP_FIELDS",
     "StackedProjections",
     "WindowConstants",
+    "aligned_width",
     "constants_of_condition",
+    "embed_step_motion",
+    "guided_output",
     "guided_x0_step",
     "stacked_projections",
     "step_slices",
@@ -45,13 +60,16 @@ class WindowConstants:
 
     ``films[i]`` holds layer i's (1 + scale, shift) of its three FiLMs, each [T, 2, 1, d];
     ``keys[i]``/``values[i]`` its cross-attention keys/values [T, 2, heads, 82, d/heads];
-    ``input_bias`` is the input projection of ``cond_frame`` plus its bias, [1, 1, d].
+    ``input_bias`` is the input projection of ``cond_frame`` plus its bias, [1, 1, d];
+    ``motion_weight`` the projection's motion half with zero columns up to an aligned width
+    (:attr:`StackedProjections.motion_weight`).
     """
 
     films: list[tuple[Tensor, ...]]
     keys: list[Tensor]
     values: list[Tensor]
     input_bias: Tensor
+    motion_weight: Tensor
 
     @property
     def steps(self) -> int:
@@ -88,7 +106,7 @@ class StackedProjections:
     """Every decoder layer's motion-independent projections stacked into one weight each, so
     that a window's constants take 3 matmuls instead of 40: the 24 FiLM linears (all of the
     same Mish(t)), and the 8 cross-attention key and 8 value projections (all of the same
-    memory)."""
+    memory); and the input projection's two halves, zero-padded to an aligned width."""
 
     film_weight: Tensor  # [layers * 3 * 2d, d]
     film_bias: Tensor
@@ -96,6 +114,17 @@ class StackedProjections:
     key_bias: Tensor
     value_weight: Tensor
     value_bias: Tensor
+    motion_weight: Tensor  # [d, aligned 265]: the noisy motion's half
+    frame_weight: Tensor  # [d, aligned 265]: the cond_frame's half
+
+
+def _aligned_columns(weight: Tensor) -> Tensor:
+    return F.pad(weight, (0, aligned_width(weight.shape[1]) - weight.shape[1])).contiguous()
+
+
+def _aligned_motion(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """x [..., 265] cast to ``dtype`` and zero-padded to the aligned width."""
+    return F.pad(x.to(dtype), (0, aligned_width(x.shape[-1]) - x.shape[-1]))
 
 
 def stacked_projections(model: LMDM) -> StackedProjections:
@@ -105,6 +134,7 @@ def stacked_projections(model: LMDM) -> StackedProjections:
     d = model.latent_dim
     films = [f.block[1] for layer in layers for f in (layer.film1, layer.film2, layer.film3)]
     attns = [layer.multihead_attn for layer in layers]
+    proj = model.input_projection.weight
     with torch.no_grad():
         return StackedProjections(
             torch.cat([f.weight for f in films]),
@@ -113,6 +143,8 @@ def stacked_projections(model: LMDM) -> StackedProjections:
             torch.cat([a.in_proj_bias[d : 2 * d] for a in attns]),
             torch.cat([a.in_proj_weight[2 * d :] for a in attns]),
             torch.cat([a.in_proj_bias[2 * d :] for a in attns]),
+            _aligned_columns(proj[:, :MOTION_DIM]),
+            _aligned_columns(proj[:, MOTION_DIM:]),
         )
 
 
@@ -152,8 +184,9 @@ def window_constants(
         keys.append(k.reshape(steps, 2, *k.shape[1:]))
         values.append(v.reshape(steps, 2, *v.shape[1:]))
     proj = model.input_projection
-    bias = F.linear(cond_frame, proj.weight[:, MOTION_DIM:], proj.bias)
-    return WindowConstants(films, keys, values, bias[:, None, :])
+    frame = _aligned_motion(cond_frame, stacked.frame_weight.dtype)
+    bias = F.linear(frame, stacked.frame_weight, proj.bias)
+    return WindowConstants(films, keys, values, bias[:, None, :], stacked.motion_weight)
 
 
 def constants_of_condition(
@@ -197,15 +230,29 @@ def _layer_step(layer: DecoderLayer, x: Tensor, film: tuple[Tensor, ...], k: Ten
     return x + (scale3 * h + shift3)
 
 
-def guided_x0_step(model: LMDM, x: Tensor, consts: WindowConstants, step: int) -> Tensor:
-    """Guided x0 [1, S, 265] in fp32 of x [1, S, 265] at step index ``step`` (a Python int,
-    so a captured graph holds fixed views of the constants)."""
-    proj = model.input_projection
-    tokens = F.linear(x.to(proj.weight.dtype), proj.weight[:, :MOTION_DIM]) + consts.input_bias
-    h = tokens.expand(2, -1, -1)
-    for i, layer in enumerate(model.seqTransDecoder.stack):
-        film = tuple(f[step] for f in consts.films[i])
-        h = _layer_step(layer, h, film, consts.keys[i][step], consts.values[i][step])
+def embed_step_motion(x: Tensor, motion_weight: Tensor, input_bias: Tensor) -> Tensor:
+    """Input tokens [2, S, d] (both branches) of the noisy motion x [1, S, 265]: the aligned
+    motion half of the input projection plus the window's ``input_bias`` (constants' fields)."""
+    tokens = F.linear(_aligned_motion(x, motion_weight.dtype), motion_weight) + input_bias
+    return tokens.expand(2, -1, -1)
+
+
+def guided_output(model: LMDM, h: Tensor) -> Tensor:
+    """The final layer of both branches' tokens [2, S, d], guided, in fp32: x0 [1, S, 265]."""
     both = model.final_layer(h).float()
     uncond, conditioned = both[:1], both[1:]
     return uncond + (conditioned - uncond) * GUIDANCE_WEIGHT
+
+
+def guided_x0_step(
+    model: LMDM, x: Tensor, consts: WindowConstants, step: int, sdpa: str = "auto"
+) -> Tensor:
+    """Guided x0 [1, S, 265] in fp32 of x [1, S, 265] at step index ``step`` (a Python int,
+    so a captured graph holds fixed views of the constants). ``sdpa`` names the attention
+    backend inside the function, where a compiled step sees (and guards) it."""
+    with sdpa_backend(sdpa):
+        h = embed_step_motion(x, consts.motion_weight, consts.input_bias)
+        for i, layer in enumerate(model.seqTransDecoder.stack):
+            film = tuple(f[step] for f in consts.films[i])
+            h = _layer_step(layer, h, film, consts.keys[i][step], consts.values[i][step])
+        return guided_output(model, h)

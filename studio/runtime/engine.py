@@ -62,6 +62,7 @@ __all__ = [
     "parse_precision",
     "precision_support",
     "resolve_device",
+    "sdpa_backend",
     "torch_dtype",
 ]
 
@@ -771,6 +772,26 @@ def _onnx_for(
     return export_for_engine(
         name, mod, cache / "onnx", batch=batch, precision=graph_precision, device=device, log=log
     )
+
+
+def sdpa_backend(name: str) -> contextlib.AbstractContextManager[None]:
+    """Scaled-dot-product attention restricted to one backend ("flash", "efficient", "cudnn",
+    "math"), or PyTorch's own choice ("auto"). Entered inside a compiled function, the choice
+    is part of its trace: compiled code made under one backend is not reused under another
+    (a context around the call would be, silently)."""
+    if name == "auto":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    names = {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "math": SDPBackend.MATH,
+    }
+    if name not in names:
+        raise ValueError(f"unknown SDPA backend {name!r}; expected auto or one of {sorted(names)}")
+    return sdpa_kernel([names[name]])
 
 
 @contextlib.contextmanager
