@@ -61,6 +61,23 @@ def test_clip_motion_fast_path_matches_the_eager_loop(lmdm, host_reads) -> None:
     torch.testing.assert_close(other, generate_motion(lmdm, cond, kp, steps=2, seed=3))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
+def test_clip_motion_captured_on_cuda_matches_the_cpu_eager_loop(lmdm) -> None:
+    """The product's CUDA path (window constants, one captured graph per step count, fp32)
+    against the eager loop on the CPU, over two windows and a replayed graph."""
+    import copy
+
+    n = SEQ_FRAMES + (SEQ_FRAMES - OVERLAP_OFFLINE) + 9
+    cond = torch.randn(n, COND_DIM, generator=torch.Generator().manual_seed(4))
+    kp = torch.randn(MOTION_DIM, generator=torch.Generator().manual_seed(5))
+    gpu = copy.deepcopy(lmdm).cuda()
+    eager = generate_motion(lmdm, cond, kp, steps=4, seed=3)
+    for _ in range(2):  # capture, then replay the kept graph
+        got = generate_motion(gpu, cond.cuda(), kp.cuda(), steps=4, seed=3)
+        assert got.is_cuda
+        torch.testing.assert_close(got.cpu(), eager, rtol=1e-3, atol=1e-4)
+
+
 def test_clip_motion_rejects_a_condition_of_the_wrong_width(lmdm) -> None:
     with pytest.raises(ValueError, match=f"\\[N, {COND_DIM}\\]"):
         generate_motion(lmdm, torch.zeros(10, 37), torch.zeros(MOTION_DIM), steps=2)

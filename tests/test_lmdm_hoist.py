@@ -44,10 +44,15 @@ def test_motion_projection_is_aligned_and_step_names_its_attention_backend(one_t
     x = torch.randn(1, SEQ_FRAMES, MOTION_DIM)
     with torch.no_grad():
         consts = constants_of_condition(model, cond_frame, cond, torch.tensor([999, 0]))
-        width = consts.motion_weight.shape[1]
+        stacked = consts.projections
+        width = stacked.motion_weight.shape[1]
         assert width % ALIGN == 0 and MOTION_DIM < width < MOTION_DIM + ALIGN
-        assert consts.motion_weight.is_contiguous()
-        assert torch.count_nonzero(consts.motion_weight[:, MOTION_DIM:]) == 0
+        for w in (stacked.motion_weight, stacked.frame_weight, stacked.final_weight):
+            assert w.is_contiguous()
+        for w in (stacked.motion_weight, stacked.frame_weight, stacked.final_weight.T):
+            assert w.shape[1] == width and torch.count_nonzero(w[:, MOTION_DIM:]) == 0
+        assert stacked.final_bias.shape == (width,)
+        assert torch.count_nonzero(stacked.final_bias[MOTION_DIM:]) == 0
         want = guided_x0_step(model, x, consts, 1)
         counter = CompileCounter()
         step = torch.compile(guided_x0_step, backend=counter, dynamic=False)

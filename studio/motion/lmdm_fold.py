@@ -28,6 +28,7 @@ from torch import Tensor
 
 from studio.models.lmdm import LMDM, DecoderLayer
 from studio.motion.lmdm_hoist import (
+    StackedProjections,
     WindowConstants,
     aligned_width,
     embed_step_motion,
@@ -57,7 +58,7 @@ class FoldedConstants:
 
     ``keys[i]`` [T, 2, heads, M, d'] are ``[k_j W_qj, k_j b_qj, 0...]`` (d' = d + 1 padded by
     :func:`~studio.motion.lmdm_hoist.aligned_width`); ``values[i]`` [T, 2, heads, M, d] are
-    ``v_j W_oj^T``; ``films``, ``input_bias`` and ``motion_weight`` as in
+    ``v_j W_oj^T``; ``films``, ``input_bias`` and ``projections`` as in
     :class:`WindowConstants`.
     """
 
@@ -65,7 +66,7 @@ class FoldedConstants:
     keys: list[Tensor]
     values: list[Tensor]
     input_bias: Tensor
-    motion_weight: Tensor
+    projections: StackedProjections
     head_dim: int
     query_tail: Tensor  # [1, 1, d' - d]: the ones channel and the padding of the query
 
@@ -134,7 +135,7 @@ def fold_window(model: LMDM, consts: WindowConstants) -> FoldedConstants:
         keys,
         values,
         consts.input_bias,
-        consts.motion_weight,
+        consts.projections,
         layer0.dim // layer0.num_heads,
         tail,
     )
@@ -184,7 +185,7 @@ def folded_x0_step(
     """Guided x0 [1, S, 265] in fp32 of x [1, S, 265] at step index ``step`` (a Python int);
     ``sdpa`` as in :func:`~studio.motion.lmdm_hoist.guided_x0_step`."""
     with sdpa_backend(sdpa):
-        h = embed_step_motion(x, consts.motion_weight, consts.input_bias)
+        h = embed_step_motion(x, consts.projections, consts.input_bias)
         for i, layer in enumerate(model.seqTransDecoder.stack):
             h = _layer_step(
                 layer,
@@ -196,4 +197,4 @@ def folded_x0_step(
                 weights.value_bias[i],
                 consts,
             )
-        return guided_output(model, h)
+        return guided_output(h, consts.projections)

@@ -61,15 +61,14 @@ class WindowConstants:
     ``films[i]`` holds layer i's (1 + scale, shift) of its three FiLMs, each [T, 2, 1, d];
     ``keys[i]``/``values[i]`` its cross-attention keys/values [T, 2, heads, 82, d/heads];
     ``input_bias`` is the input projection of ``cond_frame`` plus its bias, [1, 1, d];
-    ``motion_weight`` the projection's motion half with zero columns up to an aligned width
-    (:attr:`StackedProjections.motion_weight`).
+    ``projections`` the model's stacked and aligned weights the step uses as well.
     """
 
     films: list[tuple[Tensor, ...]]
     keys: list[Tensor]
     values: list[Tensor]
     input_bias: Tensor
-    motion_weight: Tensor
+    projections: StackedProjections
 
     @property
     def steps(self) -> int:
@@ -106,7 +105,8 @@ class StackedProjections:
     """Every decoder layer's motion-independent projections stacked into one weight each, so
     that a window's constants take 3 matmuls instead of 40: the 24 FiLM linears (all of the
     same Mish(t)), and the 8 cross-attention key and 8 value projections (all of the same
-    memory); and the input projection's two halves, zero-padded to an aligned width."""
+    memory); and the input projection's two halves and the final layer, zero-padded to an
+    aligned width of the motion (the 265-wide GEMMs otherwise run on unaligned kernels)."""
 
     film_weight: Tensor  # [layers * 3 * 2d, d]
     film_bias: Tensor
@@ -116,10 +116,18 @@ class StackedProjections:
     value_bias: Tensor
     motion_weight: Tensor  # [d, aligned 265]: the noisy motion's half
     frame_weight: Tensor  # [d, aligned 265]: the cond_frame's half
+    final_weight: Tensor  # [aligned 265, d]: the final layer, zero rows after 265
+    final_bias: Tensor
 
 
 def _aligned_columns(weight: Tensor) -> Tensor:
     return F.pad(weight, (0, aligned_width(weight.shape[1]) - weight.shape[1])).contiguous()
+
+
+def _aligned_rows(weight: Tensor) -> Tensor:
+    """Zero rows appended up to the aligned width (works for a bias as well)."""
+    pad = aligned_width(weight.shape[0]) - weight.shape[0]
+    return F.pad(weight, (0, 0) * (weight.ndim - 1) + (0, pad)).contiguous()
 
 
 def _aligned_motion(x: Tensor, dtype: torch.dtype) -> Tensor:
@@ -135,6 +143,7 @@ def stacked_projections(model: LMDM) -> StackedProjections:
     films = [f.block[1] for layer in layers for f in (layer.film1, layer.film2, layer.film3)]
     attns = [layer.multihead_attn for layer in layers]
     proj = model.input_projection.weight
+    final = model.final_layer
     with torch.no_grad():
         return StackedProjections(
             torch.cat([f.weight for f in films]),
@@ -145,6 +154,8 @@ def stacked_projections(model: LMDM) -> StackedProjections:
             torch.cat([a.in_proj_bias[2 * d :] for a in attns]),
             _aligned_columns(proj[:, :MOTION_DIM]),
             _aligned_columns(proj[:, MOTION_DIM:]),
+            _aligned_rows(final.weight),
+            _aligned_rows(final.bias),
         )
 
 
@@ -186,7 +197,7 @@ def window_constants(
     proj = model.input_projection
     frame = _aligned_motion(cond_frame, stacked.frame_weight.dtype)
     bias = F.linear(frame, stacked.frame_weight, proj.bias)
-    return WindowConstants(films, keys, values, bias[:, None, :], stacked.motion_weight)
+    return WindowConstants(films, keys, values, bias[:, None, :], stacked)
 
 
 def constants_of_condition(
@@ -230,16 +241,18 @@ def _layer_step(layer: DecoderLayer, x: Tensor, film: tuple[Tensor, ...], k: Ten
     return x + (scale3 * h + shift3)
 
 
-def embed_step_motion(x: Tensor, motion_weight: Tensor, input_bias: Tensor) -> Tensor:
+def embed_step_motion(x: Tensor, stacked: StackedProjections, input_bias: Tensor) -> Tensor:
     """Input tokens [2, S, d] (both branches) of the noisy motion x [1, S, 265]: the aligned
-    motion half of the input projection plus the window's ``input_bias`` (constants' fields)."""
-    tokens = F.linear(_aligned_motion(x, motion_weight.dtype), motion_weight) + input_bias
+    motion half of the input projection plus the window's ``input_bias``."""
+    weight = stacked.motion_weight
+    tokens = F.linear(_aligned_motion(x, weight.dtype), weight) + input_bias
     return tokens.expand(2, -1, -1)
 
 
-def guided_output(model: LMDM, h: Tensor) -> Tensor:
-    """The final layer of both branches' tokens [2, S, d], guided, in fp32: x0 [1, S, 265]."""
-    both = model.final_layer(h).float()
+def guided_output(h: Tensor, stacked: StackedProjections) -> Tensor:
+    """The final layer (aligned) of both branches' tokens [2, S, d], guided, in fp32: x0
+    [1, S, 265]."""
+    both = F.linear(h, stacked.final_weight, stacked.final_bias)[..., :MOTION_DIM].float()
     uncond, conditioned = both[:1], both[1:]
     return uncond + (conditioned - uncond) * GUIDANCE_WEIGHT
 
@@ -251,8 +264,8 @@ def guided_x0_step(
     so a captured graph holds fixed views of the constants). ``sdpa`` names the attention
     backend inside the function, where a compiled step sees (and guards) it."""
     with sdpa_backend(sdpa):
-        h = embed_step_motion(x, consts.motion_weight, consts.input_bias)
+        h = embed_step_motion(x, consts.projections, consts.input_bias)
         for i, layer in enumerate(model.seqTransDecoder.stack):
             film = tuple(f[step] for f in consts.films[i])
             h = _layer_step(layer, h, film, consts.keys[i][step], consts.values[i][step])
-        return guided_output(model, h)
+        return guided_output(h, consts.projections)
