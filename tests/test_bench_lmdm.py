@@ -256,3 +256,24 @@ def test_compiled_fold_step_is_traced_once_for_all_steps():
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     assert counters["stats"]["unique_graphs"] == 2
     torch._dynamo.reset()
+
+
+def test_commit_of_a_checkout_and_of_an_archived_copy(tmp_path):
+    """Bench headers name the commit: HEAD in a checkout; in a ``git archive`` copy (the GPU
+    runs' tree, often inside another, stale repository) the archived commit itself."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert BT.git_commit(root).removesuffix("-dirty") == head
+    archive = subprocess.run(
+        ["git", "archive", "HEAD", str(BT.ARCHIVE_COMMIT)],
+        cwd=root,
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(tmp_path)], input=archive, check=True)
+    assert BT.git_commit(tmp_path) == f"{head} (git archive)"
+    assert BT.git_commit(tmp_path / "nowhere") is None  # neither a stamp nor a repository

@@ -156,9 +156,21 @@ def matmul_tf32(enabled: bool) -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32 = before
 
 
+ARCHIVE_COMMIT = Path("studio/bench/archive_commit.txt")  # filled in by git archive
+
+
 def git_commit(root: Path | None = None) -> str | None:
-    """The checkout's HEAD commit (with ``-dirty`` when the tree has changes), or None."""
+    """The checkout's HEAD commit (with ``-dirty`` when the tree has changes), or None.
+
+    A tree made by ``git archive`` (how the GPU runs get their copy) names its own commit
+    in :data:`ARCHIVE_COMMIT`, ahead of any repository around it."""
     cwd = root or Path(__file__).resolve().parents[2]
+    try:
+        stamped = (cwd / ARCHIVE_COMMIT).read_text().strip()
+    except OSError:
+        stamped = ""
+    if stamped and not stamped.startswith("$Format"):
+        return f"{stamped} (git archive)"
     try:
         head = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10
