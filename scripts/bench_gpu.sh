@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU session in one command (about 9 minutes on an H200): the LMDM suite at T=4 with the
-# window, fold and compiled paths first (its target is the open one), then the render suite at
-# B=32 with the depth-split and channel-padded paths and both kernel profiles (as loaded, and
-# with the render engines' rewrites),
+# window and compiled paths (flash attention among them), then the render suite at B=32 with
+# the depth-split and channel-padded paths and both kernel profiles (as loaded, and with the
+# render engines' rewrites),
 # the 165-frame clip end to end, then the CUDA tests of the render engines. Results (logs,
 # JSON, Markdown, plots: about 10 files) go to $1; through the device tool, which returns at
 # most 8 files, give a folder under /tmp and tar it into $OUT afterwards. Runs with the
@@ -19,7 +19,7 @@ run() {  # name, seconds, suite arguments...
   echo "$name: exit $? ($(tail -n 1 "$out/$name.log" | cut -c1-120))"
 }
 run lmdm 120 --suite lmdm --device cuda --compile --no-onnx --steps 4 \
-  --paths eager_fp32,fast_fp32_window_graph,fast_fp16_window_graph,fast_bf16_window_compiled_graph,fast_fp16_window_compiled_graph,fast_fp16_fold_compiled_graph
+  --paths eager_fp32,fast_fp32_window_graph,fast_fp16_window_graph,fast_bf16_window_compiled_graph,fast_bf16_window_flash_compiled_graph,fast_fp16_window_flash_compiled_graph
 run render 210 --suite render --device cuda --batches 32 --precisions fp16 --compile \
   --target-ms 150 --paths compiled_graph_fp16,compiled_graph_split_fp16,compiled_graph_split_padded_fp16
 run pipeline 130 --suite pipeline --device cuda --compile --x264-preset veryfast --plots "$out"

@@ -264,9 +264,12 @@ def test_commit_of_a_checkout_and_of_an_archived_copy(tmp_path):
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
-    head = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
-    ).stdout.strip()
+    if not (root / BT.ARCHIVE_COMMIT).read_text().startswith("$Format"):
+        pytest.skip("this tree is itself a git archive copy: its stamp is the commit")
+    found = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True)
+    if found.returncode != 0:
+        pytest.skip("not a git checkout")
+    head = found.stdout.strip()
     assert BT.git_commit(root).removesuffix("-dirty") == head
     archive = subprocess.run(
         ["git", "archive", "HEAD", str(BT.ARCHIVE_COMMIT)],
@@ -277,3 +280,9 @@ def test_commit_of_a_checkout_and_of_an_archived_copy(tmp_path):
     subprocess.run(["tar", "-x", "-C", str(tmp_path)], input=archive, check=True)
     assert BT.git_commit(tmp_path) == f"{head} (git archive)"
     assert BT.git_commit(tmp_path / "nowhere") is None  # neither a stamp nor a repository
+
+
+def test_a_fold_path_cannot_name_flash_attention():
+    with pytest.raises(ValueError, match="rule out flash"):
+        B.PathSpec("x", "float16", "cast", compile=True, fold=True, sdpa="flash")
+    assert B.PathSpec("x", "float16", "cast", fold=True).sdpa == "auto"

@@ -63,6 +63,10 @@ def test_motion_projection_is_aligned_and_step_names_its_attention_backend(one_t
                     step(model, x, consts, 1, backend), want, rtol=1e-4, atol=1e-5
                 )
             assert counter.frame_count == 2  # one trace per backend, the third call reused
+            # and the backend really is restricted inside: the CPU has no efficient kernel
+            for run in (guided_x0_step, step):
+                with pytest.raises(RuntimeError):
+                    run(model, x, consts, 1, "efficient")
         finally:
             torch._dynamo.reset()
         with pytest.raises(ValueError, match="unknown SDPA backend 'fast'"):

@@ -11,8 +11,8 @@ for CPU smoke runs), for one 80-frame window at batch 1:
   into a CUDA graph and replayed. The condition encoder and the time embeddings, which do
   not depend on the noisy motion, are computed once per window inside the graph
   (``hoist``); the ``perstep`` path recomputes them every step as the exported step does.
-  For each path the SDPA backend is chosen by timing the captured single step under each
-  candidate.
+  For each uncompiled path the SDPA backend is chosen by timing the captured single step
+  under each candidate; compiled and fold paths run the one their :class:`PathSpec` names.
 - ``onnxruntime_cpu`` / ``onnxruntime_cuda``: the TorchScript-exported step in ONNX Runtime,
   host-side DDIM loop (no IOBinding), when onnxruntime and the provider are present.
 - ``tensorrt``: reported, not measured (engines are built by ``studio compile``).
@@ -337,7 +337,9 @@ def _run_fast(
     # SDPA backend: time the captured single step under each candidate, keep the fastest.
     sweep: dict[str, Any] = {}
     best: tuple[float, str, Timing, list[Tensor]] | None = None
-    sweep_sdpa = sweep_sdpa and not spec.compile and not spec.fold  # fold needs unequal widths
+    # compiled paths: one compile (20-30 s) per candidate would be too dear, so the spec names
+    # the backend; fold paths: their unequal q/k and v widths rule most backends out
+    sweep_sdpa = sweep_sdpa and not spec.compile and not spec.fold
     candidates = SDPA_CANDIDATES[spec.dtype] if sweep_sdpa else (spec.sdpa,)
     for backend in candidates:
         fast.sdpa = backend
@@ -418,10 +420,11 @@ def profile_fast_path(
     inputs: _Inputs,
     steps: int,
     device: torch.device,
-    sdpa: str = "auto",
+    sdpa: str | None = None,
     compile_mode: str = COMPILE_MODE,
 ) -> dict[str, Any]:
     """Where a captured DDIM replay spends its time: kernels per step and GPU time by kind.
+    ``sdpa`` overrides the path's backend (None: the spec's).
 
     Profiles one replay of the T-step graph with ``torch.profiler`` (CUDA activity) and
     compares the summed kernel time with the replay's event time (the rest is the gaps
@@ -440,7 +443,7 @@ def profile_fast_path(
     return {
         "path": spec.name,
         "steps": steps,
-        "sdpa": sdpa,
+        "sdpa": fast.sdpa,
         "replay_ms": replay.median_ms,
         "kernels": prof["kernels"],
         "kernels_per_step": prof["kernels"] / steps,

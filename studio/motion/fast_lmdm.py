@@ -74,9 +74,14 @@ class PathSpec:
     compile: bool = False
     window: bool = False  # also the per-window constants (studio.motion.lmdm_hoist)
     fold: bool = False  # window constants with the attention projections folded in (lmdm_fold)
-    # SDPA backend ("auto" | "flash" | "efficient" | "cudnn" | "math"): a compiled step fixes
-    # it when traced, so compiled paths name it here rather than sweep it
+    # SDPA backend ("auto" | "flash" | "efficient" | "cudnn" | "math"), entered inside the
+    # step functions; the bench sweeps it for uncompiled paths (a compile per candidate costs
+    # 20-30 s), so compiled paths name it here
     sdpa: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.fold and self.sdpa == "flash":
+            raise ValueError(f"{self.name}: the fold's unequal q/k and v widths rule out flash")
 
     @property
     def torch_dtype(self) -> torch.dtype:

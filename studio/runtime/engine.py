@@ -776,9 +776,10 @@ def _onnx_for(
 
 def sdpa_backend(name: str) -> contextlib.AbstractContextManager[None]:
     """Scaled-dot-product attention restricted to one backend ("flash", "efficient", "cudnn",
-    "math"), or PyTorch's own choice ("auto"). Entered inside a compiled function, the choice
-    is part of its trace: compiled code made under one backend is not reused under another
-    (a context around the call would be, silently)."""
+    "math"), or PyTorch's own choice ("auto", no restriction: whatever is in force around the
+    call). Entered inside a compiled function, a named choice is part of its trace: compiled
+    code made under one backend is not reused under another (a context around the call would
+    be, silently)."""
     if name == "auto":
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
