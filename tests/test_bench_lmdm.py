@@ -163,12 +163,18 @@ def test_fast_path_fp32_equals_module_forward(policy):
     torch.testing.assert_close(pred_noise, ref_noise, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("dtype,mode", [("bfloat16", "cast"), ("bfloat16", "autocast")])
-def test_fast_path_low_precision_is_close(dtype, mode):
+@pytest.mark.parametrize(
+    "dtype,mode,window",
+    [("bfloat16", "cast", False), ("bfloat16", "autocast", False), ("bfloat16", "cast", True)],
+)
+def test_fast_path_low_precision_is_close(dtype, mode, window):
+    """Half types, also with the window constants (their motion GEMMs zero-padded)."""
     torch.manual_seed(0)
     model = LMDM(**REDUCED_KWARGS).eval()
     cf, cond, sched, x_t, noises, ref = _window(model, 2)
-    fast = B.FastLMDM(model, B.PathSpec("t", dtype, mode), "cpu")
+    fast = B.FastLMDM(model, B.PathSpec("t", dtype, mode, window=window), "cpu")
+    if window:
+        assert fast.stacked.motion_weight.shape[1] > 265  # padded to an aligned width
     if mode == "cast":
         assert fast.model.final_layer.weight.dtype == torch.bfloat16
         assert model.final_layer.weight.dtype == torch.float32  # the base is untouched

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from conftest import random_biases
 
 from studio.models.lmdm import LMDM, REDUCED_KWARGS
 from studio.motion.layout import MOTION_DIM, SEQ_FRAMES
-from studio.motion.lmdm_hoist import ALIGN, constants_of_condition, guided_x0_step
+from studio.motion.lmdm_hoist import (
+    ALIGN,
+    constants_of_condition,
+    guided_x0_step,
+    stacked_projections,
+)
 
 
 @pytest.mark.parametrize("kwargs", [REDUCED_KWARGS, {"num_layers": 2}], ids=["reduced", "wide"])
@@ -44,15 +51,16 @@ def test_motion_projection_is_aligned_and_step_names_its_attention_backend(one_t
     x = torch.randn(1, SEQ_FRAMES, MOTION_DIM)
     with torch.no_grad():
         consts = constants_of_condition(model, cond_frame, cond, torch.tensor([999, 0]))
-        stacked = consts.projections
-        width = stacked.motion_weight.shape[1]
+        assert consts.projections.motion_weight.shape[1] == MOTION_DIM  # fp32: no padding
+        half = stacked_projections(copy.deepcopy(model).to(torch.bfloat16))
+        width = half.motion_weight.shape[1]
         assert width % ALIGN == 0 and MOTION_DIM < width < MOTION_DIM + ALIGN
-        for w in (stacked.motion_weight, stacked.frame_weight, stacked.final_weight):
+        for w in (half.motion_weight, half.frame_weight, half.final_weight):
             assert w.is_contiguous()
-        for w in (stacked.motion_weight, stacked.frame_weight, stacked.final_weight.T):
+        for w in (half.motion_weight, half.frame_weight, half.final_weight.T):
             assert w.shape[1] == width and torch.count_nonzero(w[:, MOTION_DIM:]) == 0
-        assert stacked.final_bias.shape == (width,)
-        assert torch.count_nonzero(stacked.final_bias[MOTION_DIM:]) == 0
+        assert half.final_bias.shape == (width,)
+        assert torch.count_nonzero(half.final_bias[MOTION_DIM:]) == 0
         want = guided_x0_step(model, x, consts, 1)
         counter = CompileCounter()
         step = torch.compile(guided_x0_step, backend=counter, dynamic=False)

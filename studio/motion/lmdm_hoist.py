@@ -33,9 +33,9 @@ from studio.runtime.engine import sdpa_backend
 ALIGN = 8
 
 
-def aligned_width(width: int) -> int:
-    """``width`` rounded up to a multiple of :data:`ALIGN`."""
-    return -(-width // ALIGN) * ALIGN
+def aligned_width(width: int, multiple: int = ALIGN) -> int:
+    """``width`` rounded up to a multiple of ``multiple``."""
+    return -(-width // multiple) * multiple
 
 
 __all__ = [
@@ -105,8 +105,9 @@ class StackedProjections:
     """Every decoder layer's motion-independent projections stacked into one weight each, so
     that a window's constants take 3 matmuls instead of 40: the 24 FiLM linears (all of the
     same Mish(t)), and the 8 cross-attention key and 8 value projections (all of the same
-    memory); and the input projection's two halves and the final layer, zero-padded to an
-    aligned width of the motion (the 265-wide GEMMs otherwise run on unaligned kernels)."""
+    memory); and the input projection's two halves and the final layer, in half types
+    zero-padded to an aligned width of the motion (the 265-wide GEMMs otherwise run on
+    unaligned kernels; fp32 GEMMs do not gain from it, and the padding costs a copy)."""
 
     film_weight: Tensor  # [layers * 3 * 2d, d]
     film_bias: Tensor
@@ -114,25 +115,33 @@ class StackedProjections:
     key_bias: Tensor
     value_weight: Tensor
     value_bias: Tensor
-    motion_weight: Tensor  # [d, aligned 265]: the noisy motion's half
-    frame_weight: Tensor  # [d, aligned 265]: the cond_frame's half
-    final_weight: Tensor  # [aligned 265, d]: the final layer, zero rows after 265
+    motion_weight: Tensor  # [d, 265 aligned]: the noisy motion's half
+    frame_weight: Tensor  # [d, 265 aligned]: the cond_frame's half
+    final_weight: Tensor  # [265 aligned, d]: the final layer, zero rows after 265
     final_bias: Tensor
 
 
+def _motion_multiple(dtype: torch.dtype) -> int:
+    """The width multiple of the motion GEMMs: :data:`ALIGN` in half types, none in fp32."""
+    return ALIGN if dtype.itemsize < 4 else 1
+
+
 def _aligned_columns(weight: Tensor) -> Tensor:
-    return F.pad(weight, (0, aligned_width(weight.shape[1]) - weight.shape[1])).contiguous()
+    width = aligned_width(weight.shape[1], _motion_multiple(weight.dtype))
+    return F.pad(weight, (0, width - weight.shape[1])).contiguous()
 
 
 def _aligned_rows(weight: Tensor) -> Tensor:
     """Zero rows appended up to the aligned width (works for a bias as well)."""
-    pad = aligned_width(weight.shape[0]) - weight.shape[0]
+    pad = aligned_width(weight.shape[0], _motion_multiple(weight.dtype)) - weight.shape[0]
     return F.pad(weight, (0, 0) * (weight.ndim - 1) + (0, pad)).contiguous()
 
 
-def _aligned_motion(x: Tensor, dtype: torch.dtype) -> Tensor:
-    """x [..., 265] cast to ``dtype`` and zero-padded to the aligned width."""
-    return F.pad(x.to(dtype), (0, aligned_width(x.shape[-1]) - x.shape[-1]))
+def _aligned_motion(x: Tensor, weight: Tensor) -> Tensor:
+    """x [..., 265] cast to ``weight``'s dtype and zero-padded to its (aligned) width."""
+    x = x.to(weight.dtype)
+    pad = weight.shape[-1] - x.shape[-1]
+    return F.pad(x, (0, pad)) if pad else x
 
 
 def stacked_projections(model: LMDM) -> StackedProjections:
@@ -195,7 +204,7 @@ def window_constants(
         keys.append(k.reshape(steps, 2, *k.shape[1:]))
         values.append(v.reshape(steps, 2, *v.shape[1:]))
     proj = model.input_projection
-    frame = _aligned_motion(cond_frame, stacked.frame_weight.dtype)
+    frame = _aligned_motion(cond_frame, stacked.frame_weight)
     bias = F.linear(frame, stacked.frame_weight, proj.bias)
     return WindowConstants(films, keys, values, bias[:, None, :], stacked)
 
@@ -245,7 +254,7 @@ def embed_step_motion(x: Tensor, stacked: StackedProjections, input_bias: Tensor
     """Input tokens [2, S, d] (both branches) of the noisy motion x [1, S, 265]: the aligned
     motion half of the input projection plus the window's ``input_bias``."""
     weight = stacked.motion_weight
-    tokens = F.linear(_aligned_motion(x, weight.dtype), weight) + input_bias
+    tokens = F.linear(_aligned_motion(x, weight), weight) + input_bias
     return tokens.expand(2, -1, -1)
 
 
