@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from studio.errors import InputError
+from studio.errors import InputError, OptionError
 from studio.models.random_tree import random_network, write_checkpoint_tree
 from studio.motion.generator import generate_motion
 from studio.motion.layout import COND_DIM, MOTION_DIM, OVERLAP_OFFLINE, SEQ_FRAMES
@@ -99,11 +99,17 @@ def test_memory_plan() -> None:
 
 
 def test_precision_choice() -> None:
-    assert render_dtype("auto", torch.device("cpu")) == torch.float32
-    assert render_dtype("auto", torch.device("cuda")) == torch.float16
-    assert render_dtype("bf16", torch.device("cpu")) == torch.bfloat16
-    with pytest.raises(InputError, match="fp16 needs a GPU"):
-        render_dtype("fp16", torch.device("cpu"))
+    cpu = torch.device("cpu")
+    assert render_dtype("auto", cpu) == torch.float32  # the fp16 defaults fall back on the CPU
+    assert render_dtype("bf16", cpu) == torch.bfloat16
+    assert render_dtype("warp_network=bf16", cpu) == torch.float32  # the decoder's fallback
+    with pytest.raises(OptionError, match="--precision: warp_network=fp16: .*fp16 kernels"):
+        render_dtype("fp16", cpu)
+    if torch.cuda.is_available():
+        assert render_dtype("auto", torch.device("cuda")) == torch.float16
+    else:  # the same plan as the engines: no CUDA, no CUDA render
+        with pytest.raises(OptionError, match="--runtime: torch cannot run on cuda"):
+            render_dtype("auto", torch.device("cuda"))
 
 
 def test_every_missing_file_is_named_with_its_stage(tmp_path) -> None:

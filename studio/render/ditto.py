@@ -39,8 +39,9 @@ from studio.motion.condition import ConditionConfig, ConditionSource, assemble
 from studio.motion.generator import generate_motion
 from studio.motion.layout import MOTION_DIM, motion_from_info
 from studio.motion.stitch import StitchConfig, StitchControls, stitch_motion
-from studio.render.warp_decode import WarpDecodeEngines
+from studio.render.warp_decode import WarpDecodeEngines, render_precisions
 from studio.runtime.checkpoints import CheckpointSet, discover, load_cfg
+from studio.runtime.engine import HALF_DTYPES
 from studio.settings import RenderSettings
 
 CROP = 512  # the decoder's output side
@@ -89,14 +90,13 @@ def resolve_device(name: str | torch.device | None = None) -> torch.device:
     return dev
 
 
-def render_dtype(precision: str, device: torch.device) -> torch.dtype:
-    """The warp/decoder compute dtype for a ``--precision`` value on ``device``."""
-    if precision == "auto":
-        return torch.float16 if device.type == "cuda" else torch.float32
-    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
-    if device.type == "cpu" and dtype == torch.float16:
-        raise InputError("--precision fp16 needs a GPU; on the CPU use fp32 or bf16")
-    return dtype
+def render_dtype(precision: str, device: torch.device, runtime: str = "torch") -> torch.dtype:
+    """The widest compute dtype of the warp network and decoder for a ``--precision`` value
+    (the plan :class:`WarpDecodeEngines` runs, :func:`render_precisions`; fp32 for anything
+    not a half type): memory plans size frames by it."""
+    plan = render_precisions(precision, runtime, device)
+    dtypes = [HALF_DTYPES.get(p, torch.float32) for p in plan.values()]
+    return max(dtypes, key=lambda d: d.itemsize)
 
 
 @dataclass(frozen=True)
@@ -283,7 +283,7 @@ class DittoRenderer:
     ) -> None:
         self.nets = networks
         self.device = dev = networks.device
-        self.dtype = render_dtype(settings.precision, dev)
+        self.dtype = render_dtype(settings.precision, dev, settings.runtime)
         self.memory = memory
         self.batch = memory.batch
         self.full = settings.frame == "full"
@@ -536,7 +536,8 @@ class DittoEngine:
 
     def memory_plan(self, settings: RenderSettings | None = None) -> MemoryPlan:
         s = settings or self.settings
-        return plan_memory(s.memory, s.batch, self.device, render_dtype(s.precision, self.device))
+        dtype = render_dtype(s.precision, self.device, s.runtime)
+        return plan_memory(s.memory, s.batch, self.device, dtype)
 
     def renderer(self, size: int, settings: RenderSettings | None = None) -> DittoRenderer:
         s = settings or self.settings

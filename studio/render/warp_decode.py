@@ -39,7 +39,13 @@ from studio.runtime.engine import (
 )
 from studio.runtime.torch_engine import PrecisionAdapter
 
-__all__ = ["MAX_BATCH_SIZES", "RENDER_NETWORKS", "WarpDecodeEngines", "static_batch"]
+__all__ = [
+    "MAX_BATCH_SIZES",
+    "RENDER_NETWORKS",
+    "WarpDecodeEngines",
+    "render_precisions",
+    "static_batch",
+]
 
 RENDER_NETWORKS = ("warp_network", "decoder")
 MAX_BATCH_SIZES = 4  # engines (graphs, compiled code) kept for this many batch sizes
@@ -63,6 +69,20 @@ def _cudnn_autotune(device: torch.device) -> Iterator[None]:
         yield
     finally:
         torch.backends.cudnn.benchmark = before
+
+
+def render_precisions(precision: str, runtime: str, device: torch.device) -> dict[str, str]:
+    """The warp network's and the decoder's precision for a ``--precision`` value ("auto":
+    the per-network defaults) on ``runtime`` and ``device``: what :class:`WarpDecodeEngines`
+    runs, and what memory plans and reports read. OptionError (naming ``--runtime``) for a
+    runtime that cannot run on the device, or (``--precision``) a precision it cannot run."""
+    dev = torch.device(device)
+    why = precision_support(runtime, dev).get("fp32")
+    if why is not None:
+        raise OptionError("--runtime", f"{runtime} cannot run on {dev} here: {why}")
+    spec = None if precision == "auto" else precision
+    plan = parse_precision(spec, runtime, dev, option="--precision", networks=RENDER_NETWORKS)
+    return {n: plan.of(n) for n in RENDER_NETWORKS}
 
 
 class WarpDecodeEngines:
@@ -94,18 +114,11 @@ class WarpDecodeEngines:
     ) -> None:
         self.device = torch.device(device)
         self.runtime = runtime
-        why = precision_support(runtime, self.device).get("fp32")
-        if why is not None:
-            raise OptionError("--runtime", f"{runtime} cannot run on {self.device} here: {why}")
+        self.precisions = render_precisions(precision, runtime, self.device)
         torch_runtime = runtime == "torch"
         self.cuda = self.device.type == "cuda"
         self.graphs = self.cuda and torch_runtime
         self.compiled = compile and self.graphs
-        spec = None if precision == "auto" else precision
-        plan = parse_precision(
-            spec, runtime, self.device, option="--precision", networks=RENDER_NETWORKS
-        )
-        self.precisions = {n: plan.of(n) for n in RENDER_NETWORKS}
         folded = fold_spectral_norm(decoder)
         folded.feature_size = FEATURE_SIZE  # the engine's static input is the warp's output
         if channel_pad is None:  # cuDNN on a GPU; ONNX Runtime and TensorRT pad for themselves
