@@ -101,6 +101,14 @@ def test_onnxruntime_engines_match_torch(modules, tmp_path, monkeypatch, one_tor
     want = WarpDecodeEngines(*modules, "auto", cpu)(f_s, x_s, x_d, 2)
     got = ort(f_s, x_s, x_d, 2)
     assert float((got - want).norm() / want.norm()) <= 1e-4
+    # the batch's features are made once per avatar (not expanded and copied every call)
+    features = ort._features(ort.engines(2)["warp_network"], f_s, 2)
+    assert features.is_contiguous() and features.shape[0] == 2
+    assert ort._features(ort.engines(2)["warp_network"], f_s, 2) is features
+    other = f_s + 1  # a new avatar: new features, and a new render
+    assert ort._features(ort.engines(2)["warp_network"], other, 2) is not features
+    moved = ort(other, x_s, x_d, 2)
+    assert float((moved - got).norm() / got.norm()) > 1e-3
 
 
 def test_a_runtime_that_cannot_run_here_is_an_option_error(modules) -> None:

@@ -136,7 +136,9 @@ class WarpDecodeEngines:
         self._modules = {"warp_network": warp, "decoder": folded}
         self._adapters: dict[str, nn.Module] = {}
         self._engines: dict[int, dict[str, EngineBase]] = {}
-        self._f_s: dict[int, Tensor] = {}  # batch -> the f_s last written into its buffer
+        # batch -> (the avatar's f_s, the batch's features made of it: the graph's buffer, or
+        # on engines without one a contiguous copy, so no call expands it again)
+        self._f_s: dict[int, tuple[Tensor, Tensor]] = {}
 
     def describe(self) -> dict[str, object]:
         """What runs, for reports: runtime, per-network precision, CUDA graphs, torch.compile."""
@@ -223,13 +225,17 @@ class WarpDecodeEngines:
         return image[:b]
 
     def _features(self, warp: EngineBase, f_s: Tensor, batch: int) -> Tensor:
-        """f_s for every frame of the batch: the graph's own buffer, written once per avatar."""
+        """f_s for every frame of the batch, written once per avatar and batch size: into the
+        graph's own buffer, or (ONNX Runtime, TensorRT) a contiguous copy kept for the calls."""
+        held = self._f_s.get(batch)
+        if held is not None and held[0] is f_s:
+            return held[1]
         full = f_s.expand(batch, *f_s.shape[1:])
         static = getattr(warp, "static_inputs", None)
-        if not static:
-            return full
-        buf = static["feature_3d"]
-        if self._f_s.get(batch) is not f_s:
+        if static:
+            buf = static["feature_3d"]
             buf.copy_(full)
-            self._f_s[batch] = f_s
+        else:
+            buf = full.contiguous()
+        self._f_s[batch] = (f_s, buf)
         return buf
