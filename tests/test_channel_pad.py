@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -38,5 +40,8 @@ def test_pad_conv_channels_keeps_the_warp_network_output(one_torch_thread) -> No
         torch.testing.assert_close(
             padded_warp(f_s, x_s, x_d), warp(f_s, x_s, x_d), rtol=1e-4, atol=1e-5
         )
+    mine = copy.deepcopy(warp)
+    assert pad_conv_channels(mine, 8, inplace=True) is mine  # a private copy, rewritten
+    assert sum(isinstance(m, PaddedConv) for m in mine.modules()) == len(wrapped)
     with pytest.raises(ValueError, match="multiple"):
         pad_conv_channels(warp, 0)

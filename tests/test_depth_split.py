@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -50,6 +52,9 @@ def test_warp_network_mask_is_split_and_output_kept(one_torch_thread) -> None:
     assert isinstance(split.dense_motion_network.mask, DepthSplitConv3d)  # the 7x7x7 one
     assert sum(isinstance(m, DepthSplitConv3d) for m in split.modules()) == 1  # 3x3x3 kept
     assert isinstance(warp.dense_motion_network.mask, nn.Conv3d)  # the original untouched
+    mine = copy.deepcopy(warp)
+    assert split_deep_conv3d(mine, inplace=True) is mine  # a private copy, rewritten
+    assert isinstance(mine.dense_motion_network.mask, DepthSplitConv3d)
     f_s, x_s, x_d = warp.example_inputs(2)
     with torch.no_grad():
         torch.testing.assert_close(split(f_s, x_s, x_d), warp(f_s, x_s, x_d), rtol=1e-4, atol=1e-5)

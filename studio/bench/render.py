@@ -304,11 +304,11 @@ class WarpDecode:
             if precision.mode == "cast":
                 self.warp.to(precision.torch_dtype)
                 self.decoder.to(precision.torch_dtype)
-            if split:
-                self.warp = split_deep_conv3d(self.warp)
+            if split:  # both networks are this path's own copies: rewritten in place
+                self.warp = split_deep_conv3d(self.warp, inplace=True)
             if pad:
-                self.warp = pad_conv_channels(self.warp, pad)
-                self.decoder = pad_conv_channels(self.decoder, pad)
+                self.warp = pad_conv_channels(self.warp, pad, inplace=True)
+                self.decoder = pad_conv_channels(self.decoder, pad, inplace=True)
             if layout in ("channels_last", "channels_last_3d"):
                 _channels_last(self.warp, three_d=layout == "channels_last_3d")
                 _channels_last(self.decoder)

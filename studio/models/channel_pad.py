@@ -73,12 +73,15 @@ def _layout(weight: Tensor) -> torch.memory_format:
     return torch.contiguous_format
 
 
-def pad_conv_channels(module: nn.Module, multiple: int = TENSOR_CORE_MULTIPLE) -> nn.Module:
-    """A deep copy of ``module`` with every ungrouped Conv2d/Conv3d whose input or output
-    channels are not a multiple of ``multiple`` replaced by a :class:`PaddedConv`."""
+def pad_conv_channels(
+    module: nn.Module, multiple: int = TENSOR_CORE_MULTIPLE, inplace: bool = False
+) -> nn.Module:
+    """A deep copy of ``module`` (``inplace``: the module itself, for one that is already a
+    private copy) with every ungrouped Conv2d/Conv3d whose input or output channels are not
+    a multiple of ``multiple`` replaced by a :class:`PaddedConv`."""
     if multiple < 1:
         raise ValueError(f"multiple must be >= 1, got {multiple}")
-    out = copy.deepcopy(module)
+    out = module if inplace else copy.deepcopy(module)
     for parent in list(out.modules()):
         for name, child in list(parent.named_children()):
             if (

@@ -69,10 +69,13 @@ class DepthSplitConv3d(nn.Module):
         return out.to(y.dtype).transpose(1, 2)
 
 
-def split_deep_conv3d(module: nn.Module, min_depth: int = MIN_DEPTH) -> nn.Module:
-    """A deep copy of ``module`` with every splittable Conv3d at least ``min_depth`` deep
-    replaced by a :class:`DepthSplitConv3d`."""
-    out = copy.deepcopy(module)
+def split_deep_conv3d(
+    module: nn.Module, min_depth: int = MIN_DEPTH, inplace: bool = False
+) -> nn.Module:
+    """A deep copy of ``module`` (``inplace``: the module itself, for one that is already a
+    private copy) with every splittable Conv3d at least ``min_depth`` deep replaced by a
+    :class:`DepthSplitConv3d`."""
+    out = module if inplace else copy.deepcopy(module)
     for parent in list(out.modules()):
         for name, child in list(parent.named_children()):
             if (

@@ -129,10 +129,10 @@ class WarpDecodeEngines:
             depth_split = self.graphs
         self.depth_split = depth_split
         if depth_split:
-            warp = split_deep_conv3d(warp)
-        if channel_pad:
-            warp = pad_conv_channels(warp, channel_pad)
-            folded = pad_conv_channels(folded, channel_pad)
+            warp = split_deep_conv3d(warp)  # a copy: the caller's network stays as it is
+        if channel_pad:  # the split's copy and the fold's are ours to rewrite
+            warp = pad_conv_channels(warp, channel_pad, inplace=depth_split)
+            folded = pad_conv_channels(folded, channel_pad, inplace=True)
         self._modules = {"warp_network": warp, "decoder": folded}
         self._adapters: dict[str, nn.Module] = {}
         self._engines: dict[int, dict[str, EngineBase]] = {}
