@@ -7,14 +7,18 @@ stderr and exit with status 2; nothing is left half-written.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import time
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import NoReturn
 
 from studio import __version__
 from studio.errors import Cancelled, InputError, OptionError, OutputError, StudioError
+from studio.files import check_writable_folder, write_atomic
 
 EXIT_USAGE = 2
 EXIT_CANCELLED = 130
@@ -275,7 +279,12 @@ def _load_audio(args: argparse.Namespace):
     return load_audio(args.audio if args.audio else demo_audio_path())
 
 
-def _check_json_target(path: str | None, option: str) -> Path | None:
+def _check_json_target(
+    path: str | None, option: str, others: dict[str, str | None] | None = None
+) -> Path | None:
+    """The JSON target of ``option``, checked before any work: not a folder, in a folder that
+    exists and takes files, and not one of the ``others`` (option -> path: the command's
+    inputs and outputs, which the report would overwrite)."""
     if path is None:
         return None
     p = Path(path)
@@ -283,17 +292,18 @@ def _check_json_target(path: str | None, option: str) -> Path | None:
         raise OutputError(f"{option} {p}: is a directory; give a file name ending in .json")
     if not p.parent.exists() or not p.parent.is_dir():
         raise OutputError(f"{option} {p}: the folder {p.parent} does not exist; create it first")
+    for other, value in (others or {}).items():
+        if value and Path(value).resolve() == p.resolve():
+            raise OutputError(
+                f"{option} {p}: is also the {other} file and would be overwritten; "
+                "give the report a name of its own"
+            )
+    check_writable_folder(p.parent, option)
     return p
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.partial")
-    try:
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        tmp.replace(path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
+    write_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
 class _ProgressLine:
@@ -391,7 +401,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     settings = _settings(args, size=args.size, crf=args.crf, preset=args.x264_preset)
     out = check_output_path(args.out)
-    report_path = _check_json_target(args.report, "--report")
+    inputs = {"--audio": args.audio, "--avatar": getattr(args, "avatar", None)}
+    report_path = _check_json_target(args.report, "--report", {"--out": args.out, **inputs})
     audio = _load_audio(args)
     engine = _engine(args, settings)
     result = analyze(audio, settings, engine)
@@ -421,7 +432,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     settings = _settings(args)
-    json_path = _check_json_target(args.json, "--json")
+    inputs = {"--audio": args.audio, "--avatar": getattr(args, "avatar", None)}
+    json_path = _check_json_target(args.json, "--json", inputs)
     audio = _load_audio(args)
     result = analyze(audio, settings, _engine(args, settings))
     timings = dict(result.timings_ms)
@@ -532,6 +544,22 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _qt_platform(env: MutableMapping[str, str], screenshot: bool, platform: str) -> None:
+    """Without a display on Linux Qt aborts the process: a screenshot runs offscreen instead,
+    and the window itself is a clear error."""
+    if not platform.startswith("linux") or env.get("QT_QPA_PLATFORM"):
+        return
+    if env.get("DISPLAY") or env.get("WAYLAND_DISPLAY"):
+        return
+    if screenshot:
+        env["QT_QPA_PLATFORM"] = "offscreen"
+        return
+    raise StudioError(
+        "no display found (DISPLAY and WAYLAND_DISPLAY are unset): run the studio in a desktop "
+        "session, or use studio render / --screenshot without one"
+    )
+
+
 def cmd_gui(args: argparse.Namespace) -> int:
     from studio.gui.app import run
 
@@ -547,6 +575,7 @@ def cmd_gui(args: argparse.Namespace) -> int:
     for option, path in (("--audio", args.audio), ("--avatar", args.avatar)):
         if path and not Path(path).exists():
             raise InputError(f"{option} {path}: no such file; check the path")
+    _qt_platform(os.environ, bool(args.screenshot), sys.platform)
     return run(audio=args.audio, avatar=args.avatar, screenshot=args.screenshot, size=size)
 
 
@@ -561,16 +590,42 @@ def cmd_bench(argv: list[str]) -> int:
     return bench_main(argv)
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def _stop_on_signals(active: bool) -> Iterator[None]:
+    """While ``active``: SIGTERM and SIGHUP raise KeyboardInterrupt, as SIGINT does, so that
+    the writers' clean-up (partial MP4, JSON) runs for a kill or a closed terminal too. The
+    previous handlers come back after."""
+    import signal
+    import threading
+
+    names = [n for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)]
+    if not active or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {n: signal.signal(getattr(signal, n), _interrupt) for n in names}
+    try:
+        yield
+    finally:
+        for n, handler in before.items():
+            signal.signal(getattr(signal, n), handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:
-        return cmd_bench(argv[1:])
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    command = args.command or "gui"
-    if args.command is None:
-        args = parser.parse_args(["gui"])
+    if argv[:1] == ["bench"]:  # the suites parse their own options
+        command, args = "bench", argv[1:]
+    else:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        command = args.command or "gui"
+        if args.command is None:
+            args = parser.parse_args(["gui"])
     handler = {
+        "bench": cmd_bench,
         "render": cmd_render,
         "analyze": cmd_analyze,
         "doctor": cmd_doctor,
@@ -579,7 +634,9 @@ def main(argv: list[str] | None = None) -> int:
         "gui": cmd_gui,
     }[command]
     try:
-        return handler(args)
+        # a kill ends like Ctrl-C (partial outputs removed); the GUI has Qt's own handling
+        with _stop_on_signals(command != "gui"):
+            return handler(args)
     except (InputError, OutputError, StudioError) as e:
         print(f"studio {command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -405,3 +405,21 @@ def test_a_broken_face_landmarker_task_falls_back_and_says_why(tmp_path):
     lmk = np.random.default_rng(0).uniform(100, 400, (203, 2)).astype(np.float32)
     feats = eye_features(np.zeros((512, 512, 3), np.uint8), lmk, task)
     assert feats.method == METHOD_LMK203 and "face_landmarker.task" in feats.description
+
+
+def test_a_sliver_image_and_an_unusable_cache_are_clear_errors(tree: Path, tmp_path: Path) -> None:
+    from studio.errors import OutputError
+
+    thin = _png(tmp_path / "thin.png", np.full((200, 1, 3), 128, np.uint8))
+    with pytest.raises(InputError, match=r"is 1x200 px: an avatar needs at least 16 px"):
+        load_image(thin)
+    with pytest.raises(InputError, match="at least 16 px"):
+        register_avatar(thin, discover(tree), cache_dir=tmp_path / "cache")
+    image = _png(tmp_path / "me.png", face_image((300, 360), [(80, 40, 260, 260)]))
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("x")
+    with pytest.raises(OutputError, match="avatar cache .*cannot create it"):
+        register_avatar(image, discover(tree), cache_dir=not_a_folder)
+    if Path("/proc").is_dir():  # a folder that takes no files, even for root
+        with pytest.raises(OutputError, match="avatar cache /proc: cannot write in /proc"):
+            register_avatar(image, discover(tree), cache_dir="/proc")

@@ -342,3 +342,86 @@ def test_gui_screenshot_smoke(tmp_path):
 
     img = QImage(str(shot))
     assert (img.width(), img.height()) == (1280, 720)
+
+
+def test_report_never_overwrites_an_input_or_the_video(tmp_path, capsys):
+    wav = tmp_path / "speech.wav"
+    wav.write_bytes(demo_audio_path().read_bytes())
+    before = wav.read_bytes()
+    out = tmp_path / "o.mp4"
+    for report, other in ((wav, "--audio"), (out, "--out")):
+        code, _, err = _run(
+            ["render", "--demo", "--audio", str(wav), "--out", str(out), "--report", str(report)],
+            capsys,
+        )
+        assert code == 2 and other in err and "overwritten" in err
+        assert len(err.strip().splitlines()) == 1
+    assert wav.read_bytes() == before and not out.exists()
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="needs /proc (a folder no one writes)"
+)
+def test_report_and_bench_targets_in_a_folder_that_takes_no_files(tmp_path, capsys):
+    """Checked before the work, one line, no traceback (root can write anywhere else here)."""
+    out = tmp_path / "o.mp4"
+    code, _, err = _run(["render", "--demo", "--out", str(out), "--report", "/proc/r.json"], capsys)
+    assert code == 2 and "--report: cannot write in /proc" in err and "Traceback" not in err
+    assert not out.exists()
+    for target in ("/proc/studio/b.json", str(tmp_path)):
+        code, _, err = _run(["bench", "--suite", "kinematics", "--json", target], capsys)
+        assert code == 2 and "--json" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_kill_removes_the_partial_video(tmp_path):
+    """SIGTERM ends a render like Ctrl-C: exit 130, no partial MP4 left behind."""
+    import os
+    import signal
+    import time
+
+    rate = 16000
+    t = np.arange(90 * rate) / rate  # a long clip, so the render is still running when killed
+    sf.write(tmp_path / "long.wav", (0.3 * np.sin(2 * math.pi * 220 * t)).astype(np.float32), rate)
+    out = tmp_path / "o.mp4"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "studio",
+            "render",
+            "--demo",
+            "--audio",
+            str(tmp_path / "long.wav"),
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".o*partial*")) and proc.poll() is None:
+        assert time.monotonic() < deadline, "the render never started writing"
+        time.sleep(0.05)
+    assert proc.poll() is None, "the render finished before it could be killed"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted; nothing was written" in err
+    assert not out.exists() and not [p for p in os.listdir(tmp_path) if "partial" in p]
+
+
+def test_no_display_is_a_clear_error_and_a_screenshot_goes_offscreen():
+    from studio.cli import _qt_platform
+    from studio.errors import StudioError
+
+    env: dict[str, str] = {}
+    _qt_platform(env, screenshot=True, platform="linux")
+    assert env == {"QT_QPA_PLATFORM": "offscreen"}
+    with pytest.raises(StudioError, match="no display found"):
+        _qt_platform({}, screenshot=False, platform="linux")
+    for kept in ({"DISPLAY": ":0"}, {"QT_QPA_PLATFORM": "xcb"}, {"WAYLAND_DISPLAY": "w"}):
+        env = dict(kept)
+        _qt_platform(env, screenshot=True, platform="linux")
+        assert env == kept
+    _qt_platform({}, screenshot=False, platform="darwin")  # other systems: Qt finds its own

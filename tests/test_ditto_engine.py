@@ -98,6 +98,17 @@ def test_memory_plan() -> None:
     assert plan_memory("resident", 5, gpu, torch.float16, free_bytes=2**30).batch == 5
 
 
+def test_device_names() -> None:
+    from studio.render.ditto import resolve_device
+
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type in ("cpu", "cuda")
+    with pytest.raises(InputError, match="--device tpu: not a device"):
+        resolve_device("tpu")
+    with pytest.raises(InputError, match="runs on cpu or cuda"):
+        resolve_device("meta")
+
+
 def test_precision_choice() -> None:
     cpu = torch.device("cpu")
     assert render_dtype("auto", cpu) == torch.float32  # the fp16 defaults fall back on the CPU

@@ -47,7 +47,8 @@ import numpy as np
 from studio.avatar.crop import area_downsample, crop_geometry, crop_image, resize_bilinear
 from studio.avatar.eyes import eye_features, planned_method
 from studio.avatar.faces import FaceDetector, Landmark106, Landmark203, providers_for
-from studio.errors import InputError
+from studio.errors import InputError, OutputError
+from studio.files import check_writable_folder
 from studio.runtime.checkpoints import CheckpointSet
 
 __all__ = [
@@ -67,6 +68,7 @@ CACHE_ENV = "STUDIO_CACHE_DIR"
 CROP_SIZE = 512
 NET_SIZE = 256
 MIN_FACE_PX = 64  # longer side of the detected box, in pixels of the (resized) image
+MIN_IMAGE_SIDE = 16  # thinner images are refused when read (the crop cannot resample them)
 
 Progress = Callable[[str, int, int], None]
 
@@ -301,6 +303,12 @@ def load_image(path: str | os.PathLike[str], data: bytes | None = None) -> np.nd
         raise InputError(
             f"{p} is not an image the studio can read ({reason}): use a PNG or JPEG photo"
         ) from None
+    h, w = rgb.shape[:2]
+    if min(h, w) < MIN_IMAGE_SIDE:
+        raise InputError(
+            f"{p} is {w}x{h} px: an avatar needs at least {MIN_IMAGE_SIDE} px on each side "
+            "(a photo with the face well visible)"
+        )
     return _orient(rgb, _exif_orientation(data))
 
 
@@ -500,6 +508,18 @@ def _png_bytes(rgb: np.ndarray) -> bytes:
     return b"".join(bytes(p) for p in [*codec.encode(frame), *codec.encode(None)])
 
 
+def _check_cache_root(root: Path) -> None:
+    """OutputError before any work when the avatar cache folder cannot be made or written."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(
+            f"avatar cache {root}: cannot create it ({e.strerror or e}); "
+            "give --avatar-cache a writable folder"
+        ) from None
+    check_writable_folder(root, f"avatar cache {root}")
+
+
 def _write_cache(folder: Path, avatar: Avatar, meta: dict[str, Any]) -> None:
     """Write the avatar folder under a temporary name, then rename it into place."""
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -623,6 +643,7 @@ def register_avatar(
     wanted = {**settings.to_dict(), "eye_method": eye_key}
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     folder = root / image_sha[:24]
+    _check_cache_root(root)
 
     if not refresh:
         meta, _why = _cache_state(folder, image_sha, wanted, files)

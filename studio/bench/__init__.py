@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from studio.bench.report import write_outputs
+from studio.bench.report import check_output_targets, write_outputs
 
 __all__ = ["ALL", "SUITES", "build_all_parser", "main", "run_all", "suite_main"]
 
@@ -81,6 +81,7 @@ def main(argv: Sequence[str]) -> int:
     if not given and rest[:1] in (["-h"], ["--help"]):
         print(USAGE)
         return 0
+    check_output_targets(rest)
     if suite == ALL:
         return run_all(rest)
     if suite not in SUITES:

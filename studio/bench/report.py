@@ -14,6 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from studio.errors import OutputError
+from studio.files import check_writable_folder, write_atomic
+
 if TYPE_CHECKING:
     from torch import Tensor
 
@@ -26,6 +29,7 @@ __all__ = [
     "jsonable",
     "table",
     "worst",
+    "check_output_targets",
     "write_outputs",
 ]
 
@@ -107,15 +111,37 @@ def int_list(text: str, lo: int, hi: int, what: str = "values") -> tuple[int, ..
     return values
 
 
+def check_output_targets(argv: Sequence[str]) -> None:
+    """OutputError, before a suite runs, for a ``--json``/``--markdown`` target that could
+    not be written afterwards: a folder, or under a folder that cannot take files."""
+    rest = list(argv)
+    for i, arg in enumerate(rest):
+        option, _, value = arg.partition("=")
+        if option not in ("--json", "--markdown"):
+            continue
+        if not value and i + 1 < len(rest):
+            value = rest[i + 1]
+        if not value:
+            continue  # argparse reports the missing value
+        path = Path(value)
+        if path.is_dir():
+            raise OutputError(f"{option} {path}: is a directory; give a file name")
+        folder = path.parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent  # the folders in between are made when writing
+        if not folder.is_dir():
+            raise OutputError(f"{option} {path}: {folder} is a file, not a folder")
+        check_writable_folder(folder, option)
+
+
 def write_outputs(
     result: dict[str, Any], markdown: str, json_path: str | None, markdown_path: str | None
 ) -> None:
-    """Write the result as strict JSON and the Markdown text where asked (folders made)."""
+    """Write the result as strict JSON and the Markdown text where asked (folders made; each
+    file whole or not at all)."""
     for target, payload in (
         (json_path, lambda: json.dumps(jsonable(result), indent=2, allow_nan=False) + "\n"),
         (markdown_path, lambda: markdown),
     ):
         if target:
-            path = Path(target)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(payload())
+            write_atomic(target, payload(), make_parents=True)

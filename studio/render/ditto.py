@@ -84,7 +84,12 @@ def resolve_device(name: str | torch.device | None = None) -> torch.device:
     """``None``/"auto": the first CUDA device when there is one, else the CPU."""
     if name is None or name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise InputError(f"--device {name}: not a device; use auto, cpu or cuda[:N]") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise InputError(f"--device {name}: the studio runs on cpu or cuda[:N], not {dev.type}")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise InputError(f"device {name} was asked for, but torch sees no CUDA GPU here")
     return dev

@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from studio.files import write_atomic
+
 __all__ = [
     "ENGINE_FORMAT",
     "CacheDecision",
@@ -208,10 +210,5 @@ def write_metadata(
         **dict(extra or {}),
     }
     meta = metadata_file(path)
-    tmp = meta.with_name(f".{meta.name}.{os.getpid()}.partial")
-    try:
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
-        os.replace(tmp, meta)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomic(meta, json.dumps(data, indent=2, sort_keys=True))
     return meta

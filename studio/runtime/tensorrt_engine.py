@@ -85,7 +85,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from studio.errors import InputError, OptionError, OutputError
+from studio.errors import InputError, OptionError
+from studio.files import write_atomic
 from studio.runtime.engine import (
     INSTALL_HINTS,
     BackendUnavailable,
@@ -369,7 +370,7 @@ def rewrite_grid_sample_for_plugin(src: str | os.PathLike[str], dst: str | os.Pa
             node.name = f"{node.name}/GridSample"
         count += 1
     if count:
-        _atomic_bytes(Path(dst), model.SerializeToString())
+        write_atomic(Path(dst), model.SerializeToString(), make_parents=True)
     return count
 
 
@@ -385,19 +386,6 @@ def _has_op(path: Path, op: str) -> bool:
 
     model = onnx.load(str(path), load_external_data=False)
     return any(n.op_type == op for n in model.graph.node)
-
-
-def _atomic_bytes(path: Path, data: bytes) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
-        try:
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-    except OSError as e:
-        raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def quantize_onnx(
@@ -621,9 +609,11 @@ def _build(
         serialized = builder.build_serialized_network(net, config)
         if serialized is None:
             raise RuntimeError(f"TensorRT could not build {target.name} (see its log above)")
-        _atomic_bytes(target, bytes(serialized))
+        write_atomic(target, bytes(serialized), make_parents=True)
         if cache_path is not None:
-            _atomic_bytes(cache_path, bytes(config.get_timing_cache().serialize()))
+            write_atomic(
+                cache_path, bytes(config.get_timing_cache().serialize()), make_parents=True
+            )
     return pinned
 
 
