@@ -194,6 +194,9 @@ def _bad_audio(tmp_path, kind):
     elif kind == "image":
         p = tmp_path / "face.png"
         p.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(200))
+    elif kind == "fake mp3":
+        p = tmp_path / "talk.mp3"
+        p.write_text("this is not audio\n" * 50)
     return p
 
 
@@ -208,6 +211,7 @@ def _bad_audio(tmp_path, kind):
         ("short", "too short"),
         ("text", ""),
         ("image", ""),
+        ("fake mp3", "no decoder recognises"),  # libsndfile said the file did not exist
     ],
 )
 def test_bad_audio_is_one_clear_line_and_no_output(tmp_path, capsys, kind, words):

@@ -200,6 +200,9 @@ def _reason(e: BaseException) -> str:
     text = getattr(e, "error_string", None) or str(e) or type(e).__name__
     text = " ".join(str(text).split()).rstrip(".")
     text = re.sub(r"^Error\s*:\s*", "", text)
+    if "does not exist" in text or "not a regular file" in text:
+        # libsndfile's words when no decoder takes the bytes of a file that does exist
+        text = "no decoder recognises its contents"
     if len(text) > _MAX_REASON_CHARS:
         text = text[: _MAX_REASON_CHARS - 3] + "..."
     return text or type(e).__name__
