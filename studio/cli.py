@@ -359,11 +359,13 @@ def _engine(args: argparse.Namespace, settings):
         raise OptionError("--avatar", "the Ditto engine needs --avatar IMAGE (a face photo)")
     from studio.avatar.register import register_avatar
     from studio.render.ditto import ALL_ROLES, DittoEngine, describe_avatar, require, resolve_device
+    from studio.render.warp_decode import render_precisions
     from studio.runtime.checkpoints import discover
 
     found = discover(args.checkpoints)
     require(found, ALL_ROLES)
     device = resolve_device(args.device)
+    render_precisions(settings.precision, settings.runtime, device)  # refused before the work
     progress = _ProgressLine()
     try:
         avatar = register_avatar(

@@ -166,3 +166,8 @@ def test_render_on_the_onnxruntime_runtime_and_an_unavailable_one(ditto_assets, 
         code, _, err = _run([*argv, "--out", str(bad)], capsys)
         assert code == 2 and "--runtime" in err and "tensorrt is not importable" in err
         assert "Traceback" not in err and not bad.exists()
+    fresh = tmp_path / "unused-cache"
+    argv = ["render", *_ditto_args(ditto_assets, fresh, "--precision", "fp16")]
+    code, _, err = _run([*argv, "--out", str(tmp_path / "fp16.mp4")], capsys)
+    assert code == 2 and "--precision" in err and "fp16" in err
+    assert not fresh.exists()  # refused before the avatar was registered
