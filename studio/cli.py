@@ -302,6 +302,11 @@ def _check_json_target(
     return p
 
 
+def _inputs(args: argparse.Namespace) -> dict[str, str | None]:
+    """The command's input files by option (a report must not overwrite them)."""
+    return {"--audio": args.audio, "--avatar": getattr(args, "avatar", None)}
+
+
 def _write_json(path: Path, data: dict) -> None:
     write_atomic(path, json.dumps(data, indent=2) + "\n")
 
@@ -403,8 +408,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     settings = _settings(args, size=args.size, crf=args.crf, preset=args.x264_preset)
     out = check_output_path(args.out)
-    inputs = {"--audio": args.audio, "--avatar": getattr(args, "avatar", None)}
-    report_path = _check_json_target(args.report, "--report", {"--out": args.out, **inputs})
+    report_path = _check_json_target(args.report, "--report", {"--out": args.out, **_inputs(args)})
     audio = _load_audio(args)
     engine = _engine(args, settings)
     result = analyze(audio, settings, engine)
@@ -434,8 +438,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     settings = _settings(args)
-    inputs = {"--audio": args.audio, "--avatar": getattr(args, "avatar", None)}
-    json_path = _check_json_target(args.json, "--json", inputs)
+    json_path = _check_json_target(args.json, "--json", _inputs(args))
     audio = _load_audio(args)
     result = analyze(audio, settings, _engine(args, settings))
     timings = dict(result.timings_ms)

@@ -643,7 +643,6 @@ def register_avatar(
     wanted = {**settings.to_dict(), "eye_method": eye_key}
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     folder = root / image_sha[:24]
-    _check_cache_root(root)
 
     if not refresh:
         meta, _why = _cache_state(folder, image_sha, wanted, files)
@@ -664,6 +663,7 @@ def register_avatar(
     for role in (*_AUX_ROLES, *_NET_ROLES):
         if role in missing:
             raise missing[role]
+    _check_cache_root(root)  # before the work; a cache hit above writes nothing
     steps = _Steps(progress)
     if progress is not None:
         progress("avatar: start", 0, len(_STEPS))
