@@ -9,7 +9,7 @@ from pathlib import Path
 
 from studio.errors import OutputError
 
-__all__ = ["check_writable_folder", "write_atomic"]
+__all__ = ["check_writable_folder", "unused_name", "write_atomic"]
 
 
 def _partial(path: Path) -> Path:
@@ -50,3 +50,19 @@ def check_writable_folder(path: str | Path, option: str) -> None:
         ) from None
     with contextlib.suppress(OSError):
         probe.unlink()
+
+
+def unused_name(path: str | Path) -> Path:
+    """``path`` itself when nothing is there, else the first free ``stem_2.ext``,
+    ``stem_3.ext``, ... beside it (an existing numeric suffix counts on): a name to suggest
+    instead of overwriting a file."""
+    p = Path(path)
+    if not p.exists():
+        return p
+    stem, _, number = p.stem.rpartition("_")
+    if not (stem and number.isdigit()):
+        stem, number = p.stem, "1"
+    n = int(number) + 1
+    while (candidate := p.with_name(f"{stem}_{n}{p.suffix}")).exists():
+        n += 1
+    return candidate

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from studio.errors import OutputError
-from studio.files import check_writable_folder, write_atomic
+from studio.files import check_writable_folder, unused_name, write_atomic
 
 
 def test_write_atomic_replaces_whole_files_and_leaves_nothing_on_failure(tmp_path) -> None:
@@ -28,3 +28,14 @@ def test_check_writable_folder(tmp_path) -> None:
     assert list(tmp_path.iterdir()) == []  # the probe is gone
     with pytest.raises(OutputError, match="--json: cannot write in"):
         check_writable_folder(tmp_path / "missing", "--json")
+
+
+def test_unused_name_suggests_the_next_free_number(tmp_path) -> None:
+    target = tmp_path / "talk.mp4"
+    assert unused_name(target) == target  # free: itself
+    target.write_bytes(b"x")
+    assert unused_name(target) == tmp_path / "talk_2.mp4"
+    (tmp_path / "talk_2.mp4").write_bytes(b"x")
+    (tmp_path / "talk_3.mp4").write_bytes(b"x")
+    assert unused_name(target) == tmp_path / "talk_4.mp4"
+    assert unused_name(tmp_path / "talk_2.mp4") == tmp_path / "talk_4.mp4"

@@ -97,7 +97,12 @@ def test_corrupt_audio_shows_an_error_and_the_app_stays_usable(window, qtbot, tm
         window.open_audio(str(bad))
     assert "broken.wav" in blocker.args[0]
     assert window.error_box is not None and window.error_box.isVisible()
-    assert window.error_box.detailedText()
+    # a one-line error has no details: "Show Details…" would only repeat it
+    assert window.error_box.text() == blocker.args[0] and window.error_box.detailedText() == ""
+    window.error_box.close()
+    window.show_error("first line\nsecond line")
+    assert window.error_box.text() == "first line"
+    assert "second line" in window.error_box.detailedText()
     window.error_box.close()
     # Still usable: the demo speech renders again.
     window.audio_path = None
@@ -161,6 +166,10 @@ def test_open_path_routes_files_and_rejects_bad_avatars(window, qtbot, tmp_path)
     assert img.save(str(good))
     window.open_path(str(good))
     assert window.avatar_path == str(good)
+    # on the demo engine the photo is not animated: the window says so, not only the status bar
+    assert "demo engine draws its own character" in window.notice.text()
+    assert "avatar.png" in window.notice.text() and "Checkpoints" in window.notice.text()
+    assert window.notice.action.isVisibleTo(window)
 
 
 def test_closing_mid_render_stops_the_workers(qtbot, tmp_path, monkeypatch):
@@ -173,3 +182,115 @@ def test_closing_mid_render_stops_the_workers(qtbot, tmp_path, monkeypatch):
     )
     w.close()
     assert w.render_thread.isFinished() and w.motion_thread.isFinished()
+
+
+def _click_at_time(qtbot, widget, plot_item, seconds: float, y_frac: float = 0.5) -> None:
+    """A left click on ``widget`` where ``plot_item`` shows ``seconds`` (at a height inside it,
+    a fraction ``y_frac`` down the item: 0.98 lands on its time axis)."""
+    from PySide6.QtCore import QPointF, Qt
+
+    rect = plot_item.sceneBoundingRect()
+    x = plot_item.vb.mapViewToScene(QPointF(seconds, 0.0)).x()
+    scene_point = QPointF(x, rect.top() + y_frac * rect.height())
+    pos = widget.mapFromScene(scene_point)
+    qtbot.mouseClick(widget.viewport(), Qt.MouseButton.LeftButton, pos=pos)
+
+
+def test_a_click_on_the_timeline_or_a_plot_seeks_there(window, qtbot):
+    _click_at_time(qtbot, window.timeline, window.timeline.getPlotItem(), 4.02)
+    assert window.playback.frame == 100
+    assert window.viewer.frame is window.frames[100] and "frame 101 /" in window.frame_label.text()
+    _click_at_time(qtbot, window.plots, window.plots.angles, 2.02)
+    assert window.playback.frame == 50
+    _click_at_time(qtbot, window.plots, window.plots.jerk, 6.02, y_frac=0.97)  # its time axis
+    assert window.playback.frame == 150 and window.viewer.frame is window.frames[150]
+
+
+def test_after_a_cancel_missing_frames_are_shown_as_such_and_ctrl_r_renders_them(window, qtbot):
+    from PySide6.QtCore import Qt
+
+    n = window.result.num_frames
+    with qtbot.waitSignal(window.render_worker.cancelled, timeout=RENDER_TIMEOUT_MS):
+        window.controls.accel.setValue(0.3)  # a new motion and a new preview render
+        qtbot.waitUntil(lambda: window.rendering and window.frames[30] is not None, timeout=20_000)
+        window.cancel_render()
+    qtbot.waitUntil(lambda: not window.rendering, timeout=2000)
+    done = sum(f is not None for f in window.frames)
+    assert 30 < done < n
+    assert "cancelled" in window.metrics.text("preview") and window.metrics.is_stale("preview")
+    assert window.metrics.is_stale("fps") and "earlier render" in window.metrics.text("fps")
+    window.playback.seek(n - 1)  # never rendered: a dimmed stand-in that says so
+    assert window.viewer.standin and "not rendered" in window.viewer.caption.toPlainText()
+    assert f"frame {n} / {n}" in window.frame_label.text()
+    window.playback.seek(3)  # rendered: the real frame, no caption
+    assert not window.viewer.standin and window.viewer.frame is window.frames[3]
+    window.playback.seek(n - 1)
+    with qtbot.waitSignal(window.renderFinished, timeout=RENDER_TIMEOUT_MS):
+        qtbot.keyClick(window, Qt.Key.Key_R, Qt.KeyboardModifier.ControlModifier)
+    assert all(f is not None for f in window.frames)
+    assert not window.viewer.standin and window.viewer.frame is window.frames[n - 1]
+    assert window.metrics.text("preview").startswith("complete")
+    assert not window.metrics.is_stale("fps")
+
+
+def test_the_frame_counter_follows_the_playhead_not_the_render(window, qtbot):
+    from PySide6.QtCore import Qt
+
+    window.playback.seek(12)
+    with qtbot.waitSignal(window.renderFinished, timeout=RENDER_TIMEOUT_MS):
+        window.controls.accel.setValue(0.35)
+        qtbot.waitUntil(lambda: window.rendering and window.frames[40] is not None, timeout=20_000)
+        assert "frame 13 /" in window.frame_label.text()  # not the render's progress
+        qtbot.keyClick(window, Qt.Key.Key_Left)
+        assert window.playback.frame == 11 and "frame 12 /" in window.frame_label.text()
+        assert window.viewer.frame is window.frames[11]
+    assert "frame 12 /" in window.frame_label.text()
+
+
+def test_progress_bar_is_busy_rather_than_full_while_work_goes_on(window):
+    window._show_progress(3, 10)
+    assert (window.progress_bar.minimum(), window.progress_bar.maximum()) == (0, 10)
+    window._show_progress(10, 10)  # a stage done, the next one not counted yet
+    assert window.progress_bar.maximum() == 0  # busy, not a full bar
+
+
+def test_export_asks_before_overwriting_and_reuses_the_preview(window, qtbot, tmp_path):
+    from PySide6.QtWidgets import QMessageBox
+
+    from studio.cli import main
+
+    existing = tmp_path / "talk.mp4"
+    existing.write_bytes(b"an earlier export")
+    dlg = window.open_export_dialog()
+    dlg.path.setText(str(existing))
+    dlg.preset.setCurrentIndex(dlg.preset.findData("veryfast"))
+    assert dlg.size.currentData() == window.preview_settings.size  # the preview's frames fit
+    dlg.export_button.click()
+    box = dlg.overwrite_box
+    assert box is not None and box.isVisible() and "talk.mp4 already exists" in box.text()
+    cancel = box.button(QMessageBox.StandardButton.Cancel)
+    cancel.click()
+    assert not dlg.running and existing.read_bytes() == b"an earlier export"
+    dlg.export_button.click()
+    keep = next(b for b in dlg.overwrite_box.buttons() if "talk_2.mp4" in b.text())
+    with qtbot.waitSignal(window.render_worker.exportDone, timeout=RENDER_TIMEOUT_MS) as done:
+        keep.click()
+    fresh = tmp_path / "talk_2.mp4"
+    assert done.args[0] == str(fresh) and existing.read_bytes() == b"an earlier export"
+    n = window.result.num_frames
+    assert done.args[1]["reused_frames"] == n  # nothing rendered again
+    qtbot.waitUntil(lambda: not dlg.running, timeout=5000)
+    assert f"{n} preview frames reused" in dlg.status.text()
+    dlg.reject()
+    # the next export suggests a fresh name instead of the file just written
+    assert window.open_export_dialog().path.text() == str(tmp_path / "talk_3.mp4")
+    window.export_dialog.reject()
+    cli = tmp_path / "cli.mp4"
+    assert main(["render", "--demo", "--out", str(cli), "--x264-preset", "veryfast"]) == 0
+
+    def frames(path):
+        with av.open(str(path)) as c:
+            return [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+
+    a, b = frames(fresh), frames(cli)
+    assert len(a) == len(b) == n and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))

@@ -37,3 +37,40 @@ def test_progress_starts_at_zero_and_batches_fill_the_renderer() -> None:
     assert len(frames) == n == 40 and frames[0].shape == (64, 64, 3)
     assert calls[0] == ("render", 0, n) and calls[-1] == ("render", n, n)
     assert renderer.sizes == [16, 16, 8]  # the renderer's batch, the rest last
+
+
+def _speech_result(stride: str, seconds: float = 2.4):
+    t = np.arange(int(16000 * seconds)) / 16000
+    speech = 0.3 * np.sin(2 * np.pi * 180 * t) * (np.sin(2 * np.pi * 3 * t) > 0)
+    audio = audio_from_array(speech.astype(np.float32), 16000)
+    return analyze(audio, RenderSettings(stride=stride, size=64), DemoEngine())
+
+
+class _Counting(_Recorder):
+    def __init__(self, inner, batch: int) -> None:
+        super().__init__(inner, batch)
+        self.rows: list[np.ndarray] = []
+
+    def render_batch(self, motion: np.ndarray) -> np.ndarray:
+        self.rows.append(motion)
+        return super().render_batch(motion)
+
+
+def test_known_frames_are_reused_and_only_the_missing_ones_are_rendered() -> None:
+    result = _speech_result("3")
+    n = result.num_frames
+    full = list(iter_frames(result, DemoEngine().renderer(64)))
+    # a preview cancelled after frame 20: the rest is missing
+    known = [f if i <= 20 else None for i, f in enumerate(full)]
+    renderer = _Counting(DemoEngine().renderer(64), batch=4)
+    stats: dict = {}
+    again = list(iter_frames(result, renderer, known=known, stats=stats))
+    assert len(again) == n and all(np.array_equal(a, b) for a, b in zip(again, full, strict=True))
+    assert all(again[i] is known[i] for i in range(21))  # passed through, not re-rendered
+    keys = result.plan.keyframes
+    # frame 21 blends keyframes 21 and 24 (stride 3): 21 is the first one needed
+    assert sum(r.shape[0] for r in renderer.rows) == int((keys >= 21).sum())
+    assert stats["reused_frames"] == 21
+    # every frame known: nothing rendered at all
+    idle = _Counting(DemoEngine().renderer(64), batch=4)
+    assert len(list(iter_frames(result, idle, known=full))) == n and idle.rows == []

@@ -1,8 +1,13 @@
-"""The Export MP4 dialog: path, size, quality, encoder speed; progress, ETA and Cancel."""
+"""The Export MP4 dialog: path, size, quality, encoder speed; progress, ETA and Cancel.
+
+An existing file is never overwritten without asking: Export on one offers to replace it or
+to write beside it under a fresh name.
+"""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
@@ -14,12 +19,14 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
+    QMessageBox,
     QProgressBar,
     QPushButton,
     QSpinBox,
     QVBoxLayout,
 )
 
+from studio.files import unused_name
 from studio.gui.widgets.controls import SIZES
 from studio.settings import PRESETS
 
@@ -106,6 +113,7 @@ class ExportDialog(QDialog):
         layout.addWidget(self.buttons)
         self.running = False
         self._t0 = 0.0
+        self.overwrite_box: QMessageBox | None = None
 
     def _browse(self) -> None:
         path, _ = QFileDialog.getSaveFileName(
@@ -115,6 +123,39 @@ class ExportDialog(QDialog):
             self.path.setText(path if path.lower().endswith(".mp4") else path + ".mp4")
 
     def _export(self) -> None:
+        target = Path(self.path.text().strip()).expanduser()
+        if target.is_file():
+            self._ask_overwrite(target)
+            return
+        self._emit_export()
+
+    def _ask_overwrite(self, target: Path) -> None:
+        """Replace ``target``, write beside it under a fresh name, or go back (non-blocking)."""
+        fresh = unused_name(target)
+        box = QMessageBox(
+            QMessageBox.Icon.Question,
+            "Export MP4",
+            f"{target.name} already exists in {target.parent}.",
+            parent=self,
+        )
+        box.setInformativeText(f"Replace it, or save the new video as {fresh.name}?")
+        replace = box.addButton("Replace", QMessageBox.ButtonRole.DestructiveRole)
+        keep = box.addButton(f"Save as {fresh.name}", QMessageBox.ButtonRole.AcceptRole)
+        box.addButton(QMessageBox.StandardButton.Cancel)
+        box.setDefaultButton(keep)
+
+        def answered(_result: int) -> None:
+            clicked = box.clickedButton()
+            if clicked is keep:
+                self.path.setText(str(fresh))
+            if clicked in (keep, replace):
+                self._emit_export()
+
+        box.finished.connect(answered)
+        self.overwrite_box = box
+        box.open()
+
+    def _emit_export(self) -> None:
         self.exportRequested.emit(
             self.path.text().strip(),
             int(self.size.currentData()),

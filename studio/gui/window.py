@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -33,10 +34,12 @@ from PySide6.QtWidgets import (
 
 from studio.errors import StudioError
 from studio.export.video import check_output_path
+from studio.files import unused_name
 from studio.gui.export_dialog import ExportDialog
 from studio.gui.playback import Playback
 from studio.gui.widgets.controls import ControlsPanel
 from studio.gui.widgets.metrics import MetricsPanel
+from studio.gui.widgets.notice import NoticeBar
 from studio.gui.widgets.plots import MotionPlots, Timeline
 from studio.gui.widgets.viewer import FrameView
 from studio.gui.worker import (
@@ -49,6 +52,7 @@ from studio.gui.worker import (
     RenderWorker,
     default_export_path,
     export_settings,
+    renderer_key,
     start_in_thread,
 )
 from studio.motion.layout import FPS
@@ -61,6 +65,14 @@ MAX_RECENT = 8
 DEBOUNCE_MS = 60
 NEEDS_AVATAR = "Open an avatar image first (File → Open Avatar…)"
 CHECKPOINTS_KEY = "checkpoints/folder"
+DEMO_AVATAR_NOTICE = (
+    "The demo engine draws its own character, so {name} is not animated. To animate your "
+    "photo, set Ditto's checkpoint folder (File → Checkpoints…) and pick the ditto backend."
+)
+DEMO_AVATAR_READY = (
+    "The demo engine draws its own character, so {name} is not animated. Ditto's checkpoints "
+    "are set: pick the ditto backend to animate your photo."
+)
 
 
 def app_settings() -> QSettings:
@@ -93,7 +105,12 @@ class MainWindow(QMainWindow):
         self.generation = 0
         self.result: MotionResult | None = None
         self.frames: list[np.ndarray | None] = []
+        self.old_frames: list[np.ndarray | None] = []  # the previous preview: stand-ins
         self.rendering = False
+        self.render_cancelled = False  # the preview stopped short (Ctrl+R renders again)
+        self.preview_settings: RenderSettings | None = None  # what ``frames`` were made with
+        self.preview_result: MotionResult | None = None
+        self.build_stage = ""  # the Ditto engine's build stage, while it is built
         self.last_fps: float | None = None
         self.error_box: QMessageBox | None = None
         self.export_dialog: ExportDialog | None = None
@@ -127,6 +144,7 @@ class MainWindow(QMainWindow):
 
     def _build_widgets(self) -> None:
         self.viewer = FrameView()
+        self.notice = NoticeBar()
         self.timeline = Timeline()
         self.plots = MotionPlots()
         self.plots.link_to(self.timeline)
@@ -165,6 +183,7 @@ class MainWindow(QMainWindow):
         ll = QVBoxLayout(left)
         ll.setContentsMargins(0, 0, 0, 0)
         ll.setSpacing(2)
+        ll.addWidget(self.notice)
         ll.addWidget(self.viewer, 1)
         ll.addLayout(transport)
         right = QWidget()
@@ -192,7 +211,10 @@ class MainWindow(QMainWindow):
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
         scroll.setWidget(side)
-        scroll.setMinimumWidth(330)
+        # Wide enough for the panel and its vertical scrollbar: never a horizontal one.
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        bar = scroll.verticalScrollBar().sizeHint().width()
+        scroll.setMinimumWidth(side.minimumSizeHint().width() + bar + 2 * scroll.frameWidth())
         self.dock = QDockWidget("Settings", self)
         self.dock.setObjectName("settings_dock")
         self.dock.setWidget(scroll)
@@ -215,6 +237,7 @@ class MainWindow(QMainWindow):
             lambda on: self.play_button.setText("❚❚  Pause" if on else "▶  Play")
         )
         self.timeline.scrubbed.connect(self.playback.seek)
+        self.plots.scrubbed.connect(self.playback.seek)
         self._update_engine_status()
 
     def _build_actions(self) -> None:
@@ -257,6 +280,9 @@ class MainWindow(QMainWindow):
             act.triggered.connect(slot)
             play_menu.addAction(act)
             self.addAction(act)
+        self.act_render = play_menu.addAction("&Render preview", self.render_preview)
+        self.act_render.setShortcut(QKeySequence("Ctrl+R"))
+        self.act_render.setToolTip("Render the preview again (Ctrl+R)")
         self.act_cancel = play_menu.addAction("Cancel render", self.cancel_render)
         self.act_cancel.setShortcut(QKeySequence(Qt.Key.Key_Escape))
 
@@ -266,6 +292,7 @@ class MainWindow(QMainWindow):
         tools.addAction(self.act_open_audio)
         tools.addAction(self.act_open_avatar)
         tools.addSeparator()
+        tools.addAction(self.act_render)
         tools.addAction(self.act_cancel)
         tools.addAction(self.act_export)
         self._rebuild_recent()
@@ -368,6 +395,7 @@ class MainWindow(QMainWindow):
             return
         gen = self._next_generation()
         self.statusBar().showMessage("computing motion…")
+        self._show_busy()
         self.requestMotion.emit(
             MotionJob(gen, self.audio_path, settings, self.checkpoints, self.avatar_path)
         )
@@ -379,16 +407,31 @@ class MainWindow(QMainWindow):
         gen = self._next_generation()
         self._start_render(gen, self.result)
 
+    def render_preview(self) -> None:
+        """Playback → Render preview (Ctrl+R): render again, e.g. after a cancel."""
+        if self.result is None:
+            self.request_motion()
+        else:
+            self.request_render()
+
     def _start_render(self, gen: int, result: MotionResult) -> None:
         try:
             settings = self.current_settings()
         except StudioError as e:
             self.show_error(str(e))
             return
+        if any(f is not None for f in self.frames):
+            self.old_frames = self.frames
+        if len(self.old_frames) != result.num_frames:
+            self.old_frames = []
         self.frames = [None] * result.num_frames
+        self.preview_settings, self.preview_result = settings, result
         self.rendering = True
+        self.render_cancelled = False
+        self.metrics.set_preview(f"rendering… 0 of {result.num_frames} frames", stale=True)
         self.statusBar().showMessage("rendering preview…")
         self.requestRender.emit(gen, result, settings, self.engine)
+        self._show_frame(self.playback.frame)
 
     def cancel_render(self) -> None:
         """Stop the preview render and a Ditto engine build (Esc); rendered frames stay."""
@@ -430,6 +473,8 @@ class MainWindow(QMainWindow):
             return
         self.timeline.set_audio(audio.samples, 16000)
         self.playback.set_source(audio.path, audio.num_frames)
+        if len(self.frames) != audio.num_frames:  # another clip: nothing shown belongs to it
+            self.frames, self.old_frames = [], []
 
     def _motion_ready(self, gen: int, result: MotionResult, engine=None) -> None:
         if gen != self.generation:
@@ -446,12 +491,8 @@ class MainWindow(QMainWindow):
         if gen != self.generation or start + len(frames) > len(self.frames):
             return
         self.frames[start : start + len(frames)] = frames
-        last = start + len(frames) - 1
-        if not self.playback.playing:
-            self.viewer.show_frame(frames[-1])  # follow the render
-            self._set_frame_label(last)
-        elif start <= self.playback.frame <= last:
-            self.viewer.show_frame(self.frames[self.playback.frame])
+        if start <= self.playback.frame < start + len(frames) or self.viewer.standin:
+            self._show_frame(self.playback.frame)  # the playhead's frame, or a nearer stand-in
 
     def _progress(self, gen: int, stage: str, done: int, total: int) -> None:
         if stage == "export" and self.export_dialog is not None:
@@ -461,16 +502,28 @@ class MainWindow(QMainWindow):
             if done == 0 and self.controls.settings().compile:
                 note = " (the first render with compile builds the networks: about a minute)"
             self.statusBar().showMessage(f"rendering preview… {done}/{total}{note}")
+            self.metrics.set_preview(f"rendering… {done} of {total} frames", stale=True)
             self._show_progress(done, total)
 
     def _show_progress(self, done: int, total: int) -> None:
-        self.progress_bar.setRange(0, max(total, 1))
-        self.progress_bar.setValue(min(done, max(total, 1)))
+        """A bar of ``done`` of ``total``; a busy bar where nothing is counted or the count is
+        complete while work goes on (a full bar would look finished)."""
+        if total <= 0 or done >= total:
+            self._show_busy()
+            return
+        self.progress_bar.setRange(0, total)
+        self.progress_bar.setValue(done)
+        self.progress_bar.show()
+
+    def _show_busy(self) -> None:
+        self.progress_bar.setRange(0, 0)
         self.progress_bar.show()
 
     # --- the Ditto engine ------------------------------------------------------------------
 
     def _building(self, on: bool) -> None:
+        if not on:
+            self.build_stage = ""
         if self.building_engine != on:
             self.building_engine = on
             self._update_engine_status()
@@ -479,7 +532,9 @@ class MainWindow(QMainWindow):
         if gen != self.generation:
             return
         if stage != "motion windows":
+            self.build_stage = stage if total <= 1 else f"{stage} {done}/{total}"
             self._building(True)
+            self._update_engine_status()
             self.statusBar().showMessage(f"starting the Ditto engine: {stage}… (Esc cancels)")
         else:
             self.statusBar().showMessage(f"computing motion: LMDM window {done}/{total}…")
@@ -488,6 +543,7 @@ class MainWindow(QMainWindow):
     def _engine_ready(self, gen: int, info: EngineInfo) -> None:
         self.engine_info = info
         self._building(False)
+        self.notice.hide()  # the photo is animated now
         notes = f" ({'; '.join(info.notes)})" if info.notes else ""
         self.statusBar().showMessage(
             f"Ditto engine ready on {info.device}: {info.description}{notes}", 10000
@@ -593,6 +649,7 @@ class MainWindow(QMainWindow):
         self.rendering = False
         self.last_fps = stats["fps"]
         self.last_stats = stats
+        self.old_frames = []
         self.progress_bar.hide()
         self.metrics.set_render_stats(stats)
         self._update_engine_status()
@@ -611,8 +668,17 @@ class MainWindow(QMainWindow):
             return
         if gen == self.generation:
             self.rendering = False
+            self.render_cancelled = True
             self.progress_bar.hide()
-            self.statusBar().showMessage("render cancelled", 5000)
+            done = sum(f is not None for f in self.frames)
+            self.metrics.set_preview(
+                f"cancelled: {done} of {len(self.frames)} frames rendered; Ctrl+R renders again",
+                stale=True,
+            )
+            self.statusBar().showMessage(
+                "render cancelled; Render preview (Ctrl+R) renders the rest", 8000
+            )
+            self._show_frame(self.playback.frame)
 
     def _failed(self, gen: int, message: str, details: str) -> None:
         if gen == RenderWorker.EXPORT_GENERATION:
@@ -630,9 +696,11 @@ class MainWindow(QMainWindow):
 
     def _export_done(self, path: str, report: dict) -> None:
         self._add_recent_export(path)
+        reused = report.get("reused_frames", 0)
+        note = f"; {reused} preview frames reused" if reused else ""
         if self.export_dialog is not None:
             self.export_dialog.finished(
-                f"Wrote {path} ({report['frames']} frames, {report['render_fps']:.1f} fps).",
+                f"Wrote {path} ({report['frames']} frames, {report['render_fps']:.1f} fps{note}).",
                 ok=True,
             )
         self.statusBar().showMessage(f"exported {path}", 8000)
@@ -647,14 +715,35 @@ class MainWindow(QMainWindow):
         self.frame_label.setText(f"frame {index + 1} / {n}   {index / FPS:6.2f} s")
 
     def _show_frame(self, index: int) -> None:
+        """Show frame ``index`` (the playhead's) and say which it is; a frame not rendered yet
+        is a dimmed stand-in with a caption saying why."""
         self.timeline.set_frame(index)
         self.plots.set_frame(index)
         if not self.frames:
             return
+        index = min(index, len(self.frames) - 1)
         self._set_frame_label(index)
-        frame = self.frames[min(index, len(self.frames) - 1)]
+        frame = self.frames[index]
         if frame is not None:
             self.viewer.show_frame(frame)
+            return
+        if self.rendering:
+            note = f"frame {index + 1} is not rendered yet: rendering…"
+        elif self.render_cancelled:
+            note = f"frame {index + 1} was not rendered (cancelled)\nRender preview: Ctrl+R"
+        else:
+            note = f"frame {index + 1} is not rendered"
+        self.viewer.show_standin(self._standin(index), note)
+
+    def _standin(self, index: int) -> np.ndarray | None:
+        """What to show dimmed for a missing frame: the previous preview's frame there, else
+        the nearest rendered frame before it."""
+        if index < len(self.old_frames) and self.old_frames[index] is not None:
+            return self.old_frames[index]
+        for i in range(index, -1, -1):
+            if self.frames[i] is not None:
+                return self.frames[i]
+        return None
 
     def _update_engine_status(self) -> None:
         """Backend, device and precision of the last render (what really ran)."""
@@ -666,7 +755,8 @@ class MainWindow(QMainWindow):
         wanted = self.controls.backend_name()
         pending = ""
         if self.building_engine:
-            pending = "  ·  starting ditto…"
+            stage = f": {self.build_stage}" if self.build_stage else ""
+            pending = f"  ·  starting the ditto engine{stage}…"
         elif wanted != st["backend"]:
             pending = f"  ·  switching to {wanted}…"
         self.status_engine.setText(
@@ -677,7 +767,9 @@ class MainWindow(QMainWindow):
     def show_error(self, message: str, details: str = "") -> None:
         """A dialog with a one-line explanation and a details section; non-blocking."""
         box = QMessageBox(QMessageBox.Icon.Warning, "Studio", message.splitlines()[0], parent=self)
-        box.setDetailedText(details or message)
+        extra = details.strip() or message.strip()
+        if extra != message.splitlines()[0].strip():  # only when there is more to show
+            box.setDetailedText(extra)
         box.setWindowModality(Qt.WindowModality.WindowModal)
         box.open()
         self.error_box = box
@@ -709,17 +801,20 @@ class MainWindow(QMainWindow):
         on_ditto = self.controls.backend_name() == "ditto"
         if announce:
             if on_ditto:
-                hint = "registering it for the Ditto engine"
+                self.notice.hide()
+                self.statusBar().showMessage(
+                    f"avatar {p.name} set; registering it for the Ditto engine", 10000
+                )
             elif self.checkpoints:
-                hint = (
-                    "the demo engine draws its own character; pick the ditto backend to animate it"
+                self.notice.show_notice(
+                    DEMO_AVATAR_READY.format(name=p.name),
+                    "Use Ditto",
+                    lambda: self.controls.set_backend("ditto", emit=True),
                 )
             else:
-                hint = (
-                    "the demo engine draws its own character; set File → Checkpoints… to "
-                    "animate it with Ditto"
+                self.notice.show_notice(
+                    DEMO_AVATAR_NOTICE.format(name=p.name), "Checkpoints…", self.checkpoints_dialog
                 )
-            self.statusBar().showMessage(f"avatar {p.name} set; {hint}", 10000)
         if on_ditto and rebuild:
             self.motion_worker.build_cancellation.cancel_upto(self.generation)
             self.request_motion()
@@ -808,6 +903,7 @@ class MainWindow(QMainWindow):
         s = self.current_settings()
         last = self.store.value("files/last_export")
         path = str(last) if last else default_export_path(self.audio_path)
+        path = str(unused_name(path))  # never suggest the file the last export wrote
         dlg = ExportDialog(
             path, s.size, s.crf, self, full_frame_hw=self.export_frame_hw(), preset=s.preset
         )
@@ -839,7 +935,26 @@ class MainWindow(QMainWindow):
             return
         if self.export_dialog is not None:
             self.export_dialog.started()
-        self.requestExport.emit(ExportJob(self.result, settings, str(target), self.engine))
+        known = self.preview_frames_for(settings)
+        self.requestExport.emit(
+            ExportJob(self.result, settings, str(target), self.engine, known=known)
+        )
+
+    def preview_frames_for(self, settings: RenderSettings) -> tuple | None:
+        """The preview's frames (None where missing) when they are what an export with
+        ``settings`` would render: the same motion, and settings that differ at most in what
+        only the encoder reads (quality, speed) or what the renderer ignores."""
+        p = self.preview_settings
+        if p is None or self.preview_result is not self.result:
+            return None
+        if replace(settings, size=p.size, crf=p.crf, preset=p.preset) != p:
+            return None
+        if renderer_key(self.engine, settings.size, settings) != renderer_key(
+            self.engine, p.size, p
+        ):
+            return None
+        frames = tuple(self.frames)
+        return frames if any(f is not None for f in frames) else None
 
     # --- shutdown --------------------------------------------------------------------------------
 

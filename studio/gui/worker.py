@@ -62,12 +62,17 @@ class MotionJob:
 
 @dataclass(frozen=True)
 class ExportJob:
-    """Write an MP4 of this motion with these settings, rendered by ``engine``."""
+    """Write an MP4 of this motion with these settings, rendered by ``engine``.
+
+    ``known``: the preview's frames (None where not rendered) when the preview was rendered
+    from this motion with identical settings; those are encoded, not rendered again.
+    """
 
     result: MotionResult
     settings: RenderSettings
     path: str
     engine: Any = None  # the engine that made ``result``; None = the demo engine
+    known: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -485,6 +490,7 @@ class RenderWorker(QObject):
                 job.settings,
                 cancel=self._export_cancel.is_set,
                 progress=lambda s, d, n: self.progress.emit(gen, "export", d, n),
+                known=job.known,
             )
         except Cancelled:
             self.cancelled.emit(gen)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -129,6 +129,21 @@ def blend(a: np.ndarray, b: np.ndarray, w: float) -> np.ndarray:
     return (out >> 8).astype(np.uint8)
 
 
+def _needed_keyframes(
+    plan: CadencePlan, prv: np.ndarray, nxt: np.ndarray, w: np.ndarray, known: Sequence | None
+) -> np.ndarray:
+    """The keyframes to render: all of them, or with ``known`` frames only those that a
+    missing frame is made from."""
+    if known is None:
+        return plan.keyframes
+    missing = np.array([f is None for f in known], dtype=bool)
+    need = np.zeros(plan.num_frames, dtype=bool)
+    need[prv[missing]] = True
+    blended = missing & (w > 0.0)
+    need[nxt[blended]] = True
+    return np.flatnonzero(need)
+
+
 def iter_frames(
     result: MotionResult,
     renderer: FrameRenderer,
@@ -136,17 +151,25 @@ def iter_frames(
     cancel: CancelCheck | None = None,
     progress: Progress | None = None,
     stats: dict | None = None,
+    known: Sequence[np.ndarray | None] | None = None,
 ) -> Iterator[np.ndarray]:
     """All frames in order: keyframes rendered in batches, in-betweens blended.
 
-    ``stats['render_s']`` accumulates the time spent rendering and blending, ``stats['blend_s']``
-    the blending alone. ``batch``
+    ``known`` (one entry per frame, None where missing) holds frames rendered before with
+    the same motion and settings, e.g. the GUI's preview: they are passed through, and only
+    the keyframes the missing frames need are rendered. ``stats['render_s']`` accumulates the
+    time spent rendering and blending, ``stats['blend_s']`` the blending alone. ``batch``
     defaults to the renderer's own ``batch`` (else DEFAULT_RENDER_BATCH).
     """
     plan = result.plan
+    n = plan.num_frames
+    if known is not None and len(known) != n:
+        raise ValueError(f"{len(known)} known frames for a clip of {n}")
     batch = batch or int(getattr(renderer, "batch", DEFAULT_RENDER_BATCH))
+    prv, nxt, w = blend_weights(plan)
+    keys = _needed_keyframes(plan, prv, nxt, w, known)
     prepare = getattr(renderer, "prepare", None)
-    if prepare is not None:
+    if prepare is not None and keys.size:
         prepare(result.smoothed)
 
         def render(chunk: np.ndarray) -> np.ndarray:
@@ -156,8 +179,6 @@ def iter_frames(
         def render(chunk: np.ndarray) -> np.ndarray:
             return renderer.render_batch(result.smoothed[chunk])
 
-    prv, nxt, w = blend_weights(plan)
-    keys = plan.keyframes
     chunks = [keys[start : start + batch] for start in range(0, keys.size, batch)]
     streamed = getattr(renderer, "iter_render", None) if prepare is not None else None
     # A renderer with iter_render works one chunk ahead (the GPU renders while we encode).
@@ -166,19 +187,15 @@ def iter_frames(
     stats = stats if stats is not None else {}
     stats.setdefault("render_s", 0.0)
     stats.setdefault("blend_s", 0.0)
-    frame = 0
-    n = plan.num_frames
-    if progress is not None:
-        progress("render", 0, n)  # before the first batch, which may build (compile) engines
-    for chunk in chunks:
-        if cancel is not None and cancel():
-            raise Cancelled()
-        t0 = time.perf_counter()
-        images = next(results)
-        rendered.update(zip(chunk.tolist(), images, strict=True))
-        stats["render_s"] += time.perf_counter() - t0
-        last = int(chunk[-1])
+    stats["reused_frames"] = 0 if known is None else sum(f is not None for f in known)
+
+    def frames_upto(last: int) -> Iterator[np.ndarray]:
+        nonlocal frame
         while frame <= last:
+            if known is not None and known[frame] is not None:
+                yield known[frame]
+                frame += 1
+                continue
             t0 = time.perf_counter()
             if w[frame] == 0.0:
                 img = rendered[int(prv[frame])]
@@ -189,8 +206,25 @@ def iter_frames(
             stats["blend_s"] += dt
             yield img
             frame += 1
+
+    frame = 0
+    if progress is not None:
+        progress("render", 0, n)  # before the first batch, which may build (compile) engines
+    for chunk in chunks:
+        if cancel is not None and cancel():
+            raise Cancelled()
+        t0 = time.perf_counter()
+        images = next(results)
+        rendered.update(zip(chunk.tolist(), images, strict=True))
+        stats["render_s"] += time.perf_counter() - t0
+        last = int(chunk[-1])
+        yield from frames_upto(last)
         for k in [k for k in rendered if k < last]:
             del rendered[k]
+        if progress is not None:
+            progress("render", frame, n)
+    if frame < n:  # known frames after the last rendered keyframe (or all of them)
+        yield from frames_upto(n - 1)
         if progress is not None:
             progress("render", frame, n)
 
@@ -232,10 +266,12 @@ def render_video(
     cancel: CancelCheck | None = None,
     progress: Progress | None = None,
     started: float | None = None,
+    known: Sequence[np.ndarray | None] | None = None,
 ) -> dict:
     """Render every frame and write the MP4 atomically; returns the report.
 
-    ``started`` is the perf_counter() value the job began at (for the total).
+    ``started`` is the perf_counter() value the job began at (for the total); ``known``
+    frames (see :func:`iter_frames`) are encoded as they are, not rendered again.
     """
     from studio.export.encoder_thread import EncoderThread
     from studio.export.video import VideoWriter
@@ -253,7 +289,10 @@ def render_video(
         preset=settings.preset,
     ) as writer:
         with EncoderThread(writer) as encoder, _encoder_planes(renderer):
-            for img in iter_frames(result, renderer, cancel=cancel, progress=progress, stats=stats):
+            frames = iter_frames(
+                result, renderer, cancel=cancel, progress=progress, stats=stats, known=known
+            )
+            for img in frames:
                 encoder.put(img)
             if cancel is not None and cancel():
                 raise Cancelled()
@@ -276,4 +315,5 @@ def render_video(
     report["size"] = renderer.size
     report["frame_size"] = [width, height]
     report["render_fps"] = round(result.num_frames / max(loop_s, 1e-9), 2)
+    report["reused_frames"] = stats["reused_frames"]
     return report

@@ -1,4 +1,9 @@
-"""The metrics panel: jerk raw vs smoothed, transition peak, exp fidelity, timings, fps."""
+"""The metrics panel: jerk raw vs smoothed, transition peak, exp fidelity, timings, the
+preview's state and render speed.
+
+Numbers of a render that no longer matches what is shown (a cancelled or superseded preview)
+are marked stale, never left looking current.
+"""
 
 from __future__ import annotations
 
@@ -14,10 +19,12 @@ ROWS = (
     ("transition", "Transition peak"),
     ("exp_mae", "Expression MAE"),
     ("accel", "Max accel / limit"),
-    ("rendered", "Frames rendered"),
+    ("rendered", "Keyframes (cadence)"),
     ("timings", "Stage timings"),
+    ("preview", "Preview"),
     ("fps", "Render speed"),
 )
+STALE_STYLE = "color: #7d8594; font-style: italic;"
 
 
 class MetricsPanel(QWidget):
@@ -64,6 +71,22 @@ class MetricsPanel(QWidget):
         )
 
     def set_render_stats(self, stats: dict) -> None:
+        """A completed preview render: its speed, and the preview is whole."""
         self.values["fps"].setText(
             f"{stats['fps']:.1f} fps\n{stats['frames']} frames in {stats['wall_ms'] / 1000:.2f} s"
         )
+        self.values["fps"].setStyleSheet("")
+        self.set_preview(f"complete: {stats['frames']} frames")
+
+    def set_preview(self, text: str, stale: bool = False) -> None:
+        """The preview's state; ``stale`` also marks the last render speed as not this one."""
+        self.values["preview"].setText(text)
+        self.values["preview"].setStyleSheet(STALE_STYLE if stale else "")
+        if stale and self.values["fps"].text() != "–":
+            fps = self.values["fps"]
+            if not fps.text().endswith("(an earlier render)"):
+                fps.setText(f"{fps.text()}\n(an earlier render)")
+            fps.setStyleSheet(STALE_STYLE)
+
+    def is_stale(self, key: str) -> bool:
+        return bool(self.values[key].styleSheet())

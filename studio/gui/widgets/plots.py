@@ -1,13 +1,15 @@
 """Timeline (waveform, stride bands, keyframes, playhead) and the pose and jerk plots.
 
-All plots share the time axis (seconds) with the timeline and draw the playhead.
+All plots share the time axis (seconds) with the timeline and draw the playhead. A click
+anywhere on the timeline or a plot (its data or its time axis) seeks there; every plot has a
+legend beside it, outside the data.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 
 from studio.gui import theme
 from studio.motion import layout
@@ -28,21 +30,48 @@ def _plot(title: str, units: str) -> pg.PlotItem:
     return item
 
 
-class Timeline(pg.PlotWidget):
-    """Waveform, per-frame stride bands, keyframe ticks and a draggable playhead."""
+def _clicked_frame(item: pg.PlotItem, event, num_frames: int) -> int | None:
+    """The frame under a left click on ``item`` (its view or its axes), or None."""
+    if event.button() != Qt.MouseButton.LeftButton or num_frames <= 0:
+        return None
+    pos = event.scenePos()
+    if not item.sceneBoundingRect().contains(pos):
+        return None
+    t = item.vb.mapSceneToView(pos).x()
+    return int(np.clip(np.floor(t * FPS), 0, num_frames - 1))
 
-    scrubbed = Signal(int)  # frame under the dragged playhead
+
+LEGEND_WIDTH = 96  # px: the legend column of every plot and of the timeline, so time axes align
+
+
+def _legend_beside(layout: pg.GraphicsLayout, row: int) -> pg.LegendItem:
+    """A legend in its own column right of the plot in ``row``: it never covers a curve."""
+    legend = pg.LegendItem(labelTextColor=theme.TEXT, verSpacing=-4, labelTextSize="8pt")
+    layout.addItem(legend, row=row, col=1)
+    layout.layout.setColumnFixedWidth(1, LEGEND_WIDTH)
+    return legend
+
+
+def _swatch(colour: str, width: int = 2, dash: bool = False) -> pg.PlotDataItem:
+    """A legend entry's sample line (an empty curve drawn with the entry's pen)."""
+    style = Qt.PenStyle.DashLine if dash else Qt.PenStyle.SolidLine
+    return pg.PlotDataItem(pen=pg.mkPen(colour, width=width, style=style))
+
+
+class Timeline(pg.GraphicsLayoutWidget):
+    """Waveform, per-frame stride bands, keyframe ticks and a draggable playhead; a click seeks."""
+
+    scrubbed = Signal(int)  # frame under the dragged playhead or the click
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
-        p = self.getPlotItem()
+        p = self.addPlot(row=0, col=0)
+        self._plot = p
         p.setMenuEnabled(False)
         p.hideButtons()
-        p.hideAxis("left")
         p.setLabel("bottom", "time", units="s")
         p.setMouseEnabled(x=True, y=False)
         p.getAxis("left").setWidth(58)
-        p.showAxis("left")
         p.getAxis("left").setStyle(showValues=False)
         p.getAxis("left").setLabel("audio")
         self.wave_hi = pg.PlotDataItem(pen=pg.mkPen(theme.ACCENT, width=1))
@@ -64,9 +93,19 @@ class Timeline(pg.PlotWidget):
         self.playhead.sigDragged.connect(self._dragged)
         p.setYRange(-1.5, 1.05, padding=0)
         p.enableAutoRange(x=False, y=False)
+        legend = _legend_beside(self.ci, 0)
+        for stride, colour in theme.STRIDE.items():
+            bar = pg.BarGraphItem(x=[0], height=[1], width=1, brush=pg.mkBrush(colour), pen=None)
+            legend.addItem(bar, f"stride {stride}")
+        legend.addItem(self.keys, "keyframe")
+        self.legend = legend
         self.setMinimumHeight(120)
         self.setMaximumHeight(170)
         self._n = 0
+        self.scene().sigMouseClicked.connect(self._clicked)
+
+    def getPlotItem(self) -> pg.PlotItem:  # noqa: N802 - pyqtgraph's name
+        return self._plot
 
     def set_audio(self, samples: np.ndarray, rate: int) -> None:
         """Draw a min/max envelope of the audio (about 2000 buckets)."""
@@ -79,7 +118,7 @@ class Timeline(pg.PlotWidget):
         t = edges[:-1] / rate
         self.wave_hi.setData(t, hi / peak)
         self.wave_lo.setData(t, lo / peak)
-        self.getPlotItem().setXRange(0, n / rate, padding=0.01)
+        self._plot.setXRange(0, n / rate, padding=0.01)
 
     def set_plan(self, strides: np.ndarray, keyframes: np.ndarray) -> None:
         """Coloured stride bands (1 red, 2 amber, 3 blue) and keyframe ticks."""
@@ -105,21 +144,31 @@ class Timeline(pg.PlotWidget):
             frame = int(np.clip(self.playhead.value() * FPS, 0, self._n - 1))
             self.scrubbed.emit(frame)
 
+    def _clicked(self, event) -> None:
+        frame = _clicked_frame(self._plot, event, self._n)
+        if frame is not None:
+            self.scrubbed.emit(frame)
+
 
 class MotionPlots(pg.GraphicsLayoutWidget):
-    """Pose angles (deg), translation, and jerk (rad/s³) raw vs smoothed."""
+    """Pose angles (deg), translation, and jerk (rad/s³) raw vs smoothed; a click seeks."""
+
+    scrubbed = Signal(int)  # frame under a click on a plot or its time axis
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
         self.angles = _plot("angles", "°")
         self.trans = _plot("t", "")
         self.jerk = _plot("jerk", "rad/s³")
+        self.legends = []
         for row, item in enumerate((self.angles, self.trans, self.jerk)):
             self.addItem(item, row=row, col=0)
+            self.legends.append(_legend_beside(self.ci, row))
+        angle_legend, trans_legend, jerk_legend = self.legends
+        self.legend = angle_legend
         self.trans.setXLink(self.angles)
         self.jerk.setXLink(self.angles)
         self.jerk.setLabel("bottom", "time", units="s")
-        self.legend = self.angles.addLegend(offset=(-10, 4), labelTextColor=theme.TEXT, colCount=3)
         self.curves: dict[str, dict[str, pg.PlotDataItem]] = {
             "raw": {},
             "sampled": {},
@@ -129,20 +178,22 @@ class MotionPlots(pg.GraphicsLayoutWidget):
             plot = self.angles if name in theme.CHANNELS else self.trans
             self.curves["raw"][name] = plot.plot(pen=pg.mkPen(theme.RAW, width=1))
             self.curves["sampled"][name] = plot.plot(
-                pen=pg.mkPen(theme.SAMPLED, width=1, style=pg.QtCore.Qt.PenStyle.DashLine)
+                pen=pg.mkPen(theme.SAMPLED, width=1, style=Qt.PenStyle.DashLine)
             )
-            self.curves["smoothed"][name] = plot.plot(
-                pen=pg.mkPen(colour, width=2), name=name if plot is self.angles else None
-            )
-        jerk_legend = self.jerk.addLegend(offset=(-10, 4), labelTextColor=theme.TEXT, colCount=3)
-        self.jerk_raw = self.jerk.plot(pen=pg.mkPen(theme.JERK_RAW, width=1), name="raw")
-        self.jerk_smooth = self.jerk.plot(
-            pen=pg.mkPen(theme.JERK_SMOOTHED, width=2), name="smoothed"
-        )
+            self.curves["smoothed"][name] = plot.plot(pen=pg.mkPen(colour, width=2))
+            legend = angle_legend if plot is self.angles else trans_legend
+            legend.addItem(self.curves["smoothed"][name], name.replace("_", " "))
+        for legend in (angle_legend, trans_legend):
+            legend.addItem(_swatch(theme.RAW, 1), "raw")
+            legend.addItem(_swatch(theme.SAMPLED, 1, dash=True), "cadence")
+        self.jerk_raw = self.jerk.plot(pen=pg.mkPen(theme.JERK_RAW, width=1))
+        self.jerk_smooth = self.jerk.plot(pen=pg.mkPen(theme.JERK_SMOOTHED, width=2))
         self.transitions = pg.ScatterPlotItem(
             symbol="o", size=5, pen=None, brush=pg.mkBrush(theme.TRANSITION)
         )
         self.jerk.addItem(self.transitions)
+        jerk_legend.addItem(self.jerk_raw, "raw")
+        jerk_legend.addItem(self.jerk_smooth, "smoothed")
         jerk_legend.addItem(self.transitions, "stride change")
         for item in (self.angles, self.trans, self.jerk):
             item.enableAutoRange(x=False)
@@ -153,6 +204,8 @@ class MotionPlots(pg.GraphicsLayoutWidget):
             self.playheads.append(line)
         self.setMinimumHeight(240)
         self.smoothed_data: np.ndarray | None = None  # [N, 6] pose of the smoothed curve
+        self._n = 0
+        self.scene().sigMouseClicked.connect(self._clicked)
 
     def link_to(self, timeline: Timeline) -> None:
         self.angles.setXLink(timeline.getPlotItem())
@@ -166,8 +219,16 @@ class MotionPlots(pg.GraphicsLayoutWidget):
         if family == "smoothed":
             self.jerk_smooth.setVisible(visible)
 
+    def _clicked(self, event) -> None:
+        for item in (self.angles, self.trans, self.jerk):
+            frame = _clicked_frame(item, event, self._n)
+            if frame is not None:
+                self.scrubbed.emit(frame)
+                return
+
     def set_result(self, result: MotionResult) -> None:
         """Plot raw, cadence-sampled and smoothed pose, and the jerk of each."""
+        self._n = result.num_frames
         t = np.arange(result.num_frames) / FPS + 0.5 / FPS
         names = list(theme.CHANNELS) + list(theme.T_CHANNELS)
         for family, motion in (
@@ -187,7 +248,6 @@ class MotionPlots(pg.GraphicsLayoutWidget):
         tr = stride_transitions(result.plan.strides)
         tr = tr[(tr >= 2) & (tr < jr.size + 2)]
         self.transitions.setData(x=tr / FPS, y=jr[tr - 2] if tr.size else [])
-        self.angles.setXRange(0, result.num_frames / FPS, padding=0.01)
         self.angles.setXRange(0, result.num_frames / FPS, padding=0.01)
 
     def set_frame(self, frame: int) -> None:
