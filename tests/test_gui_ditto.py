@@ -114,8 +114,26 @@ def test_ditto_appears_with_checkpoints_and_needs_an_avatar(qtbot, assets):
 
 
 def test_ditto_renders_full_frames_emotion_reruns_motion_deltas_only_rerender(qtbot, assets):
+    from PySide6.QtCore import QObject, Qt, Slot
+
     w = _open(qtbot, assets)
+    seen: list[tuple[str, str, int, int]] = []  # what the window shows after each build step
+
+    class Look(QObject):  # lives on the GUI thread: runs after the window's own queued slot
+        @Slot(int, str, int, int)
+        def look(self, _gen, stage, _done, _total) -> None:
+            bar = w.progress_bar
+            seen.append((stage, w.status_engine.text(), bar.maximum(), bar.value()))
+
+    looker = Look()
+    w.motion_worker.engineProgress.connect(looker.look, Qt.ConnectionType.QueuedConnection)
     stats = _to_ditto(w, qtbot, assets)
+    building = [text for stage, text, _, _ in seen if stage != "motion windows"]
+    assert building and all("starting the ditto engine: " in t for t in building)
+    assert not any("switching to" in t for t in building)
+    assert {stage for stage, *_ in seen} >= {"motion windows"}
+    # never a full bar while the work goes on: a count below its total, or busy (maximum 0)
+    assert all(top == 0 or value < top for _, _, top, value in seen)
     h, wd = FACE_HW
     assert stats["frame_hw"] == (h, wd) and stats["device"] == "cpu"
     assert stats["precision"] == "fp32"  # auto on the CPU

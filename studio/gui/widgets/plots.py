@@ -52,6 +52,13 @@ def _legend_beside(layout: pg.GraphicsLayout, row: int) -> pg.LegendItem:
     return legend
 
 
+def _fit(layout: pg.GraphicsLayout, legend: pg.LegendItem) -> None:
+    """Keep a filled legend at its own height, at the top of its cell (a stretched legend
+    spreads its rows and parts a label from its sample)."""
+    legend.setMaximumHeight(legend.layout.preferredHeight() + 4)
+    layout.layout.setAlignment(legend, Qt.AlignmentFlag.AlignTop)
+
+
 def _swatch(colour: str, width: int = 2, dash: bool = False) -> pg.PlotDataItem:
     """A legend entry's sample line (an empty curve drawn with the entry's pen)."""
     style = Qt.PenStyle.DashLine if dash else Qt.PenStyle.SolidLine
@@ -98,6 +105,7 @@ class Timeline(pg.GraphicsLayoutWidget):
             bar = pg.BarGraphItem(x=[0], height=[1], width=1, brush=pg.mkBrush(colour), pen=None)
             legend.addItem(bar, f"stride {stride}")
         legend.addItem(self.keys, "keyframe")
+        _fit(self.ci, legend)
         self.legend = legend
         self.setMinimumHeight(120)
         self.setMaximumHeight(170)
@@ -195,6 +203,8 @@ class MotionPlots(pg.GraphicsLayoutWidget):
         jerk_legend.addItem(self.jerk_raw, "raw")
         jerk_legend.addItem(self.jerk_smooth, "smoothed")
         jerk_legend.addItem(self.transitions, "stride change")
+        for legend in self.legends:
+            _fit(self.ci, legend)
         for item in (self.angles, self.trans, self.jerk):
             item.enableAutoRange(x=False)
         self.playheads = []
