@@ -1,7 +1,11 @@
 """The `studio` command: gui (default), render, analyze, doctor, export-onnx.
 
 User errors (bad files, bad options, unwritable outputs) print one line on
-stderr and exit with status 2; nothing is left half-written.
+stderr and exit with status 2; nothing is left half-written. Inputs are checked before any
+work, in the order a user fixes them: options, outputs, the checkpoint folder, the avatar,
+the device, the audio. Long work shows its stages on stderr (:mod:`studio.progress`: bars
+on a terminal, one line per stage start and end otherwise), and notices such as a large
+file about to be written to a cache appear there too; stdout carries the results only.
 """
 
 from __future__ import annotations
@@ -13,8 +17,9 @@ import os
 import sys
 import time
 from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from studio import __version__
 from studio.errors import Cancelled, InputError, OptionError, OutputError, StudioError
@@ -311,21 +316,11 @@ def _write_json(path: Path, data: dict) -> None:
     write_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
-class _ProgressLine:
-    """A one-line progress indicator on stderr when it is a terminal."""
+def _progress():
+    """The stage progress shown on stderr (bars on a terminal, plain lines otherwise)."""
+    from studio.progress import StageProgress
 
-    def __init__(self, unit: str = "") -> None:
-        self.live = sys.stderr.isatty()
-        self.unit = f" {unit}" if unit else ""
-
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        if self.live:
-            sys.stderr.write(f"\r\033[K{stage}: {done}/{total}{self.unit}")
-            sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.live:
-            sys.stderr.write("\r\033[K")
+    return StageProgress(sys.stderr)
 
 
 def _summary(report: dict) -> str:
@@ -350,36 +345,91 @@ def _summary(report: dict) -> str:
     return "\n".join(lines)
 
 
-def _engine(args: argparse.Namespace, settings):
-    """The demo engine, or with --checkpoints the Ditto engine on a registered --avatar."""
-    from studio.render.demo import DemoEngine
+@dataclass(frozen=True)
+class _DittoInputs:
+    """The Ditto engine's inputs, checked before any work: the checkpoints and the device."""
 
+    checkpoints: Any  # studio.runtime.checkpoints.CheckpointSet
+    device: Any  # torch.device
+
+
+def _check_engine_inputs(args: argparse.Namespace, settings) -> _DittoInputs | None:
+    """Check what the engine needs before any work, in the order a user fixes things: the
+    engine choice, the checkpoint folder (every file the Ditto engine reads), the avatar
+    image (a readable still image), then device, runtime and precision. None for the demo
+    engine. Notes on stderr for options that are accepted but ignored (``--compile``)."""
     if not args.checkpoints:
         if args.avatar:
             raise OptionError("--avatar", "needs --checkpoints DIR (the demo engine has its own)")
-        return DemoEngine()
+        _compile_note(args, settings, None)
+        return None
     if args.demo:
         raise OptionError("--demo", "cannot be combined with --checkpoints; pick one engine")
-    if not args.avatar:
-        raise OptionError("--avatar", "the Ditto engine needs --avatar IMAGE (a face photo)")
-    from studio.avatar.register import register_avatar
-    from studio.render.ditto import ALL_ROLES, DittoEngine, describe_avatar, require, resolve_device
+    from studio.avatar.register import load_image
+    from studio.render.ditto import ALL_ROLES, require, resolve_device
     from studio.render.warp_decode import render_precisions
     from studio.runtime.checkpoints import discover
 
     found = discover(args.checkpoints)
     require(found, ALL_ROLES)
+    if not args.avatar:
+        raise OptionError("--avatar", "the Ditto engine needs --avatar IMAGE (a face photo)")
+    load_image(args.avatar)  # a missing file, a video, text, ...: named now, not after loading
     device = resolve_device(args.device)
     render_precisions(settings.precision, settings.runtime, device)  # refused before the work
-    progress = _ProgressLine()
-    try:
-        avatar = register_avatar(
-            args.avatar, found, cache_dir=args.avatar_cache, device=device, progress=progress
+    _compile_note(args, settings, device)
+    return _DittoInputs(found, device)
+
+
+def _compile_note(args: argparse.Namespace, settings, device) -> None:
+    """One line on stderr when ``--compile`` (or a preset's compile) has nothing to act on:
+    it compiles the warp + decoder CUDA graphs of the torch runtime on a GPU."""
+    if not settings.compile:
+        return
+    if args.command == "analyze":
+        why = "by analyze, which renders no frames"
+    elif device is None:
+        why = "by the demo engine: it has no networks to compile (--checkpoints selects Ditto)"
+    elif device.type != "cuda":
+        why = (
+            f"on the {device.type.upper()}: it compiles the warp + decoder into CUDA graphs, "
+            "which need a GPU (--device cuda)"
         )
-    finally:
-        progress.close()
-    print(describe_avatar(avatar), file=sys.stderr)
-    return DittoEngine(found, avatar, settings, device=device)
+    elif settings.runtime != "torch":
+        why = (
+            f"with --runtime {settings.runtime}: it compiles the CUDA graphs of the torch "
+            "runtime (--runtime torch)"
+        )
+    else:
+        return
+    print(f"studio {args.command}: note: --compile is ignored {why}", file=sys.stderr)
+
+
+def _engine(args: argparse.Namespace, settings, inputs: _DittoInputs | None, progress=None):
+    """The demo engine, or the Ditto engine on the registered --avatar; ``progress`` sees
+    registration, loading the networks and later HuBERT and the LMDM windows."""
+    from studio.render.demo import DemoEngine
+
+    if inputs is None:
+        return DemoEngine()
+    from studio.avatar.register import register_avatar
+    from studio.render.ditto import DittoEngine, describe_avatar
+
+    avatar = register_avatar(
+        args.avatar,
+        inputs.checkpoints,
+        cache_dir=args.avatar_cache,
+        device=inputs.device,
+        progress=progress,
+    )
+    line = describe_avatar(avatar)
+    if progress is not None:
+        progress.note(line)
+    else:
+        print(line, file=sys.stderr)
+    return DittoEngine(
+        inputs.checkpoints, avatar, settings, device=inputs.device, progress=progress
+    )
 
 
 def _engine_report(engine) -> dict:
@@ -409,21 +459,18 @@ def cmd_render(args: argparse.Namespace) -> int:
     settings = _settings(args, size=args.size, crf=args.crf, preset=args.x264_preset)
     out = check_output_path(args.out)
     report_path = _check_json_target(args.report, "--report", {"--out": args.out, **_inputs(args)})
+    inputs = _check_engine_inputs(args, settings)
     audio = _load_audio(args)
-    engine = _engine(args, settings)
-    result = analyze(audio, settings, engine)
-    progress = _ProgressLine("frames")
-    try:
+    with _progress() as progress:
+        engine = _engine(args, settings, inputs, progress)
+        result = analyze(audio, settings, engine)
+        renderer = engine.renderer(settings.size)
+        build = getattr(renderer, "build_engines", None)
+        if build is not None:  # export/compile before the first frame, as a stage of its own
+            build(int(result.plan.keyframes.size), progress)
         report = render_video(
-            result,
-            engine.renderer(settings.size),
-            str(out),
-            settings,
-            progress=progress,
-            started=started,
+            result, renderer, str(out), settings, progress=progress, started=started
         )
-    finally:
-        progress.close()
     report["audio"] = audio.path
     report["settings"] = settings.to_dict()
     report["engine"] = _engine_report(engine)
@@ -439,8 +486,10 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     settings = _settings(args)
     json_path = _check_json_target(args.json, "--json", _inputs(args))
+    inputs = _check_engine_inputs(args, settings)
     audio = _load_audio(args)
-    result = analyze(audio, settings, _engine(args, settings))
+    with _progress() as progress:
+        result = analyze(audio, settings, _engine(args, settings, inputs, progress))
     timings = dict(result.timings_ms)
     timings["total"] = (time.perf_counter() - started) * 1000.0
     report = build_report(result, timings, rendered=False)
@@ -519,24 +568,15 @@ def cmd_export_onnx(args: argparse.Namespace) -> int:
 
     check_opset(args.opset, "--opset")
     json_path = _check_json_target(args.json, "--json")
-    progress = _ProgressLine()
-
-    def step(name: str) -> None:
-        if progress.live:
-            sys.stderr.write(f"\r\033[Kexporting {name} ...")
-            sys.stderr.flush()
-
-    try:
+    with _progress() as progress:
         summary = export_onnx(
             args.checkpoints,
             args.out,
             networks=args.networks,
             opset=args.opset,
             verify=not args.no_verify,
-            progress=step,
+            progress=progress,
         )
-    finally:
-        progress.close()
     if json_path is not None:
         _write_json(json_path, summary)
     print(_export_table(summary))
@@ -638,9 +678,15 @@ def main(argv: list[str] | None = None) -> int:
         "compile": cmd_compile,
         "gui": cmd_gui,
     }[command]
+    from studio.progress import show_notices
+
     try:
-        # a kill ends like Ctrl-C (partial outputs removed); the GUI has Qt's own handling
-        with _stop_on_signals(command != "gui"):
+        # a kill ends like Ctrl-C (partial outputs removed); the GUI has Qt's own handling;
+        # notices logged by the work (large cache writes) appear on stderr
+        with (
+            _stop_on_signals(command != "gui"),
+            show_notices(sys.stderr) if command != "gui" else contextlib.nullcontext(),
+        ):
             return handler(args)
     except (InputError, OutputError, StudioError) as e:
         print(f"studio {command}: error: {e}", file=sys.stderr)

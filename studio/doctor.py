@@ -3,12 +3,18 @@
 The ``backends`` section says, per engine backend (torch, onnxruntime, tensorrt) and device
 kind, whether it can run here and which precisions, with the reason for each one it cannot.
 
+Encoders are listed as built into PyAV's FFmpeg or not, and for hardware encoders
+(``h264_nvenc``) whether the hardware is here too: an encoder can be built in while the GPU
+and driver it drives are absent.
+
 Everything is probed without side effects: no QApplication is created, no GPU
 memory is allocated beyond what querying free memory needs.
 """
 
 from __future__ import annotations
 
+import ctypes.util
+import glob
 import importlib
 import platform
 import sys
@@ -18,6 +24,11 @@ from typing import Any
 from studio import __version__
 
 ENCODERS = ("libx264", "h264_nvenc", "libx265", "aac", "libopus")
+# Encoders that drive hardware -> the hardware's name (probed by _nvidia_encoder).
+HARDWARE_ENCODERS = {"h264_nvenc": "NVIDIA GPU"}
+# QtMultimedia's library probes ("Couldn't load pipewire-0.3 library") say nothing a doctor
+# report needs; a user's QT_LOGGING_RULES still wins.
+_QUIET_QT = "qt.multimedia.symbolsresolver=false"
 
 
 def _version(module: str) -> str | None:
@@ -92,6 +103,7 @@ def _qt() -> dict[str, Any]:
         from PySide6 import QtCore
     except Exception as e:  # noqa: BLE001
         return {"available": False, "reason": str(e)}
+    QtCore.QLoggingCategory.setFilterRules(_QUIET_QT)  # before QtMultimedia is imported below
     plugin_dir = Path(PySide6.__file__).parent / "Qt" / "plugins" / "platforms"
     plugins = (
         sorted(p.name.removeprefix("libq").split(".")[0] for p in plugin_dir.glob("libq*.so*"))
@@ -107,16 +119,54 @@ def _qt() -> dict[str, Any]:
     }
 
 
+def _nvidia_encoder() -> dict[str, Any]:
+    """Whether NVENC hardware is here: an NVIDIA GPU (torch sees CUDA, or /dev/nvidia*) and
+    the driver's encoder library (libnvidia-encode); ``reason`` says what is absent."""
+    gpu = bool(glob.glob("/dev/nvidia[0-9]*"))
+    try:
+        import torch
+
+        gpu = gpu or (torch.cuda.is_available() and torch.version.hip is None)
+    except Exception:  # noqa: BLE001 - torch is reported on its own
+        pass
+    lib = ctypes.util.find_library("nvidia-encode") is not None
+    if gpu and lib:
+        return {"present": True, "reason": None}
+    if not gpu:
+        why = "no NVIDIA GPU here (torch sees no CUDA device, no /dev/nvidia*)"
+    else:
+        why = "an NVIDIA GPU but not the driver's libnvidia-encode"
+    return {"present": False, "reason": why}
+
+
 def _pyav() -> dict[str, Any]:
     try:
         import av
     except Exception as e:  # noqa: BLE001
         return {"available": False, "reason": str(e)}
+    built_in = {name: name in av.codecs_available for name in ENCODERS}
     return {
         "available": True,
         "version": av.__version__,
-        "encoders": {name: name in av.codecs_available for name in ENCODERS},
+        "encoders": built_in,  # built into PyAV's FFmpeg (not: usable on this machine)
+        "hardware": {name: _nvidia_encoder() for name in HARDWARE_ENCODERS if built_in.get(name)},
     }
+
+
+def _encoder_lines(a: dict[str, Any]) -> list[str]:
+    """The encoders built into PyAV's FFmpeg, then per hardware encoder whether its hardware
+    is here (built in is not the same as usable: h264_nvenc needs an NVIDIA GPU)."""
+    built = [n for n, ok in a["encoders"].items() if ok]
+    absent = [n for n, ok in a["encoders"].items() if not ok]
+    line = f"PyAV {a['version']} encoders built in: {', '.join(built) or 'none of ours'}"
+    if absent:
+        line += f" (not built in: {', '.join(absent)})"
+    lines = [line]
+    for name, hw in a.get("hardware", {}).items():
+        what = HARDWARE_ENCODERS[name]
+        state = f"{what} present" if hw["present"] else hw["reason"] or f"no {what} here"
+        lines.append(f"  hardware encoder {name}: built in, {state}")
+    return lines
 
 
 def _backends() -> dict[str, Any]:
@@ -206,8 +256,7 @@ def format_text(info: dict[str, Any]) -> str:
     else:
         lines.append(f"Qt: not usable ({q['reason']})")
     if a["available"]:
-        enc = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in a["encoders"].items())
-        lines.append(f"PyAV {a['version']}: {enc}")
+        lines.extend(_encoder_lines(a))
     else:
         lines.append(f"PyAV: not usable ({a['reason']})")
     if "backends" in info:

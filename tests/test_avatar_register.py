@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import soundfile as sf
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
@@ -210,6 +211,11 @@ def test_cache_folder_and_progress(base: dict) -> None:
     np.testing.assert_array_equal(load_image(a.folder / "crop.png"), a.crop)
     done = [c[1] for c in base["calls"]]
     assert done == list(range(len(done))) and done[-1] == base["calls"][-1][2] == 7
+    # one stage for people, the step as its detail: "registering avatar: face detection"
+    stages = [c[0] for c in base["calls"]]
+    assert stages[0] == reg.STAGE == "registering avatar"
+    assert all(s.startswith("registering avatar: ") for s in stages[1:])
+    assert "registering avatar: face detection" in stages
 
 
 # --- the cache -----------------------------------------------------------------------------------
@@ -373,6 +379,15 @@ def test_bad_inputs_get_clear_errors(tree: Path, tmp_path: Path) -> None:
     fails(tmp_path / "empty.png", "empty.png is empty")
     (tmp_path / "notes.png").write_text("hello, this is text")
     fails(tmp_path / "notes.png", "notes.png is not an image")
+    # FFmpeg opens this text as "tty" (ANSI art) video: still text, not a video
+    (tmp_path / "notes.txt").write_text("Meeting notes\n\n- item one: to do\n- item two\n" * 30)
+    fails(tmp_path / "notes.txt", r"notes.txt is not an image file \(PNG/JPEG/...\): it holds text")
+    with pytest.raises(InputError) as e:
+        register_avatar(tmp_path / "notes.txt", ckpt, cache_dir=tmp_path / "cache")
+    assert "video" not in str(e.value)
+    sound = tmp_path / "speech.wav"
+    sf.write(str(sound), np.zeros(1600, np.float32), 16000)
+    fails(sound, "speech.wav is not an image file .*it has no picture")
     video = _video(tmp_path / "clip.mp4")
     fails(video, "clip.mp4 is a video .*not supported yet")
     shutil.copy(video, tmp_path / "clip.png")

@@ -77,7 +77,9 @@ def test_full_release_is_complete(tmp_path: Path) -> None:
     assert cs.path("det_10g").name == "det_10g.onnx"  # alias of insightface_det
     assert cs.path("cfg_trt_online", "cfg").name == "v0.4_hubert_cfg_trt_online.pkl"
     assert "Complete layouts: pytorch, onnx, trt:ditto_trt_Ampere_Plus, cfg" in cs.report()
-    assert "MISSING" not in cs.report()
+    assert "MISSING" not in cs.report() and "absent" not in cs.report()
+    assert cs.complete_for_pytorch()
+    assert cs.report().splitlines()[-1].startswith("Result: complete for PyTorch: `studio render")
 
 
 def test_every_file_has_a_stage_and_every_stage_is_covered(tmp_path: Path) -> None:
@@ -105,7 +107,12 @@ def test_missing_file_named_with_stage(tmp_path: Path) -> None:
     assert "MISSING  ditto_pytorch/models/decoder.pth" in text
     assert "onnx: not found" in text and "cfg: not found" in text
     assert "trt:ditto_trt_*: not found" in text
+    assert "INCOMPLETE, 1 of 10 required missing" in text
     assert "Complete layouts: none" in text
+    assert not cs.complete_for_pytorch()
+    assert text.splitlines()[-1].startswith(
+        "Result: NOT complete for PyTorch: `studio render` needs ditto_pytorch/models/decoder.pth;"
+    )
 
 
 def test_missing_aux_and_eye_models_per_layout(tmp_path: Path) -> None:
@@ -119,13 +126,66 @@ def test_missing_aux_and_eye_models_per_layout(tmp_path: Path) -> None:
     }
     pt = {f.role for f in cs.missing("pytorch")}
     assert pt == {"insightface_det", "landmark106", "landmark203", "face_landmarker", "hubert"}
+    assert {f.role for f in cs.missing_required("onnx")} == {"hubert"}  # face_mesh: optional
     text = cs.report()
+    assert "missing ditto_onnx/hubert.onnx (stage: audio / HuBERT)" in text
+    assert "absent   ditto_onnx/face_mesh.onnx  (optional: " in text
+    assert "missing ditto_onnx/face_mesh.onnx" not in text  # not listed with required files
+    assert "absent   ditto_pytorch/aux_models/face_landmarker.task  (optional: " in text
+    assert "MISSING  ditto_pytorch/aux_models/det_10g.onnx" in text
+    assert cs.complete("cfg") is True  # every config is optional; the layout is not here
+    assert "cfg" not in cs.layouts()
+
+
+def test_optional_files_leave_a_working_folder_complete_for_pytorch(tmp_path: Path) -> None:
+    """What `studio render` reads is there; the MediaPipe task file and Ditto's TensorRT
+    configs are not: complete for PyTorch, optional files named as such."""
+    files = [f for f in PYTORCH_FILES if not f.endswith("face_landmarker.task")]
+    cs = discover(make_tree(tmp_path, [*files, "ditto_cfg/v0.4_hubert_cfg_pytorch.pkl"]))
+    assert cs.complete("pytorch") and cs.complete("cfg") and cs.complete_for_pytorch()
+    assert [f.role for f in cs.missing("pytorch")] == ["face_landmarker"]
+    assert cs.missing_required("pytorch") == []
+    text = cs.report()
+    assert "INCOMPLETE" not in text and "MISSING" not in text
     assert (
-        "missing ditto_onnx/face_mesh.onnx (stage: registration / eye landmarks (MediaPipe))"
-        in text
+        "pytorch (ditto_pytorch/): complete (10 required files present); optional: 0 of 1" in text
     )
-    assert "missing ditto_pytorch/aux_models/face_landmarker.task" in text
-    assert cs.complete("cfg") is False
+    assert "cfg (ditto_cfg/): 1 of 3 files present, all optional" in text
+    assert "absent   ditto_cfg/v0.4_hubert_cfg_trt.pkl  (optional: used by Ditto's TensorRT" in text
+    assert "eye features come from the 203 landmarks" in text
+    assert "Complete layouts: pytorch, cfg" in text
+    assert text.splitlines()[-1] == (
+        f"Result: complete for PyTorch: `studio render --checkpoints {cs.root} "
+        "--avatar FACE.png` can run from this folder"
+    )
+    d = json.loads(json.dumps(cs.to_dict()))
+    assert d["complete_for_pytorch"] is True and d["missing_required"] == []
+    assert d["complete"] == {"pytorch": True, "onnx": False, "cfg": True}
+    assert set(d["missing_optional"]) == {
+        "ditto_pytorch/aux_models/face_landmarker.task",
+        "ditto_cfg/v0.4_hubert_cfg_trt.pkl",
+        "ditto_cfg/v0.4_hubert_cfg_trt_online.pkl",
+    }
+    landmarker = next(f for f in d["files"] if f["role"] == "face_landmarker")
+    assert landmarker["optional"] is True and "203 landmarks" in landmarker["note"]
+
+
+def test_only_onnx_is_not_complete_for_pytorch(tmp_path: Path) -> None:
+    cs = discover(make_tree(tmp_path, ONNX_FILES))
+    assert cs.complete("onnx") and not cs.complete_for_pytorch()
+    last = cs.report().splitlines()[-1]
+    assert last.startswith("Result: NOT complete for PyTorch: `studio render` needs ditto_pytorch/")
+    assert "which is not here" in last and "digital-avatar/ditto-talkinghead" in last
+
+
+def test_the_required_pytorch_files_are_what_the_ditto_render_reads() -> None:
+    """doctor's "complete for PyTorch" and the CLI's check before a render agree."""
+    from studio.render.ditto import ALL_ROLES
+
+    assert set(ck.PYTORCH_RENDER_ROLES) == set(ALL_ROLES)
+    required = {r.role for r in ck.REQUIREMENTS if "pytorch" in r.files}
+    required -= {role for role, kind in ck.OPTIONAL if kind == "pytorch"}
+    assert required == set(ALL_ROLES)
 
 
 def test_several_trt_folders_and_other_precision(tmp_path: Path) -> None:

@@ -429,3 +429,252 @@ def test_no_display_is_a_clear_error_and_a_screenshot_goes_offscreen():
         _qt_platform(env, screenshot=True, platform="linux")
         assert env == kept
     _qt_platform({}, screenshot=False, platform="darwin")  # other systems: Qt finds its own
+
+
+# --- progress and notices (studio.progress) -----------------------------------------------------
+
+
+class _Terminal(__import__("io").StringIO):
+    """A stream that says it is a terminal (tqdm bars are drawn into it)."""
+
+    def isatty(self):
+        return True
+
+
+def _stages(progress):
+    """Drive a progress the way a Ditto render does: registration, HuBERT, frames."""
+    progress("registering avatar", 0, 7)
+    progress("registering avatar: face detection", 2, 7)
+    progress.note("avatar 360x300, registered")
+    progress("registering avatar: cache", 7, 7)
+    progress("HuBERT features", 0, 1)
+    progress("HuBERT features", 1, 1)
+    progress("render", 0, 50)
+    progress("render", 25, 50)
+    progress("render", 50, 50)
+
+
+def test_progress_without_a_terminal_prints_a_line_per_stage_start_and_end():
+    import io
+    import re
+
+    from studio.progress import StageProgress
+
+    stream = io.StringIO()
+    with StageProgress(stream) as progress:
+        assert not progress.live
+        _stages(progress)
+    text = stream.getvalue()
+    assert "\r" not in text and "\033" not in text
+    lines = text.splitlines()
+    expected = [
+        r"registering avatar: 0/7 steps …",
+        r"avatar 360x300, registered",
+        r"registering avatar: 7/7 steps in \d+\.\d s",
+        r"HuBERT features: 0/1 …",
+        r"HuBERT features: 1/1 in \d+\.\d s",
+        r"rendering frames: 0/50 frames …",  # the pipeline's "render", named for people
+        r"rendering frames: 50/50 frames in \d+\.\d s(, \S+ frames/s)?",
+    ]
+    assert len(lines) == len(expected), lines
+    for line, pattern in zip(lines, expected, strict=True):
+        assert re.fullmatch(pattern, line), (line, pattern)
+
+
+def test_progress_on_a_terminal_draws_a_bar_per_stage_with_count_rate_and_eta():
+    import re
+
+    from studio.progress import StageProgress
+
+    stream = _Terminal()
+    with StageProgress(stream) as progress:
+        assert progress.live
+        _stages(progress)
+    text = stream.getvalue()
+    for stage in ("registering avatar", "HuBERT features", "rendering frames"):
+        assert f"\r{stage}:" in text
+    assert "7/7" in text and "50/50" in text and "face detection" in text
+    assert re.search(r"\d+/50 \[\d\d:\d\d<\d\d:\d\d, ", text)  # elapsed < remaining (ETA)
+    assert " frames/s" in text and " steps/s" in text
+    assert "\navatar 360x300, registered\n" in "\n" + text.replace("\r", "\n")
+    # A stage cut short by an error is cleared, so the error line stands alone.
+    stream = _Terminal()
+    with pytest.raises(ValueError), StageProgress(stream) as progress:
+        progress("render", 0, 50)
+        progress("render", 10, 50)
+        raise ValueError("stop")
+    assert stream.getvalue().endswith("\r") and stream.getvalue().split("\r")[-2].strip() == ""
+
+
+def test_notices_logged_by_the_work_appear_on_stderr_only_while_shown():
+    import io
+    import logging
+
+    from studio.progress import show_notices
+
+    log = logging.getLogger("studio.runtime.onnx_cache")
+    stream = io.StringIO()
+    with show_notices(stream):
+        log.info("exporting warp_network to ONNX for ONNX Runtime (≈ 180 MB, once)")
+        log.debug("detail nobody asked for")
+    log.info("after: not shown")
+    assert stream.getvalue() == (
+        "exporting warp_network to ONNX for ONNX Runtime (≈ 180 MB, once)\n"
+    )
+
+
+def test_export_notice_is_said_before_writing_with_the_estimated_size(tmp_path, caplog):
+    """The ONNX cache says what it is about to write, for which runtime and about how big."""
+    import logging
+    import re
+
+    import torch
+
+    from studio.models.random_tree import random_network
+    from studio.runtime.onnx_cache import estimated_onnx_bytes, export_for_engine, export_purpose
+
+    torch.manual_seed(0)
+    net = random_network("stitch_network", reduced=True)
+    with caplog.at_level(logging.INFO, logger="studio"), export_purpose("ONNX Runtime"):
+        path = export_for_engine("stitch_network", net, tmp_path / "onnx", verify=False)
+    (message,) = [r.getMessage() for r in caplog.records if "exporting" in r.getMessage()]
+    assert re.fullmatch(
+        r"exporting stitch_network to ONNX for ONNX Runtime \(≈ [\d.]+ [kMG]?B, once; batch 1, "
+        r"fp32\) into .*onnx",
+        message,
+    ), message
+    estimate = estimated_onnx_bytes(net)
+    assert 0.8 * estimate <= path.stat().st_size <= 1.2 * estimate + 64 * 1024
+    assert estimated_onnx_bytes(net, "fp16") < 0.6 * estimate  # half weights, half the bytes
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="studio"):
+        assert export_for_engine("stitch_network", net, tmp_path / "onnx", verify=False) == path
+    assert not [r for r in caplog.records if "exporting" in r.getMessage()]  # cached: silent
+
+
+# --- doctor: required vs optional, encoders ----------------------------------------------------
+
+
+def test_doctor_calls_a_folder_render_can_use_complete_for_pytorch(tmp_path, capsys):
+    from test_checkpoints import PYTORCH_FILES, make_tree
+
+    files = [f for f in PYTORCH_FILES if not f.endswith("face_landmarker.task")]
+    tree = make_tree(tmp_path / "ck", [*files, "ditto_cfg/v0.4_hubert_cfg_pytorch.pkl"])
+    code, out, err = _run(["doctor", "--checkpoints", str(tree)], capsys)
+    assert code == 0, err
+    assert "INCOMPLETE" not in out and "Complete layouts: none" not in out
+    assert "Complete layouts: pytorch, cfg" in out
+    assert "absent   ditto_pytorch/aux_models/face_landmarker.task  (optional: " in out
+    assert out.rstrip().splitlines()[-1].startswith("Result: complete for PyTorch: `studio render")
+    code, out, _ = _run(["doctor", "--checkpoints", str(tree), "--json"], capsys)
+    ck = json.loads(out)["checkpoints"]
+    assert code == 0 and ck["complete_for_pytorch"] is True and ck["missing_required"] == []
+
+
+def test_doctor_lists_encoders_as_built_in_and_hardware_present_or_not(capsys):
+    from studio.doctor import format_text
+
+    code, out, _ = _run(["doctor", "--json"], capsys)
+    info = json.loads(out)
+    hw = info["pyav"]["hardware"]
+    if info["pyav"]["encoders"]["h264_nvenc"]:
+        assert isinstance(hw["h264_nvenc"]["present"], bool)
+        if not info["torch"]["cuda_available"] and not __import__("glob").glob("/dev/nvidia*"):
+            assert hw["h264_nvenc"]["present"] is False
+            assert "no NVIDIA GPU" in hw["h264_nvenc"]["reason"]
+    pyav = {
+        "available": True,
+        "version": "18.1.0",
+        "encoders": {"libx264": True, "h264_nvenc": True, "libx265": False},
+        "hardware": {"h264_nvenc": {"present": False, "reason": "no NVIDIA GPU here"}},
+    }
+    text = format_text({**info, "pyav": pyav})
+    assert "PyAV 18.1.0 encoders built in: libx264, h264_nvenc (not built in: libx265)" in text
+    assert "hardware encoder h264_nvenc: built in, no NVIDIA GPU here" in text
+    assert "h264_nvenc yes" not in text
+    pyav["hardware"]["h264_nvenc"] = {"present": True, "reason": None}
+    assert "h264_nvenc: built in, NVIDIA GPU present" in format_text({**info, "pyav": pyav})
+
+
+# --- errors in the order a user fixes things ------------------------------------------------------
+
+
+@pytest.fixture
+def bad_inputs(tmp_path):
+    """A complete checkpoint tree of empty files, an incomplete one, an empty folder, text
+    notes FFmpeg opens as "tty" video, and a real video."""
+    from test_checkpoints import PYTORCH_FILES, make_tree
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("Meeting notes\n\n- item one: something to do\n- item two\n" * 30)
+    video = tmp_path / "clip.mp4"
+    with av.open(str(video), "w", format="mp4") as out:
+        stream = out.add_stream("mpeg4", rate=25)
+        stream.width, stream.height, stream.pix_fmt = 64, 64, "yuv420p"
+        frame = av.VideoFrame.from_ndarray(np.zeros((64, 64, 3), np.uint8), format="rgb24")
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            out.mux(packet)
+    (tmp_path / "empty").mkdir()
+    return {
+        "complete": make_tree(tmp_path / "complete", PYTORCH_FILES),
+        "no decoder": make_tree(
+            tmp_path / "partial", [f for f in PYTORCH_FILES if not f.endswith("decoder.pth")]
+        ),
+        "empty": tmp_path / "empty",
+        "notes": notes,
+        "video": video,
+        "out": tmp_path / "out.mp4",
+    }
+
+
+def _one_line_error(code, err, *words):
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+    for w in words:
+        assert w in err, (w, err)
+
+
+@pytest.mark.parametrize("command", ["render", "analyze"])
+def test_checkpoints_are_checked_before_the_avatar(bad_inputs, capsys, command):
+    b = bad_inputs
+    out = ["--out", str(b["out"])] if command == "render" else []
+    code, _, err = _run([command, "--checkpoints", str(b["empty"]), *out], capsys)
+    _one_line_error(code, err, "no Ditto checkpoints in", str(b["empty"]))
+    assert "--avatar" not in err
+    argv = [command, "--checkpoints", str(b["no decoder"]), "--avatar", str(b["notes"]), *out]
+    code, _, err = _run(argv, capsys)
+    _one_line_error(code, err, "decoder.pth")
+    assert "notes.txt" not in err
+    # the checkpoints before a bad --audio too
+    argv = [command, "--checkpoints", str(b["empty"]), "--audio", str(b["out"]) + ".wav", *out]
+    code, _, err = _run(argv, capsys)
+    _one_line_error(code, err, "no Ditto checkpoints in")
+    code, _, err = _run([command, "--checkpoints", str(b["complete"]), *out], capsys)
+    _one_line_error(code, err, "--avatar", "face photo")
+    assert not b["out"].exists()
+
+
+def test_an_avatar_that_is_not_an_image_says_so(bad_inputs, capsys):
+    b = bad_inputs
+    base = ["render", "--checkpoints", str(b["complete"]), "--out", str(b["out"])]
+    code, out, err = _run([*base, "--avatar", str(b["notes"])], capsys)
+    _one_line_error(code, err, "notes.txt is not an image file (PNG/JPEG/...)", "holds text")
+    assert "video" not in err and out == ""
+    code, _, err = _run([*base, "--avatar", str(b["video"])], capsys)
+    _one_line_error(code, err, "clip.mp4 is a video", "still image")
+    code, _, err = _run([*base, "--avatar", str(b["out"].parent / "absent.png")], capsys)
+    _one_line_error(code, err, "absent.png does not exist")
+    assert not b["out"].exists() and [p for p in b["out"].parent.glob("*.mp4")] == [b["video"]]
+
+
+def test_compile_without_a_gpu_to_compile_for_is_a_note_not_an_error(capsys, tmp_path):
+    code, out, err = _run(["analyze", "--demo", "--compile"], capsys)
+    assert code == 0 and "pose jerk" in out
+    assert "studio analyze: note: --compile is ignored by analyze" in err
+    out_mp4 = tmp_path / "o.mp4"
+    argv = ["render", "--demo", "--compile", "--out", str(out_mp4), "--size", "128"]
+    code, _, err = _run([*argv, "--x264-preset", "ultrafast"], capsys)
+    assert code == 0 and out_mp4.exists()
+    (note,) = [line for line in err.splitlines() if "note:" in line]
+    assert note.startswith("studio render: note: --compile is ignored by the demo engine")

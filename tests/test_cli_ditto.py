@@ -3,7 +3,10 @@ ONNX stand-ins for HuBERT and the face models: real ONNX Runtime, real PyAV, rea
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import re
 import shutil
 
 import av
@@ -46,12 +49,23 @@ def _ditto_args(assets, cache, *extra):
 
 @pytest.fixture(scope="module")
 def rendered(ditto_assets, tmp_path_factory):
+    """One render on the CPU, asked to --compile (ignored there, with a note); its stderr
+    (not a terminal: one line per stage start and end) is kept as ``rendered_stderr``."""
     d = tmp_path_factory.mktemp("ditto_render")
     out, report, cache = d / "ditto.mp4", d / "report.json", d / "avatars"
     argv = ["render", *_ditto_args(ditto_assets, cache), "--out", str(out)]
-    argv += ["--report", str(report), "--x264-preset", "veryfast", "--stride", "1"]
-    assert main(argv) == 0
+    argv += ["--report", str(report), "--x264-preset", "veryfast", "--stride", "1", "--compile"]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(argv)
+    assert code == 0, err.getvalue()
+    (d / "stderr.txt").write_text(err.getvalue())
     return out, json.loads(report.read_text()), cache
+
+
+@pytest.fixture(scope="module")
+def rendered_stderr(rendered):
+    return (rendered[0].parent / "stderr.txt").read_text()
 
 
 def test_render_writes_an_mp4_of_every_frame_at_the_avatar_size(rendered):
@@ -82,6 +96,37 @@ def test_report_splits_ditto_timings_and_names_the_engine(rendered):
     assert eng["render"] == {"runtime": "torch", **want}
     assert report["settings"]["backend"] == "ditto"
     assert str(cache) in eng["avatar"]
+
+
+def test_every_stage_of_a_ditto_render_shows_its_count_and_time(rendered, rendered_stderr):
+    """Without a terminal: a line when each stage starts and one when it ends, in order."""
+    _, report, _ = rendered
+    text = rendered_stderr
+    assert "\r" not in text and "\033" not in text
+    n = report["frames"]
+    ends = [
+        r"registering avatar: 7/7 steps in \d",
+        r"loading networks: 5/5 networks in \d",
+        r"HuBERT features: 1/1 in \d",
+        r"LMDM windows: (\d+)/\1 windows in \d",
+        r"building engines: (\d+)/\1 in \d",
+        rf"rendering frames: {n}/{n} frames in \d",
+    ]
+    found = [re.search(pattern, text, re.M) for pattern in ends]
+    assert all(found), text
+    assert [m.start() for m in found] == sorted(m.start() for m in found), text
+    for start in ("registering avatar: 0/7 steps …", "loading networks: 0/5 networks …"):
+        assert start in text
+    assert f"rendering frames: 0/{n} frames …" in text
+    assert re.search(r"^avatar \d+x\d+, eye features: .*registered", text, re.M)
+
+
+def test_compile_on_the_cpu_is_ignored_with_a_note(rendered, rendered_stderr):
+    _, report, _ = rendered
+    (note,) = [line for line in rendered_stderr.splitlines() if "note:" in line]
+    assert note.startswith("studio render: note: --compile is ignored on the CPU: ")
+    assert "GPU" in note
+    assert report["engine"]["render"]["compiled"] is False
 
 
 def test_avatar_cache_is_reused_and_rebuilt_when_stale(ditto_assets, rendered, tmp_path, capsys):
@@ -147,15 +192,29 @@ def test_ditto_options_need_checkpoints_and_an_avatar(ditto_assets, tmp_path, ca
     assert code != 0 and "tiny.png" in err and "Traceback" not in err
 
 
-def test_render_on_the_onnxruntime_runtime_and_an_unavailable_one(ditto_assets, tmp_path, capsys):
+def test_render_on_the_onnxruntime_runtime_and_an_unavailable_one(
+    ditto_assets, tmp_path, capsys, monkeypatch
+):
     import importlib.util
 
+    monkeypatch.setenv("STUDIO_ENGINE_CACHE", str(tmp_path / "engines"))  # exported afresh
     cache = tmp_path / "avatars"
     out, report = tmp_path / "ort.mp4", tmp_path / "ort.json"
     argv = ["render", *_ditto_args(ditto_assets, cache, "--runtime", "onnxruntime")]
     argv += ["--frame", "crop", "--size", "130", "--out", str(out), "--report", str(report)]
     code, _, err = _run([*argv, "--x264-preset", "ultrafast"], capsys)
     assert code == 0, err
+    # Said before the cache is written: which network, for which runtime, about how big.
+    for net in ("warp_network", "decoder"):
+        assert re.search(
+            rf"^exporting {net} to ONNX for ONNX Runtime \(≈ [\d.]+ [kMG]?B, once; batch \d+, "
+            rf"fp32\) into {re.escape(str(tmp_path / 'engines' / 'onnx'))}$",
+            err,
+            re.M,
+        ), err
+    assert err.index("exporting warp_network") < err.index("rendering frames: 0/")
+    assert err.index("building engines") < err.index("exporting warp_network")
+    assert list((tmp_path / "engines" / "onnx").glob("warp_network.*.onnx"))
     render = json.loads(report.read_text())["engine"]["render"]
     assert render["runtime"] == "onnxruntime" and render["cuda_graphs"] is False
     with av.open(str(out)) as c:
@@ -171,3 +230,13 @@ def test_render_on_the_onnxruntime_runtime_and_an_unavailable_one(ditto_assets, 
     code, _, err = _run([*argv, "--out", str(tmp_path / "fp16.mp4")], capsys)
     assert code == 2 and "--precision" in err and "fp16" in err
     assert not fresh.exists()  # refused before the avatar was registered
+
+
+def test_export_onnx_shows_a_stage_with_counts(ditto_assets, tmp_path, capsys):
+    out = tmp_path / "onnx"
+    argv = ["export-onnx", "--checkpoints", str(ditto_assets["tree"]), "--out", str(out)]
+    code, stdout, err = _run([*argv, "--networks", "stitch_network,decoder", "--no-verify"], capsys)
+    assert code == 0, err
+    assert "exporting networks: 0/2 networks …" in err
+    assert re.search(r"^exporting networks: 2/2 networks in \d", err, re.M), err
+    assert "stitch_network" in stdout and "\r" not in err

@@ -294,3 +294,14 @@ def test_export_asks_before_overwriting_and_reuses_the_preview(window, qtbot, tm
 
     a, b = frames(fresh), frames(cli)
     assert len(a) == len(b) == n and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_engine_notices_reach_the_status_bar_from_any_thread(window, qtbot):
+    import logging
+    import threading
+
+    note = "exporting warp_network to ONNX for ONNX Runtime (≈ 182 MB, once)"
+    worker = threading.Thread(target=lambda: logging.getLogger("studio.runtime.x").info(note))
+    worker.start()
+    worker.join()
+    qtbot.waitUntil(lambda: window.statusBar().currentMessage() == note, timeout=2000)

@@ -127,11 +127,14 @@ def test_ditto_renders_full_frames_emotion_reruns_motion_deltas_only_rerender(qt
 
     looker = Look()
     w.motion_worker.engineProgress.connect(looker.look, Qt.ConnectionType.QueuedConnection)
+    motion_stages: list[str] = []
+    w.motion_worker.motionProgress.connect(lambda _g, stage, *_: motion_stages.append(stage))
     stats = _to_ditto(w, qtbot, assets)
-    building = [text for stage, text, _, _ in seen if stage != "motion windows"]
+    building = [text for _, text, _, _ in seen]
     assert building and all("starting the ditto engine: " in t for t in building)
     assert not any("switching to" in t for t in building)
-    assert {stage for stage, *_ in seen} >= {"motion windows"}
+    assert {"registering avatar", "loading networks"} <= {stage for stage, *_ in seen}
+    assert {"HuBERT features", "LMDM windows"} <= set(motion_stages)
     # never a full bar while the work goes on: a count below its total, or busy (maximum 0)
     assert all(top == 0 or value < top for _, _, top, value in seen)
     h, wd = FACE_HW

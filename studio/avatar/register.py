@@ -87,6 +87,7 @@ _STEPS = (
 )
 
 _X_S_KEYS = ("pitch", "yaw", "roll", "t", "exp", "scale", "kp")
+STAGE = "registering avatar"  # the progress stage; steps follow it as "registering avatar: <step>"
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,17 @@ _VIDEO_MAGIC = (
 )
 
 
+# Files people mistake for a photo that FFmpeg still opens, and how to tell a real video:
+# by its suffix or by the demuxer FFmpeg picked (text files open as "tty" ANSI art).
+_VIDEO_SUFFIXES = frozenset(
+    ".mp4 .m4v .mov .mkv .webm .avi .flv .wmv .mpg .mpeg .ts .mts .m2ts .3gp .ogv .y4m".split()
+)
+_VIDEO_FORMATS = frozenset(
+    "mov mp4 matroska webm avi flv mpeg mpegts mpegvideo asf ogg h264 hevc m4v "
+    "yuv4mpegpipe rm nut ivf 3gp".split()
+)
+
+
 def _sniff_video(data: bytes) -> str | None:
     for offset, magic, name in _VIDEO_MAGIC:
         if data[offset : offset + len(magic)] == magic:
@@ -213,6 +225,30 @@ def _sniff_video(data: bytes) -> str | None:
     if data[:1] == b"\x47" and len(data) > 376 and data[188:189] == b"\x47":
         return "MPEG-TS"
     return None
+
+
+def _looks_like_text(data: bytes) -> bool:
+    """True for a file that is plain text (UTF-8, no NUL bytes in its first 4 kB)."""
+    head = data[:4096]
+    if not head or b"\0" in head:
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start >= len(head) - 3  # a character cut at the 4 kB boundary
+    return True
+
+
+def _is_video(p: Path, fmt: str) -> bool:
+    """A video by its suffix or by the container FFmpeg found in it."""
+    return p.suffix.lower() in _VIDEO_SUFFIXES or bool(set(fmt.split(",")) & _VIDEO_FORMATS)
+
+
+def _check_not_video(p: Path, data: bytes) -> None:
+    """InputError for a video recognised by its first bytes, before anything decodes it."""
+    video = _sniff_video(data)
+    if video is not None:
+        raise _video_error(p, video)
 
 
 def _tiff_orientation(tiff: bytes) -> int:
@@ -280,18 +316,17 @@ def load_image(path: str | os.PathLike[str], data: bytes | None = None) -> np.nd
     p = Path(path).expanduser()
     if data is None:
         data = _read(p)
-    video = _sniff_video(data)
-    if video is not None:
-        raise _video_error(p, video)
+    _check_not_video(p, data)
     try:
         with av.open(str(p)) as container:
             fmt = container.format.name
             if not container.streams.video:
-                raise InputError(
-                    f"{p} is not an image (it has no picture): use a PNG or JPEG photo of a face"
-                )
+                raise _not_image_error(p, "it has no picture")
             if not _is_image_format(fmt):
-                raise _video_error(p, fmt)
+                if _is_video(p, fmt):
+                    raise _video_error(p, fmt)
+                what = "it holds text" if _looks_like_text(data) else f"FFmpeg reads it as {fmt}"
+                raise _not_image_error(p, what)
             frame = next(container.decode(container.streams.video[0]), None)
             if frame is None:
                 raise InputError(f"{p} holds no picture: re-export it as PNG or JPEG")
@@ -299,6 +334,8 @@ def load_image(path: str | os.PathLike[str], data: bytes | None = None) -> np.nd
     except InputError:
         raise
     except Exception as e:  # noqa: BLE001 - PyAV/FFmpeg raise many types for bad data
+        if _looks_like_text(data):
+            raise _not_image_error(p, "it holds text") from None
         reason = " ".join(str(e).split())[:120] or type(e).__name__
         raise InputError(
             f"{p} is not an image the studio can read ({reason}): use a PNG or JPEG photo"
@@ -317,6 +354,10 @@ def _video_error(p: Path, kind: str) -> InputError:
         f"{p} is a video ({kind}): video avatars are not supported yet; use a still image "
         "(PNG or JPEG) of the face"
     )
+
+
+def _not_image_error(p: Path, why: str) -> InputError:
+    return InputError(f"{p} is not an image file (PNG/JPEG/...): {why}; use a photo of the face")
 
 
 def _read(p: Path) -> bytes:
@@ -399,7 +440,7 @@ class _Steps:
         self.t = now
         self.done += 1
         if self.progress is not None:
-            self.progress(f"avatar: {name}", self.done, len(_STEPS))
+            self.progress(f"{STAGE}: {name}", self.done, len(_STEPS))
 
 
 def _build(
@@ -634,9 +675,7 @@ def register_avatar(
     settings = settings or RegistrationSettings()
     path = Path(image_path).expanduser()
     data = _read(path)
-    video = _sniff_video(data)
-    if video is not None:
-        raise _video_error(path, video)
+    _check_not_video(path, data)
     image_sha = hashlib.sha256(data).hexdigest()
     files, missing = _resolve_files(checkpoints)
     eye_key, _ = planned_method(files.get("face_landmarker"))
@@ -657,7 +696,7 @@ def register_avatar(
                     names = ", ".join(Path(meta["models"][r]["path"]).name for r in gone)
                     avatar.notes.append(f"loaded from the cache; {names} missing now")
                 if progress is not None:
-                    progress("avatar: cache", len(_STEPS), len(_STEPS))
+                    progress(f"{STAGE}: reused from cache", len(_STEPS), len(_STEPS))
                 return avatar
 
     for role in (*_AUX_ROLES, *_NET_ROLES):
@@ -666,7 +705,7 @@ def register_avatar(
     _check_cache_root(root)  # before the work; a cache hit above writes nothing
     steps = _Steps(progress)
     if progress is not None:
-        progress("avatar: start", 0, len(_STEPS))
+        progress(STAGE, 0, len(_STEPS))
     used = {r: p for r, p in files.items() if r != "face_landmarker" or eye_key == "mediapipe"}
     avatar, extra = _build(path, data, files, settings, device, steps)
     meta = {

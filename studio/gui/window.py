@@ -36,6 +36,7 @@ from studio.errors import StudioError
 from studio.export.video import check_output_path
 from studio.files import unused_name
 from studio.gui.export_dialog import ExportDialog
+from studio.gui.notices import NoticeBridge
 from studio.gui.playback import Playback
 from studio.gui.widgets.controls import ControlsPanel
 from studio.gui.widgets.metrics import MetricsPanel
@@ -151,6 +152,8 @@ class MainWindow(QMainWindow):
         self.controls = ControlsPanel()
         self.metrics = MetricsPanel()
         self.playback = Playback(self)
+        self.notices = NoticeBridge(self)
+        self.notices.notice.connect(self._show_notice, Qt.ConnectionType.QueuedConnection)
 
         self.play_button = QToolButton()
         self.play_button.setText("▶  Play")
@@ -313,6 +316,7 @@ class MainWindow(QMainWindow):
             (self.motion_worker.motionReady, self._motion_ready),
             (self.motion_worker.failed, self._failed),
             (self.motion_worker.engineProgress, self._engine_progress),
+            (self.motion_worker.motionProgress, self._motion_progress),
             (self.motion_worker.engineReady, self._engine_ready),
             (self.motion_worker.engineFailed, self._engine_failed),
             (self.motion_worker.engineCancelled, self._engine_cancelled),
@@ -531,13 +535,18 @@ class MainWindow(QMainWindow):
     def _engine_progress(self, gen: int, stage: str, done: int, total: int) -> None:
         if gen != self.generation:
             return
-        if stage != "motion windows":
-            self.build_stage = stage if total <= 1 else f"{stage} {done}/{total}"
-            self._building(True)
-            self._update_engine_status()
-            self.statusBar().showMessage(f"starting the Ditto engine: {stage}… (Esc cancels)")
-        else:
-            self.statusBar().showMessage(f"computing motion: LMDM window {done}/{total}…")
+        self.build_stage = stage if total <= 1 else f"{stage} {done}/{total}"
+        self._building(True)
+        self._update_engine_status()
+        self.statusBar().showMessage(f"starting the Ditto engine: {stage}… (Esc cancels)")
+        self._show_progress(done, total)
+
+    def _motion_progress(self, gen: int, stage: str, done: int, total: int) -> None:
+        """The engine computing motion (HuBERT features, LMDM windows) for this request."""
+        if gen != self.generation:
+            return
+        count = f" {done}/{total}" if total > 1 else ""
+        self.statusBar().showMessage(f"computing motion: {stage}{count}… (Esc cancels)")
         self._show_progress(done, total)
 
     def _engine_ready(self, gen: int, info: EngineInfo) -> None:
@@ -764,6 +773,10 @@ class MainWindow(QMainWindow):
             f"{runtime}{memory}  ·  last render {fps}{audio}{pending}"
         )
 
+    def _show_notice(self, text: str) -> None:
+        """A notice from the engines (a large cache about to be written): the status bar."""
+        self.statusBar().showMessage(text, 20000)
+
     def show_error(self, message: str, details: str = "") -> None:
         """A dialog with a one-line explanation and a details section; non-blocking."""
         box = QMessageBox(QMessageBox.Icon.Warning, "Studio", message.splitlines()[0], parent=self)
@@ -960,6 +973,7 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt API
         self._save()
+        self.notices.detach()
         self.playback.pause()
         self.render_worker.cancel_export()
         self.motion_worker.cancellation.cancel_upto(1 << 62)

@@ -197,7 +197,8 @@ class MotionWorker(QObject):
     audioLoaded = Signal(int, object)  # generation, Audio
     motionReady = Signal(int, object, object)  # generation, MotionResult, engine that made it
     failed = Signal(int, str, str)  # generation, message, details
-    engineProgress = Signal(int, str, int, int)  # generation, stage, done, total
+    engineProgress = Signal(int, str, int, int)  # generation, stage, done, total (a build)
+    motionProgress = Signal(int, str, int, int)  # generation, stage, done, total (HuBERT, LMDM)
     engineReady = Signal(int, object)  # generation, EngineInfo (a new engine was built)
     engineFailed = Signal(int, str, str)  # generation, message, details (back to demo)
     engineCancelled = Signal(int)  # generation
@@ -277,9 +278,7 @@ class MotionWorker(QObject):
         device = resolve_device(None)
         image, cache = avatar_source(job.avatar)
         avatar = register_avatar(image, found, cache_dir=cache, device=device, progress=step)
-        step(f"loading the Ditto networks on {device}", 0, 1)
-        engine = DittoEngine(found, avatar, job.settings, device=device)
-        step(f"loading the Ditto networks on {device}", 1, 1)
+        engine = DittoEngine(found, avatar, job.settings, device=device, progress=step)
         self._serial += 1
         self.engine_builds += 1
         h, w = (int(v) for v in avatar.image.shape[:2])
@@ -316,9 +315,7 @@ class MotionWorker(QObject):
                 self.engineFailed.emit(gen, f"The Ditto engine could not start: {e}", _details())
                 return
             engine = base.with_settings(s)
-            engine.progress = lambda stage, d, n: self.engineProgress.emit(
-                gen, "motion windows", d, n
-            )
+            engine.progress = lambda stage, d, n: self.motionProgress.emit(gen, stage, d, n)
             ident = ("ditto", info.serial, s.emotion, s.steps)
         if self.cancellation.is_cancelled(gen):
             return

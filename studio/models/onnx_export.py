@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -391,13 +391,14 @@ def export_onnx(
     opset: int = DEFAULT_OPSET,
     verify: bool = True,
     tolerance: float = TOLERANCE,
-    progress: Any = None,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Export the networks of a checkpoint tree's PyTorch layout to ``out_dir``.
 
     ``networks`` (names or ONNX stems, a list or comma-separated; default: every network
     whose ``.pth`` is present) are loaded with :func:`load_network`; explicitly named ones must
-    be present. ``progress(name)`` is called before each export. Returns ``{"checkpoints",
+    be present. ``progress(stage, done, total)`` is called before each export (stage
+    ``"exporting networks: <name>"``) and once all are done. Returns ``{"checkpoints",
     "out_dir", "opset", "ok", "networks": {name: record}}`` with :func:`export_module`'s
     records (plus ``checkpoint`` and ``status``: exported, failed or missing).
     """
@@ -435,6 +436,7 @@ def export_onnx(
         "opset": opset,
         "networks": {},
     }
+    todo = [n for n in NETWORK_NAMES if n in names]
     for name in NETWORK_NAMES:
         if name not in names:
             if wanted is None and name in missing:
@@ -445,7 +447,7 @@ def export_onnx(
                 }
             continue
         if progress is not None:
-            progress(name)
+            progress(f"exporting networks: {name}", todo.index(name), len(todo))
         spec = network_spec(name)
         checkpoint = found.path(name, "pytorch")
         module = load_network(name, checkpoint)
@@ -456,5 +458,7 @@ def export_onnx(
         record["status"] = "exported" if record["ok"] else "failed"
         summary["networks"][name] = record
         del module
+    if progress is not None:
+        progress("exporting networks", len(todo), len(todo))
     summary["ok"] = all(r["ok"] for r in summary["networks"].values())
     return summary

@@ -61,6 +61,12 @@ ALL_ROLES = (*REGISTRATION_ROLES, *ENGINE_ROLES)  # what an avatar + engine buil
 NETWORK_ROLES = ("lmdm", "stitch_network", "warp_network", "decoder")
 
 Progress = Callable[[str, int, int], None]
+# Stages reported through ``progress(stage, done, total)``: short, for people.
+STAGE_LOADING = "loading networks"
+STAGE_HUBERT = "HuBERT features"
+STAGE_LMDM = "LMDM windows"
+STAGE_ENGINES = "building engines"
+_RUNTIME_NAMES = {"torch": "PyTorch", "onnxruntime": "ONNX Runtime", "tensorrt": "TensorRT"}
 
 
 def require(checkpoints: CheckpointSet, roles: Sequence[str], layout: str = "pytorch") -> None:
@@ -188,8 +194,16 @@ def _fingerprint(path: Path) -> tuple:
     return (str(path.resolve()), st.st_size, st.st_mtime_ns)
 
 
-def load_networks(checkpoints: CheckpointSet, device: torch.device) -> DittoNetworks:
-    """The engine's networks from the pytorch layout; one set is kept (reloaded on change)."""
+def load_networks(
+    checkpoints: CheckpointSet,
+    device: torch.device,
+    on_loaded: Callable[[int, int], None] | None = None,
+) -> DittoNetworks:
+    """The engine's networks from the pytorch layout; one set is kept (reloaded on change).
+
+    ``on_loaded(done, total)`` is called after each network read from disk (not for a set
+    already loaded), so a caller can show the load's progress.
+    """
     from studio.models import load_network
 
     require(checkpoints, NETWORK_ROLES)
@@ -198,7 +212,11 @@ def load_networks(checkpoints: CheckpointSet, device: torch.device) -> DittoNetw
     with _NETS_LOCK:
         if key not in _NETS:
             _NETS.clear()  # one set at a time: full size is ~700 MB
-            loaded = {role: load_network(role, p, device) for role, p in paths.items()}
+            loaded = {}
+            for role, p in paths.items():
+                loaded[role] = load_network(role, p, device)
+                if on_loaded is not None:
+                    on_loaded(len(loaded), len(paths))
             _NETS[key] = DittoNetworks(
                 loaded["lmdm"],
                 loaded["stitch_network"],
@@ -448,6 +466,27 @@ class DittoRenderer:
         """Accumulated stitching, warp_decode and putback time in ms."""
         return self.clock.ms()
 
+    def build_engines(self, frames: int, progress: Progress | None = None) -> None:
+        """Build now the warp + decoder engines that rendering ``frames`` frames in batches of
+        :attr:`batch` will use (ONNX export, torch.compile, CUDA graph capture: minutes on a
+        first run), reporting the stage "building engines" with counts, so that the wait has a
+        name and the frame count that follows measures frames only. Built engines are reused.
+        """
+        from studio.runtime.onnx_cache import export_purpose
+
+        wd = self.warp_decode
+        full, rest = divmod(max(0, int(frames)), self.batch)
+        sizes = ([self.batch] if full else []) + ([rest] if rest else [])  # chunk lengths
+        runtime = _RUNTIME_NAMES.get(wd.runtime, wd.runtime)
+        with export_purpose(runtime):
+            for i, k in enumerate(sizes):
+                batch = wd.batch_for(k, self.batch)  # the last chunk may share a built rung
+                if progress is not None:
+                    progress(f"{STAGE_ENGINES}: {runtime}, batch {batch}", i, len(sizes))
+                wd.engines(batch)  # built once; a rung already built is only looked up
+        if progress is not None and sizes:
+            progress(STAGE_ENGINES, len(sizes), len(sizes))
+
 
 # --- engine ---------------------------------------------------------------------------------
 
@@ -469,6 +508,7 @@ class DittoEngine:
         settings: RenderSettings,
         device: str | torch.device | None = None,
         providers: Sequence[str] | None = None,
+        progress: Progress | None = None,
     ) -> None:
         self.checkpoints = (
             checkpoints if isinstance(checkpoints, CheckpointSet) else discover(checkpoints)
@@ -477,7 +517,15 @@ class DittoEngine:
         self.device = resolve_device(device)
         self.settings = settings
         self.avatar = avatar
-        self.networks = load_networks(self.checkpoints, self.device)
+        self.progress: Progress | None = progress
+        # the four networks and HuBERT, counted as they are read (seconds to minutes on a CPU)
+        total = len(NETWORK_ROLES) + 1
+        self._report(STAGE_LOADING, 0, total)
+        self.networks = load_networks(
+            self.checkpoints,
+            self.device,
+            on_loaded=lambda done, _n: self._report(STAGE_LOADING, done, total),
+        )
         self._check_render(settings)
         if providers is None and self.device.type == "cpu":
             providers = ("CPUExecutionProvider",)
@@ -487,6 +535,7 @@ class DittoEngine:
         self.hubert = HubertFeatures(
             self.checkpoints.path("hubert"), providers, device=self.device if on_gpu else None
         )
+        self._report(STAGE_LOADING, total, total)
         self.condition, self.cfg_defaults = _condition_config(self.checkpoints, settings.emotion)
         lmdm_c = self.networks.lmdm.cond_dim
         if self.condition.width != lmdm_c:
@@ -495,7 +544,11 @@ class DittoEngine:
                 f"config's parts make {self.condition.width}: check ditto_cfg/ matches the LMDM"
             )
         self.last_timings: dict[str, float] = {}
-        self.progress: Progress | None = None
+
+    def _report(self, stage: str, done: int, total: int) -> None:
+        """Tell :attr:`progress` (the CLI's bars, the GUI's status bar) where a stage is."""
+        if self.progress is not None:
+            self.progress(stage, done, total)
 
     def with_settings(self, settings: RenderSettings) -> DittoEngine:
         """The same engine (networks, avatar) with other settings."""
@@ -515,17 +568,17 @@ class DittoEngine:
         """[N, 265] motion: HuBERT features, the 1103-wide condition, LMDM windows."""
         dev = self.device
         t0 = time.perf_counter()
+        self._report(STAGE_HUBERT, 0, 1)  # one call: counted as one step
         feats = self.hubert.offline(audio.samples)
+        self._report(STAGE_HUBERT, 1, 1)
         source = ConditionSource.from_source_info(self.avatar.source_info())
         cond = assemble(feats[: audio.num_frames], 0, source, self.condition)
         t_hubert = (time.perf_counter() - t0) * 1000.0
         t0 = time.perf_counter()
         kp_source = torch.from_numpy(motion_from_info(self.avatar.x_s_info))
-        progress = self.progress
 
         def on_window(done: int, total: int) -> None:
-            if progress is not None:
-                progress("motion", done, total)
+            self._report(STAGE_LMDM, done, total)
 
         motion = generate_motion(
             self.networks.lmdm,

@@ -5,6 +5,9 @@ Ditto (HuggingFace ``digital-avatar/ditto-talkinghead``) ships four folders side
 ``ditto_trt_*/`` (TensorRT 8.6 engines, possibly several builds) and ``ditto_cfg/`` (pickled
 configs). :func:`discover` checks every file each layout needs, stage by stage, so that
 ``studio doctor --checkpoints DIR`` can say exactly which file is missing and what it is for.
+Files the studio can do without (:data:`OPTIONAL`: the MediaPipe task file, Ditto's TensorRT
+configs, ...) are reported as optional: a layout is complete when its required files are
+there, and :meth:`CheckpointSet.complete_for_pytorch` says whether ``studio render`` can run.
 
 The config ``.pkl`` files are pickles, and a pickle can run code when loaded. :func:`load_cfg`
 therefore uses an unpickler that admits only plain data: containers, numbers, strings, bytes and
@@ -16,6 +19,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import shlex
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -196,6 +200,36 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(S_CONFIG, "cfg_pytorch", {"cfg": ("v0.4_hubert_cfg_pytorch.pkl",)}),
 )
 
+# Files a layout can do without, (role, layout kind) -> what happens without them. Everything
+# else a layout lists is required. The studio's eye features come from face_landmarker.task
+# (MediaPipe) or, without it, the 203 landmarks; it never runs Ditto's blaze_face/face_mesh.
+_NO_EYE_MODELS = "the studio's eye features use face_landmarker.task or the 203 landmarks"
+OPTIONAL: dict[tuple[str, str], str] = {
+    ("face_landmarker", "pytorch"): "without it the eye features come from the 203 landmarks",
+    ("blaze_face", "onnx"): _NO_EYE_MODELS,
+    ("face_mesh", "onnx"): _NO_EYE_MODELS,
+    ("blaze_face", "trt"): _NO_EYE_MODELS,
+    ("face_mesh", "trt"): _NO_EYE_MODELS,
+    ("grid_sample_plugin", "onnx"): "only a TensorRT warp engine before TensorRT 11.2 loads it",
+    ("cfg_trt", "cfg"): "used by Ditto's TensorRT pipeline only",
+    ("cfg_trt_online", "cfg"): "used by Ditto's TensorRT pipeline only",
+    ("cfg_pytorch", "cfg"): "the studio has the same defaults built in",
+}
+# What `studio render --checkpoints` reads from ditto_pytorch/ (studio.render.ditto.ALL_ROLES:
+# registration, HuBERT, LMDM, stitching, warp, decoder): the layout's required files.
+PYTORCH_RENDER_ROLES = (
+    "insightface_det",
+    "landmark106",
+    "landmark203",
+    "appearance_extractor",
+    "motion_extractor",
+    "hubert",
+    "lmdm",
+    "stitch_network",
+    "warp_network",
+    "decoder",
+)
+
 # Other names accepted by CheckpointSet.path(): Ditto's file stems and plain-word synonyms.
 ALIASES = {
     "det_10g": "insightface_det",
@@ -223,6 +257,8 @@ class FileStatus:
     """One expected file of one layout: where it should be and whether it is there.
 
     ``problem`` is set for a file that exists but cannot be the model (a Git LFS pointer).
+    ``optional`` files (:data:`OPTIONAL`) do not make a layout incomplete; ``note`` says what
+    the studio does without one.
     """
 
     stage: str
@@ -232,6 +268,8 @@ class FileStatus:
     present: bool
     size: int | None
     problem: str | None = None
+    optional: bool = False
+    note: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -284,7 +322,12 @@ def _statuses(base: Path, layout: str) -> list[FileStatus]:
             continue
         found = [(folder / n, *_probe(folder / n)) for n in names]
         path, present, size, problem = next((f for f in found if f[1]), found[0])
-        out.append(FileStatus(req.stage, req.role, layout, path, present, size, problem))
+        note = OPTIONAL.get((req.role, kind))
+        out.append(
+            FileStatus(
+                req.stage, req.role, layout, path, present, size, problem, note is not None, note
+            )
+        )
     return out
 
 
@@ -326,12 +369,24 @@ class CheckpointSet:
         return sorted(found, key=lambda lay: not self.complete(lay))
 
     def complete(self, layout: str) -> bool:
-        """True when every file of ``layout`` is present and usable."""
-        return not self.missing(layout)
+        """True when every required file of ``layout`` is present and usable (optional files,
+        :data:`OPTIONAL`, may be absent)."""
+        return not self.missing_required(layout)
 
     def missing(self, layout: str) -> list[FileStatus]:
-        """Files of ``layout`` that are absent or broken (e.g. Git LFS pointers)."""
+        """Files of ``layout`` that are absent or broken (e.g. Git LFS pointers), optional
+        ones included."""
         return [f for f in self._of(self._resolve_layout(layout)) if not f.ok]
+
+    def missing_required(self, layout: str) -> list[FileStatus]:
+        """The required files of ``layout`` that are absent or broken."""
+        return [f for f in self.missing(layout) if not f.optional]
+
+    def complete_for_pytorch(self) -> bool:
+        """True when ``studio render --checkpoints`` can run from this folder: every file of
+        :data:`PYTORCH_RENDER_ROLES` is present and usable in ``ditto_pytorch/``."""
+        files = {f.role: f for f in self._of("pytorch")}
+        return all(files[r].ok for r in PYTORCH_RENDER_ROLES)
 
     def describe(self, f: FileStatus) -> str:
         """One line naming the file and its stage, e.g. for a missing-file list."""
@@ -375,7 +430,9 @@ class CheckpointSet:
         )
 
     def report(self) -> str:
-        """Human-readable text: per layout, per stage, present or MISSING with the path."""
+        """Human-readable text: per layout, per stage, present, MISSING (required), BROKEN or
+        absent (optional, with what the studio does without it); then what is missing, which
+        layouts are complete, and whether ``studio render`` can run from the folder."""
         lines = [f"Ditto checkpoints in {self.root}"]
         present = set(self.layouts())
         layouts = self._all_layouts()
@@ -388,16 +445,16 @@ class CheckpointSet:
                 lines.append(f"  {lay}: not found (no files in {folder}/)")
                 continue
             files = self._of(lay)
-            bad = [f for f in files if not f.ok]
             folder = _layout_dir(self.root, lay).name
-            state = "complete" if not bad else f"INCOMPLETE, {len(bad)} of {len(files)} missing"
-            lines.append(f"  {lay} ({folder}/): {state}")
+            lines.append(f"  {lay} ({folder}/): {self._state(files)}")
             for f in files:
                 rel = self.rel(f.path)
                 if f.ok:
                     mark, extra = "present", f"  ({_human_size(f.size or 0)})"
                 elif f.present:
                     mark, extra = "BROKEN ", f"  ({f.problem})"
+                elif f.optional:
+                    mark, extra = "absent ", f"  (optional: {f.note})"
                 else:
                     mark, extra = "MISSING", ""
                 lines.append(f"    {f.stage:<{width}}  {mark}  {rel}{extra}")
@@ -409,16 +466,68 @@ class CheckpointSet:
                     f"    note: the warp engine may need {self.rel(plugin.path)} loaded first "
                     f"({'present' if plugin.ok else 'not found'})"
                 )
-        problems = [f for lay in layouts if lay in present for f in self._of(lay) if not f.ok]
+        found = [f for lay in layouts if lay in present for f in self._of(lay)]
+        problems = [f for f in found if not f.ok and not f.optional]
         if problems:
-            lines.append("Missing or broken:")
+            lines.append("Missing or broken (required):")
             lines += [f"  {self.describe(f)}" for f in problems]
+        broken = [f for f in found if f.optional and f.present and f.problem]
+        if broken:
+            lines.append("Broken (optional):")
+            lines += [f"  {self.describe(f)}" for f in broken]
         usable = [lay for lay in layouts if lay in present and self.complete(lay)]
         lines.append(f"Complete layouts: {', '.join(usable) if usable else 'none'}")
+        lines.append(self.pytorch_verdict())
         return "\n".join(lines)
 
+    @staticmethod
+    def _state(files: list[FileStatus]) -> str:
+        """The layout's state: complete or INCOMPLETE (required files), and the optional count."""
+        required = [f for f in files if not f.optional]
+        bad = [f for f in required if not f.ok]
+        optional = [f for f in files if f.optional]
+        absent = [f for f in optional if not f.ok]
+        if not required:
+            return f"{len(optional) - len(absent)} of {len(optional)} files present, all optional"
+        if bad:
+            state = f"INCOMPLETE, {len(bad)} of {len(required)} required missing"
+        else:
+            state = f"complete ({len(required)} required files present)"
+        if optional:
+            state += (
+                f"; optional: {len(optional) - len(absent)} of {len(optional)} present"
+                if absent
+                else f"; optional: all {len(optional)} present"
+            )
+        return state
+
+    def pytorch_verdict(self) -> str:
+        """One line: can ``studio render`` run from this folder, and if not, what to do."""
+        if self.complete_for_pytorch():
+            return (
+                "Result: complete for PyTorch: `studio render --checkpoints "
+                f"{shlex.quote(str(self.root))} --avatar FACE.png` can run from this folder"
+            )
+        if "pytorch" not in self.layouts():
+            return (
+                f"Result: NOT complete for PyTorch: `studio render` needs "
+                f"{LAYOUT_DIRS['pytorch']}/, which is not here; {_HINTS['pytorch']} into "
+                f"{self.root}"
+            )
+        files = {f.role: f for f in self._of("pytorch")}
+        bad = [files[r] for r in PYTORCH_RENDER_ROLES if not files[r].ok]
+        names = ", ".join(self.rel(f.path) for f in bad)
+        return (
+            f"Result: NOT complete for PyTorch: `studio render` needs {names}; {_HINTS['pytorch']} "
+            f"into {self.root}"
+        )
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready summary: root, layouts found, completeness and every file's status."""
+        """JSON-ready summary: root, layouts found, completeness per layout (required files)
+        and for ``studio render`` (``complete_for_pytorch``), the missing required and
+        optional files of the layouts found, and every file's status (with ``optional`` and
+        ``note``)."""
+        found = [f for f in self.files if f.layout in self.layouts()]  # layouts present
         files = []
         for f in self.files:
             d = asdict(f)
@@ -429,6 +538,9 @@ class CheckpointSet:
             "root": str(self.root),
             "layouts": self.layouts(),
             "complete": {lay: self.complete(lay) for lay in self._all_layouts()},
+            "complete_for_pytorch": self.complete_for_pytorch(),
+            "missing_required": [self.rel(f.path) for f in found if not f.ok and not f.optional],
+            "missing_optional": [self.rel(f.path) for f in found if not f.ok and f.optional],
             "files": files,
         }
 

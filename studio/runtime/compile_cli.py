@@ -162,12 +162,13 @@ def _source(
     if pth is None:
         raise InputError(f"{name}: neither its .pth nor its ditto_onnx file is present")
     from studio.models import load_network
-    from studio.runtime.onnx_cache import export_for_engine
+    from studio.runtime.onnx_cache import export_for_engine, export_purpose
 
     module = load_network(name, pth)
-    path = export_for_engine(
-        name, module, onnx_dir, batch=batch, precision=graph, device=device, log=log
-    )
+    with export_purpose("TensorRT"):  # the notice says what the file is for
+        path = export_for_engine(
+            name, module, onnx_dir, batch=batch, precision=graph, device=device, log=log
+        )
     return path, "exported"
 
 

@@ -15,14 +15,22 @@ fp32 the ONNX Runtime parity check) wrapped in a
 The file name carries a key over the network, batch, precision, opset, torch version and a
 SHA-256 of the module's state dict, so a changed checkpoint is exported anew and an unchanged
 one is reused.
+
+Before an export writes a file (hundreds of MB for the full-size warp network) it says so,
+with the size estimated from the network's parameters, through ``log`` when the caller
+passes one, else the ``logging`` module (logger ``studio.runtime.onnx_cache``, INFO), which
+the CLI shows on stderr. :func:`export_purpose` names the runtime the file is for.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import json
+import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +39,68 @@ from torch import nn
 
 from studio.errors import OutputError
 
-__all__ = ["EXPORT_FORMAT", "export_for_engine", "module_digest", "onnx_cache_key"]
+__all__ = [
+    "EXPORT_FORMAT",
+    "estimated_onnx_bytes",
+    "export_for_engine",
+    "export_notice",
+    "export_purpose",
+    "module_digest",
+    "onnx_cache_key",
+]
 
 EXPORT_FORMAT = 1  # bump when the exported graph changes for the same inputs
+_log = logging.getLogger(__name__)
+_PURPOSE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "onnx_export_purpose", default=None
+)
+
+
+@contextlib.contextmanager
+def export_purpose(runtime: str) -> Iterator[None]:
+    """Inside: export notices say the files are for ``runtime`` ("ONNX Runtime", "TensorRT").
+
+    The engine factory exports for either runtime through the same call; the caller that
+    knows which one runs sets it here rather than threading a label through every layer.
+    """
+    token = _PURPOSE.set(runtime)
+    try:
+        yield
+    finally:
+        _PURPOSE.reset(token)
+
+
+_HALF_BYTES = {"fp16": 2, "bf16": 2}
+
+
+def estimated_onnx_bytes(module: nn.Module, precision: str = "fp32") -> int:
+    """About how large the exported file is: the weights and buffers at the graph's precision
+    (floating tensors at 2 bytes for a half graph, others as stored); the graph itself is small
+    beside them."""
+    total = 0
+    for t in module.state_dict().values():
+        size = t.element_size()
+        if t.is_floating_point():
+            size = _HALF_BYTES.get(precision, 4)
+        total += t.numel() * size
+    return total
+
+
+def _human(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.0f} {unit}" if n >= 10 * scale else f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def export_notice(
+    network: str, size: int, folder: Path, purpose: str | None = None, detail: str = ""
+) -> str:
+    """The line said before an export writes a file, e.g. "exporting warp_network to ONNX for
+    ONNX Runtime (≈ 180 MB, once; batch 4, fp32) into ~/.cache/…/onnx"."""
+    what = f"for {purpose} " if purpose else ""
+    extra = f"; {detail}" if detail else ""
+    return f"exporting {network} to ONNX {what}(≈ {_human(size)}, once{extra}) into {folder}"
 
 
 def module_digest(module: nn.Module) -> str:
@@ -104,8 +171,9 @@ def export_for_engine(
     dev = torch.device(device) if device is not None else None
     if dev is None:
         dev = next((p.device for p in module.parameters()), torch.device("cpu"))
-    if log is not None:
-        log(f"exporting {network} to ONNX (batch {batch}, {graph_precision}) -> {target}")
+    size = estimated_onnx_bytes(module, graph_precision)
+    detail = f"batch {batch}, {graph_precision}"
+    (log or _log.info)(export_notice(network, size, out, _PURPOSE.get(), detail))
     adapter = _BatchedAdapter(PrecisionAdapter(network, module, graph_precision, dev), batch).eval()
     half = graph_precision != "fp32"
     record: dict[str, Any] = export_module(adapter, target, opset=opset, verify=verify and not half)

@@ -75,6 +75,7 @@ settings, truncated file, or a file TensorRT refuses to deserialize), with a mes
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import shutil
 from collections.abc import Callable, Mapping
@@ -102,6 +103,8 @@ from studio.runtime.engine_cache import (
     file_sha256,
     write_metadata,
 )
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_PROFILES",
@@ -853,11 +856,13 @@ def ensure_engine(
     """Make sure ``<cache_dir>/<stem>_<precision>.engine`` is a current build of ``onnx_path``.
 
     Reuses it when its metadata matches this GPU, TensorRT, precision, ONNX file and builder
-    settings; otherwise (re)builds it, saying why through ``log``. The timing cache defaults
-    to ``<cache_dir>/timing.cache``. Returns (engine path, the decision, the settings used).
+    settings; otherwise (re)builds it, saying why and how large the file will be through
+    ``log`` (default: the ``logging`` module at INFO, which the CLI shows on stderr; never
+    stdout, which carries the commands' results). The timing cache defaults to
+    ``<cache_dir>/timing.cache``. Returns (engine path, the decision, the settings used).
     """
     trt = import_tensorrt()
-    say = log or (lambda m: print(m, flush=True))
+    say = log or _log.info
     dev = _cuda_device(device)
     base = settings or BuildSettings()
     cache = Path(cache_dir).expanduser()
@@ -870,9 +875,22 @@ def ensure_engine(
     if force and decision.action == "reuse":
         decision = CacheDecision("rebuild", path, ("asked to (--force)",))
     if decision.action != "reuse":
-        say(decision.message)
+        say(f"{decision.message} ({_build_note(onnx_path)})")
         build_engine(network, onnx_path, path, precision, dev, base, say)
     return path, decision, base
+
+
+def _build_note(onnx_path: str | os.PathLike[str]) -> str:
+    """What a build will cost, said before it starts: the engine is about as large as the
+    weights of its ONNX graph, built once and cached; a build takes minutes."""
+    try:
+        size = Path(onnx_path).stat().st_size
+    except OSError:
+        return "for TensorRT, once; a build takes minutes"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            return f"for TensorRT, ≈ {size / scale:.0f} {unit}, once; a build takes minutes"
+    return "for TensorRT, once; a build takes minutes"
 
 
 def cached_engine(
@@ -892,7 +910,7 @@ def cached_engine(
     A stale engine (other GPU, TensorRT version, precision, ONNX, builder settings, or a
     damaged file) and one TensorRT refuses to deserialize are rebuilt, saying why via ``log``.
     """
-    say = log or (lambda m: print(m, flush=True))
+    say = log or _log.info
     base = settings or BuildSettings()
     if plugin is not None and base.plugin is None:
         base = replace(base, plugin=str(plugin))
