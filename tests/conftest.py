@@ -44,6 +44,52 @@ def host_reads():
     return guard
 
 
+SMALL_WARP_MAPS = 16  # H and W of small_warp_network's example feature maps (64 in the product)
+
+
+def _small_example_inputs(self, batch=1):
+    f_s, x_s, x_d = type(self).example_inputs(self, batch)
+    return f_s[..., :SMALL_WARP_MAPS, :SMALL_WARP_MAPS].contiguous(), x_s, x_d
+
+
+def small_warp_network(seed=0):
+    """The reduced random warp network made cheaper still, for engine and export tests whose
+    assertions do not depend on its size: a 4-block dense-motion hourglass (5 when reduced) and
+    16x16 feature maps in its ``example_inputs`` (64x64; the hourglass needs H and W divisible
+    by 2**blocks). Same layers, ops and precision policy. PyTorch's fp16 Conv3d on the CPU is a
+    slow reference kernel: the half export traces in about 2 s instead of 40."""
+    import types
+
+    from studio.models.random_tree import random_network
+
+    warp = random_network("warp_network", reduced=True, seed=seed, dense_num_blocks=4)
+    # bound to the instance: copies (precision adapters deep-copy the module) keep it
+    warp.example_inputs = types.MethodType(_small_example_inputs, warp)
+    return warp
+
+
+@pytest.fixture(scope="session")
+def warp_onnx(tmp_path_factory):
+    """fp32 and fp16 ONNX exports of one small_warp_network, shared by the export, engine and
+    TensorRT tests (exporting is the expensive part)."""
+    pytest.importorskip("onnx")
+    import torch
+
+    from studio.runtime.onnx_cache import export_for_engine
+
+    d = tmp_path_factory.mktemp("warp_onnx")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # as one_torch_thread, for whichever test asks first
+    try:
+        m = small_warp_network()
+        return {
+            "fp32": export_for_engine("warp_network", m, d, verify=False),
+            "fp16": export_for_engine("warp_network", m, d, precision="fp16"),
+        }
+    finally:
+        torch.set_num_threads(before)
+
+
 DITTO_FACE_HW = (300, 360)  # not square: full frames must keep it
 DITTO_CLIP_S = 0.8  # 20 frames at 25 fps
 

@@ -230,11 +230,8 @@ def test_reopening_runs_no_model(
     for name in ("FaceDetector", "Landmark106", "Landmark203"):
         monkeypatch.setattr(reg, name, boom)
     monkeypatch.setattr(reg, "_network", boom)
-    t0 = time.perf_counter()
     again = register_avatar(base["image"], discover(tree), cache_dir=base["cache"])
-    warm = time.perf_counter() - t0
-    assert again.cached and warm < 0.5
-    print(f"registration: cold {base['cold_s'] * 1000:.0f} ms, cached {warm * 1000:.1f} ms")
+    assert again.cached  # and no model ran (they raise above)
     first = base["avatar"]
     np.testing.assert_array_equal(again.f_s, first.f_s)
     np.testing.assert_array_equal(again.image, first.image)

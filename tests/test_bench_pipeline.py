@@ -18,6 +18,10 @@ pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("av")
 
+# One torch thread: little slower on an idle CPU, far faster on a busy one (no OpenMP workers
+# waiting for a sibling the scheduler has parked).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 FRAMES = 13  # the shortest clip load checks accept (0.5 s)
 SMOKE = ["--device", "cpu", "--reduced", "--frames", str(FRAMES), "--warmup", "0"]
 SMOKE += ["--repeats", "1"]
@@ -39,6 +43,7 @@ def run(tmp_path_factory) -> dict:
     }
 
 
+@pytest.mark.slow  # the module's `run`: 2 x 13 frames end to end (about 10 s)
 def test_smoke_json_has_every_stage_and_both_variants(run):
     assert run["rc"] == 0
     data = run["data"]
@@ -66,6 +71,7 @@ def test_smoke_json_has_every_stage_and_both_variants(run):
     assert data["summary"]["hubert_cost_is_real"] is False
 
 
+@pytest.mark.slow  # the module's `run`: 2 x 13 frames end to end (about 10 s)
 def test_smoke_markdown_has_the_published_column(run):
     md = run["md"]
     assert f"## Pipeline: a {FRAMES}-frame clip end to end" in md
@@ -75,6 +81,7 @@ def test_smoke_markdown_has_the_published_column(run):
     assert "avatar registration (first)" in md
 
 
+@pytest.mark.slow  # the module's `run`: 2 x 13 frames end to end (about 10 s)
 def test_smoke_plot_or_reason(run):
     plots = run["data"]["plots"]
     if importlib.util.find_spec("matplotlib") is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -45,18 +46,25 @@ def test_cli_smoke_writes_sane_json(run):
     assert data["suite"] == "render" and data["config"]["batches"] == [1, 2]
     assert data["config"]["output"] == [3, 256, 256]  # 32² maps -> 256² images
     assert "studio bench --suite render" in data["facts"]["command"]
-    assert data["matmul"]["fp32"]["tflops"] > 0
+    assert math.isfinite(data["matmul"]["fp32"]["tflops"]) and data["matmul"]["fp32"]["tflops"] > 0
     assert set(data["paths"]) == {"eager_fp32", "channels_last_fp32"}
     for name, rec in data["paths"].items():
         assert rec["status"] == "ok", (name, rec)
         assert set(rec["batches"]) == {"1", "2"}
         for b, r in rec["batches"].items():
             assert r["status"] == "ok" and r["repeats"] == 1
-            assert r["fps"] > 0
+            # Measured figures: present, finite and positive; never compared with a bound or
+            # with each other (a busy machine shifts them). The floor fraction divides two
+            # separately measured rates, so on a noisy CPU it may exceed 1.
+            for key in ("median_ms", "fps", "ms_per_frame", "tflops", "floor_fraction"):
+                assert math.isfinite(r[key]) and r[key] > 0, (name, b, key, r[key])
+            # ...and derived from the median as documented (arithmetic, not timing)
             assert r["fps"] == pytest.approx(int(b) / (r["median_ms"] / 1e3))
             assert r["ms_per_frame"] == pytest.approx(r["median_ms"] / int(b))
-            assert 0 < r["floor_fraction"] <= 1
             assert r["tflops"] == pytest.approx(data["flops"]["per_frame"] * r["fps"] / 1e12)
+            rate = data["matmul"]["fp32"]["tflops"]
+            assert r["matmul_tflops"] == rate
+            assert r["floor_fraction"] == pytest.approx(r["tflops"] / rate)
 
 
 def test_fp32_eager_against_itself_is_exact_and_channels_last_is_close(run):

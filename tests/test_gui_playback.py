@@ -126,6 +126,6 @@ def test_silent_clock_runs_on_elapsed_time(qtbot):
     p.set_source(None, 50)
     assert p.silent and "no audio" in p.silent_reason
     p.play()
-    qtbot.waitUntil(lambda: p.frame >= 2, timeout=2000)
+    qtbot.waitUntil(lambda: p.frame >= 2, timeout=10_000)
     p.pause()
     assert not p.playing

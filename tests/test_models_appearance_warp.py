@@ -16,10 +16,15 @@ from studio.models import warp_network as W
 from studio.models.blocks import kp_to_gaussian, make_coordinate_grid
 from studio.motion.layout import NUM_KP
 
+# One torch thread: little slower on an idle CPU, far faster on a busy one (no OpenMP workers
+# waiting for a sibling the scheduler has parked).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 MANIFEST_CANDIDATES = (
     Path(__file__).resolve().parents[2] / "shared" / "reference" / "ditto_state_dicts.json",
     Path("/work/shared/reference/ditto_state_dicts.json"),
 )
+
 NETS = {
     "appearance_extractor": (A, A.AppearanceExtractor),
     "warp_network": (W, W.WarpNetwork),

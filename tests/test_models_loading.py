@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import random
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,10 @@ from studio.models import (
 )
 from studio.models.random_tree import CFG_FILE, random_network, write_checkpoint_tree
 from studio.runtime import checkpoints as ck
+
+# One torch thread: little slower on an idle CPU, far faster on a busy one (no OpenMP workers
+# waiting for a sibling the scheduler has parked).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 MANIFEST_CANDIDATES = (
     Path(__file__).resolve().parents[2] / "shared" / "reference" / "ditto_state_dicts.json",
@@ -279,7 +284,9 @@ def test_missing_and_non_files(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "content", [b"hello, this is text", os.urandom(4096), pickle.dumps({"a": 1}, protocol=2)]
+    "content",
+    [b"hello, this is text", random.Random(0).randbytes(4096), pickle.dumps({"a": 1}, protocol=2)],
+    ids=["text", "random-bytes", "plain-pickle"],
 )
 def test_not_a_torch_checkpoint(tmp_path: Path, content: bytes) -> None:
     p = tmp_path / "stitch_network.pth"

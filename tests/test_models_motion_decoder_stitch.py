@@ -28,6 +28,10 @@ from studio.models.stitch_network import (
 )
 from studio.motion.layout import NUM_BINS, NUM_KP
 
+# One torch thread: little slower on an idle CPU, far faster on a busy one (no OpenMP workers
+# waiting for a sibling the scheduler has parked).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 MODULES = {
     "motion_extractor": (me_mod, MotionExtractor),
     "decoder": (dec_mod, Decoder),

@@ -27,6 +27,10 @@ from studio.models.onnx_export import (  # noqa: E402
 )
 from studio.models.random_tree import write_checkpoint_tree  # noqa: E402
 
+# One torch thread: little slower on an idle CPU, far faster on a busy one (no OpenMP workers
+# waiting for a sibling the scheduler has parked).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 def _rel_l2(a: np.ndarray, b: np.ndarray) -> float:
     a, b = a.astype(np.float64), b.astype(np.float64)

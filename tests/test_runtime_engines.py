@@ -25,6 +25,9 @@ from studio.runtime.torch_engine import TorchEngine
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (torch sees none here)")
+# One torch thread: little slower on an idle CPU, far faster on a busy one (no OpenMP workers
+# waiting for a sibling the scheduler has parked).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 # Batched where the renderer batches (warp and decoder run a batch of frames at once).
 BATCH = {"warp_network": 2, "decoder": 2}
 
@@ -153,10 +156,10 @@ def test_warp_defaults_to_autocast_and_cast_keeps_grid_sample_fp32(nets, monkeyp
     assert out["out"].dtype == torch.float32
 
 
-def test_half_export_is_typed_with_fp32_io_and_grid_sample(nets, tmp_path, one_torch_thread):
+def test_half_export_is_typed_with_fp32_io_and_grid_sample(warp_onnx):
+    """export_for_engine(..., precision="fp16") of the warp network (the conftest fixture)."""
     onnx = pytest.importorskip("onnx")
-    path = export_for_engine("warp_network", nets["warp_network"], tmp_path, precision="fp16")
-    model = onnx.shape_inference.infer_shapes(onnx.load(str(path)))
+    model = onnx.shape_inference.infer_shapes(onnx.load(str(warp_onnx["fp16"])))
     types = {v.name: v.type.tensor_type.elem_type for v in model.graph.value_info}
     types.update({v.name: v.type.tensor_type.elem_type for v in model.graph.input})
     grids = [n for n in model.graph.node if n.op_type == "GridSample"]

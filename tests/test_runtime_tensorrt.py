@@ -21,6 +21,9 @@ from studio.runtime import tensorrt_engine as te
 from studio.runtime.engine import BackendUnavailable
 
 HAVE_TRT = te.tensorrt_version() is not None
+# One torch thread: little slower on an idle CPU, far faster on a busy one (no OpenMP workers
+# waiting for a sibling the scheduler has parked).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def key(**changes) -> ec.EngineKey:
@@ -554,17 +557,7 @@ def stand_in(monkeypatch):
     return install
 
 
-@pytest.fixture(scope="module")
-def warp_onnx(tmp_path_factory):
-    from studio.models.random_tree import random_network
-    from studio.runtime.onnx_cache import export_for_engine
-
-    d = tmp_path_factory.mktemp("warp")
-    m = random_network("warp_network", reduced=True)
-    return {
-        "fp32": export_for_engine("warp_network", m, d, verify=False),
-        "fp16": export_for_engine("warp_network", m, d, precision="fp16"),
-    }
+# warp_onnx (conftest): fp32 and fp16 exports of a small warp network, shared with other files
 
 
 def test_strongly_typed_build_with_timing_cache_and_cache_reuse(stand_in, warp_onnx, tmp_path):

@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import SMALL_WARP_MAPS, small_warp_network
 
 from studio.models.random_tree import random_network
+from studio.render import warp_decode
 from studio.render.warp_decode import MAX_BATCH_SIZES, WarpDecodeEngines, static_batch
 
 needs_cuda = pytest.mark.skipif(
@@ -17,7 +19,13 @@ needs_cuda = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def modules():
-    return random_network("warp_network", reduced=True), random_network("decoder", reduced=True)
+    """A small warp network and the reduced decoder on 16x16 maps instead of the product's
+    64x64 (the decoder would paint 512x512 images): engines of up to 16 frames build in a
+    fraction of a second. While the fixture lives, engines take the decoder's static input
+    size from the small maps too (WarpDecodeEngines reads FEATURE_SIZE when built)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(warp_decode, "FEATURE_SIZE", SMALL_WARP_MAPS)
+        yield small_warp_network(), random_network("decoder", reduced=True)
 
 
 def _inputs(warp, frames: int, device: str = "cpu"):
