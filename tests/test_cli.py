@@ -346,6 +346,9 @@ def test_gui_screenshot_smoke(tmp_path):
 
     img = QImage(str(shot))
     assert (img.width(), img.height()) == (1280, 720)
+    # a quiet start: none of QtMultimedia's library probes or FFmpeg's stream dumps
+    for chatter in ("pipewire", "symbolsresolver", "Input #0", "qt.multimedia"):
+        assert chatter not in r.stderr, r.stderr[-2000:]
 
 
 def test_report_never_overwrites_an_input_or_the_video(tmp_path, capsys):

@@ -305,3 +305,14 @@ def test_engine_notices_reach_the_status_bar_from_any_thread(window, qtbot):
     worker.start()
     worker.join()
     qtbot.waitUntil(lambda: window.statusBar().currentMessage() == note, timeout=10_000)
+
+
+@pytest.mark.parametrize("size", [(1066, 666), (1280, 720), (1600, 1000)])
+def test_settings_panel_fits_its_dock_without_a_horizontal_scrollbar(window, qtbot, size):
+    window.resize(*size)
+    scroll = window.dock.widget()
+    panel = scroll.widget()
+    qtbot.waitUntil(lambda: window.width() == size[0], timeout=10_000)
+    qtbot.wait(100)  # let the dock's layout settle
+    assert panel.minimumSizeHint().width() <= scroll.viewport().width()
+    assert panel.width() <= scroll.viewport().width()
