@@ -77,7 +77,7 @@ def _motion_options(p: argparse.ArgumentParser) -> None:
 
 
 def _ditto_options(p: argparse.ArgumentParser) -> None:
-    from studio.motion.layout import DEFAULT_SAMPLING_STEPS, EMOTIONS
+    from studio.layout import DEFAULT_SAMPLING_STEPS, EMOTIONS
     from studio.settings import FRAMES, MEMORY_MODES, PRECISIONS
 
     g = p.add_argument_group("Ditto engine (with --checkpoints)")
@@ -279,7 +279,7 @@ def _settings(args: argparse.Namespace, **extra):
 
 def _load_audio(args: argparse.Namespace):
     from studio.audio.io import load_audio
-    from studio.render.demo import demo_audio_path
+    from studio.engines.demo.engine import demo_audio_path
 
     return load_audio(args.audio if args.audio else demo_audio_path())
 
@@ -349,7 +349,7 @@ def _summary(report: dict) -> str:
 class _DittoInputs:
     """The Ditto engine's inputs, checked before any work: the checkpoints and the device."""
 
-    checkpoints: Any  # studio.runtime.checkpoints.CheckpointSet
+    checkpoints: Any  # studio.models.checkpoints.CheckpointSet
     device: Any  # torch.device
 
 
@@ -366,9 +366,9 @@ def _check_engine_inputs(args: argparse.Namespace, settings) -> _DittoInputs | N
     if args.demo:
         raise OptionError("--demo", "cannot be combined with --checkpoints; pick one engine")
     from studio.avatar.register import load_image
-    from studio.render.ditto import ALL_ROLES, require, resolve_device
-    from studio.render.warp_decode import render_precisions
-    from studio.runtime.checkpoints import discover
+    from studio.engines.ditto.engine import ALL_ROLES, require, resolve_device
+    from studio.engines.ditto.warp_decode import render_precisions
+    from studio.models.checkpoints import discover
 
     found = discover(args.checkpoints)
     require(found, ALL_ROLES)
@@ -408,12 +408,12 @@ def _compile_note(args: argparse.Namespace, settings, device) -> None:
 def _engine(args: argparse.Namespace, settings, inputs: _DittoInputs | None, progress=None):
     """The demo engine, or the Ditto engine on the registered --avatar; ``progress`` sees
     registration, loading the networks and later HuBERT and the LMDM windows."""
-    from studio.render.demo import DemoEngine
+    from studio.engines.demo.engine import DemoEngine
 
     if inputs is None:
         return DemoEngine()
     from studio.avatar.register import register_avatar
-    from studio.render.ditto import DittoEngine, describe_avatar
+    from studio.engines.ditto.engine import DittoEngine, describe_avatar
 
     avatar = register_avatar(
         args.avatar,
@@ -509,7 +509,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     found = None
     if args.checkpoints is not None:
-        from studio.runtime.checkpoints import discover
+        from studio.models.checkpoints import discover
 
         found = discover(args.checkpoints)  # InputError for a bad folder, before any probing
     info = collect()

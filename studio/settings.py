@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.errors import InputError, OptionError
+from studio.layout import DEFAULT_EMOTION, DEFAULT_SAMPLING_STEPS, EMOTIONS
 from studio.motion.cadence import CadenceThresholds
 from studio.motion.kinematics import (
     DEFAULT_ACCEL_LIMIT,
@@ -20,7 +21,6 @@ from studio.motion.kinematics import (
     DEFAULT_WINDOW,
     SmoothingSettings,
 )
-from studio.motion.layout import DEFAULT_EMOTION, DEFAULT_SAMPLING_STEPS, EMOTIONS
 
 PRESET_FORMAT = "talkinghead-studio/preset-1"
 MIN_SIZE, MAX_SIZE = 64, 2048

@@ -60,7 +60,7 @@ def small_warp_network(seed=0):
     slow reference kernel: the half export traces in about 2 s instead of 40."""
     import types
 
-    from studio.models.random_tree import random_network
+    from studio.fixtures.random_tree import random_network
 
     warp = random_network("warp_network", reduced=True, seed=seed, dense_num_blocks=4)
     # bound to the instance: copies (precision adapters deep-copy the module) keep it
@@ -137,9 +137,9 @@ def ditto_assets(tmp_path_factory):
     HuBERT and the face models, a drawn face the stand-ins find, and a short speech-like clip."""
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
-    from studio.audio.hubert_standin import build_hubert_standin
-    from studio.avatar.standins import face_image, write_aux_standins
-    from studio.models.random_tree import write_checkpoint_tree
+    from studio.fixtures.face_standins import face_image, write_aux_standins
+    from studio.fixtures.hubert_standin import build_hubert_standin
+    from studio.fixtures.random_tree import write_checkpoint_tree
 
     root = tmp_path_factory.mktemp("ckpt")
     write_checkpoint_tree(root, reduced=True, lmdm_cond_dim=1103)

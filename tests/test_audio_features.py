@@ -22,9 +22,9 @@ from studio.audio.features import (
     online_feature_count,
     online_windows,
 )
-from studio.audio.hubert_standin import build_hubert_standin, standin_weights
 from studio.errors import InputError
-from studio.motion.layout import HUBERT_DIM
+from studio.fixtures.hubert_standin import build_hubert_standin, standin_weights
+from studio.layout import HUBERT_DIM
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import soundfile as sf
 
 from studio.audio.io import MIN_DURATION_S, Audio, audio_from_array, load_audio
 from studio.errors import InputError
-from studio.motion.layout import FPS, SAMPLE_RATE
+from studio.layout import FPS, SAMPLE_RATE
 
 
 def tone(seconds: float, rate: int, channels: int = 1, freq: float = 440.0) -> np.ndarray:

@@ -19,7 +19,7 @@ from studio.avatar.crop import (
     transform_points,
     warp_affine,
 )
-from studio.avatar.standins import (
+from studio.fixtures.face_standins import (
     EYE_CENTRES,
     FEATURE_RGB,
     MOUTH_CENTRE,

@@ -26,7 +26,8 @@ from studio.avatar.faces import (  # noqa: E402
     Landmark203,
     nms,
 )
-from studio.avatar.standins import (  # noqa: E402
+from studio.errors import InputError  # noqa: E402
+from studio.fixtures.face_standins import (  # noqa: E402
     EYE_SIZE,
     SKIN_RGB,
     build_det_standin,
@@ -36,8 +37,7 @@ from studio.avatar.standins import (  # noqa: E402
     face_layout,
     write_aux_standins,
 )
-from studio.errors import InputError  # noqa: E402
-from studio.runtime.checkpoints import S_DET, S_LMK106, S_LMK203  # noqa: E402
+from studio.models.checkpoints import S_DET, S_LMK106, S_LMK203  # noqa: E402
 
 CPU = ("CPUExecutionProvider",)
 
@@ -244,7 +244,7 @@ def test_eye_features_from_the_mesh_follow_ditto() -> None:
 
 
 def test_eye_fallback_from_203_points_and_its_label(monkeypatch: pytest.MonkeyPatch) -> None:
-    from studio.avatar.standins import template_203
+    from studio.fixtures.face_standins import template_203
 
     pts = template_203() * [200.0, 240.0]
     ratio = (EYE_SIZE[1] * 240.0) / (EYE_SIZE[0] * 200.0)

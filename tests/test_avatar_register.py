@@ -25,7 +25,8 @@ from studio.avatar.register import (  # noqa: E402
     load_image,
     register_avatar,
 )
-from studio.avatar.standins import (  # noqa: E402
+from studio.errors import InputError  # noqa: E402
+from studio.fixtures.face_standins import (  # noqa: E402
     FEATURE_RGB,
     SKIN_RGB,
     build_det_standin,
@@ -33,8 +34,7 @@ from studio.avatar.standins import (  # noqa: E402
     face_layout,
     write_aux_standins,
 )
-from studio.errors import InputError  # noqa: E402
-from studio.runtime.checkpoints import S_LMK203, discover  # noqa: E402
+from studio.models.checkpoints import S_LMK203, discover  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -68,7 +68,7 @@ def _iou(a: np.ndarray, b: np.ndarray) -> float:
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from studio.models.random_tree import write_checkpoint_tree
+    from studio.fixtures.random_tree import write_checkpoint_tree
 
     root = tmp_path_factory.mktemp("ckpt")
     # Registration needs only the two extractors of the six networks (and no cfg).

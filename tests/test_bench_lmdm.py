@@ -11,8 +11,8 @@ from conftest import random_biases
 
 from studio.bench import lmdm as B
 from studio.bench import timing as BT
+from studio.models.diffusion import DeviceDDIM, ddim_sample, draw_noises, make_schedule
 from studio.models.lmdm import LMDM, REDUCED_KWARGS
-from studio.motion.diffusion import DeviceDDIM, ddim_sample, draw_noises, make_schedule
 
 CUDA_PATHS = [s.name for s in B.FAST_PATHS]
 

@@ -116,7 +116,7 @@ def test_speech_clip_is_deterministic_and_exact_length():
 
 def test_costlike_hubert_has_the_released_interface(tmp_path):
     from studio.audio.features import HubertFeatures
-    from studio.audio.hubert_standin import HUBERT_LARGE, HUBERT_SMOKE, build_hubert_costlike
+    from studio.fixtures.hubert_standin import HUBERT_LARGE, HUBERT_SMOKE, build_hubert_costlike
 
     path = build_hubert_costlike(tmp_path / "h.onnx", HUBERT_SMOKE)
     hub = HubertFeatures(path, ("CPUExecutionProvider",))  # checks the signature

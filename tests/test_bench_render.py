@@ -12,9 +12,9 @@ import torch
 from studio.bench import SUITES
 from studio.bench import render as R
 from studio.cli import main as cli_main
+from studio.fixtures.random_tree import random_network
 from studio.models.channel_pad import PaddedConv
 from studio.models.decoder import Decoder
-from studio.models.random_tree import random_network
 from studio.models.warp_network import WarpNetwork
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from studio import layout as L
 from studio.audio.phonetics import analyze
-from studio.motion import layout as L
 from studio.motion.cadence import (
     CadencePlan,
     CadenceThresholds,

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from studio.errors import InputError
-from studio.runtime import checkpoints as ck
-from studio.runtime.checkpoints import NETWORKS, discover, load_cfg
+from studio.models import checkpoints as ck
+from studio.models.checkpoints import NETWORKS, discover, load_cfg
 
 PYTORCH_FILES = [
     "ditto_pytorch/models/appearance_extractor.pth",
@@ -180,7 +180,7 @@ def test_only_onnx_is_not_complete_for_pytorch(tmp_path: Path) -> None:
 
 def test_the_required_pytorch_files_are_what_the_ditto_render_reads() -> None:
     """doctor's "complete for PyTorch" and the CLI's check before a render agree."""
-    from studio.render.ditto import ALL_ROLES
+    from studio.engines.ditto.engine import ALL_ROLES
 
     assert set(ck.PYTORCH_RENDER_ROLES) == set(ALL_ROLES)
     required = {r.role for r in ck.REQUIREMENTS if "pytorch" in r.files}

@@ -11,7 +11,7 @@ import pytest
 import soundfile as sf
 
 from studio.cli import main
-from studio.render.demo import demo_audio_path
+from studio.engines.demo.engine import demo_audio_path
 
 
 def _run(argv, capsys):
@@ -533,7 +533,7 @@ def test_export_notice_is_said_before_writing_with_the_estimated_size(tmp_path, 
 
     import torch
 
-    from studio.models.random_tree import random_network
+    from studio.fixtures.random_tree import random_network
     from studio.runtime.onnx_cache import estimated_onnx_bytes, export_for_engine, export_purpose
 
     torch.manual_seed(0)

@@ -186,7 +186,7 @@ def test_ditto_options_need_checkpoints_and_an_avatar(ditto_assets, tmp_path, ca
     # A face too small to register is named with the file.
     from conftest import write_png
 
-    from studio.avatar.standins import face_image
+    from studio.fixtures.face_standins import face_image
 
     tiny = write_png(tmp_path / "tiny.png", face_image((300, 360), [(150, 150, 180, 180)]))
     args = _ditto_args(ditto_assets, tmp_path / "avatars")

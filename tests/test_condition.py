@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from studio.errors import OptionError
+from studio.layout import COND_DIM, HUBERT_DIM
 from studio.motion.condition import (
     EMOTIONS,
     ConditionConfig,
@@ -19,7 +20,6 @@ from studio.motion.condition import (
     emotion_vector,
     mirror_indices,
 )
-from studio.motion.layout import COND_DIM, HUBERT_DIM
 
 FLAGS = ("use_emo", "use_eye_open", "use_eye_ball", "use_sc")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from studio.motion import layout
-from studio.motion.layout import MotionFrames
-from studio.render import demo_rig as rig
-from studio.render.demo_avatar import DemoAvatar
+from studio import layout
+from studio.engines.demo import rig as rig
+from studio.engines.demo.avatar import DemoAvatar
+from studio.layout import MotionFrames
 
 
 def _motion(

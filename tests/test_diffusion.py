@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from studio.motion import diffusion as D
+from studio.models import diffusion as D
 
 
 def test_cosine_schedule_matches_reference_values():
@@ -163,7 +163,7 @@ def test_host_read_guard_sees_reads(host_reads):
 
 def test_every_step_count_has_finite_constants() -> None:
     """c² rounds below 0 at T = 3 (t = 999, a ≈ 0); the reference's sqrt gives NaN there."""
-    from studio.motion.diffusion import make_schedule
+    from studio.models.diffusion import make_schedule
 
     for steps in range(1, 61):
         s = make_schedule(steps)

@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 import torch
 
+from studio.engines.ditto.engine import ENGINE_ROLES, plan_memory, render_dtype, require
 from studio.errors import InputError, OptionError
-from studio.models.random_tree import random_network, write_checkpoint_tree
+from studio.fixtures.random_tree import random_network, write_checkpoint_tree
+from studio.layout import COND_DIM, MOTION_DIM, OVERLAP_OFFLINE, SEQ_FRAMES
+from studio.models.checkpoints import discover
 from studio.motion.generator import generate_motion
-from studio.motion.layout import COND_DIM, MOTION_DIM, OVERLAP_OFFLINE, SEQ_FRAMES
 from studio.motion.windows import offline_starts
-from studio.render.ditto import ENGINE_ROLES, plan_memory, render_dtype, require
-from studio.runtime.checkpoints import discover
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -99,7 +99,7 @@ def test_memory_plan() -> None:
 
 
 def test_device_names() -> None:
-    from studio.render.ditto import resolve_device
+    from studio.engines.ditto.engine import resolve_device
 
     assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_device("auto").type in ("cpu", "cuda")
@@ -145,7 +145,7 @@ class _Avatar:
     """What registration hands the engine, built here from the real (reduced) extractors."""
 
     def __init__(self) -> None:
-        from studio.models.random_tree import random_network
+        from studio.fixtures.random_tree import random_network
 
         gen = torch.Generator().manual_seed(3)
         crop = torch.rand(1, 3, 256, 256, generator=gen)
@@ -163,7 +163,7 @@ class _Avatar:
 
 @pytest.fixture(scope="module")
 def render_nets():
-    from studio.render.ditto import DittoNetworks
+    from studio.engines.ditto.engine import DittoNetworks
 
     names = ("stitch_network", "warp_network", "decoder")
     nets = {n: random_network(n, reduced=True) for n in names}
@@ -177,7 +177,7 @@ def render_nets():
 
 
 def _renderer(nets, settings=None, mode="resident", batch=2, size=512):
-    from studio.render.ditto import DittoRenderer, MemoryPlan
+    from studio.engines.ditto.engine import DittoRenderer, MemoryPlan
     from studio.settings import RenderSettings
 
     s = settings or RenderSettings(backend="ditto")
@@ -185,7 +185,7 @@ def _renderer(nets, settings=None, mode="resident", batch=2, size=512):
 
 
 def _motion(n=5):
-    from studio.motion.layout import motion_from_info
+    from studio.layout import motion_from_info
 
     base = motion_from_info(_Avatar().x_s_info)
     rng = np.random.default_rng(1)
@@ -261,7 +261,7 @@ def test_streamed_chunks_equal_frame_calls(render_nets, device) -> None:
     """iter_render (one chunk ahead, double-buffered on a GPU) gives render_frames' frames."""
     import copy
 
-    from studio.render.ditto import DittoNetworks
+    from studio.engines.ditto.engine import DittoNetworks
 
     dev = torch.device(device)
     nets = render_nets
@@ -301,7 +301,7 @@ def test_yuv_frames_are_the_rgb_frames_converted(render_nets) -> None:
 
 
 def test_render_engine_sets_of_old_settings_are_dropped(render_nets) -> None:
-    from studio.render.ditto import RENDER_CONFIGS
+    from studio.engines.ditto.engine import RENDER_CONFIGS
 
     nets = render_nets
     nets._render.clear()

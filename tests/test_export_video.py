@@ -13,7 +13,7 @@ import pytest
 from studio.audio.io import Audio, audio_from_array
 from studio.errors import Cancelled, OptionError, OutputError
 from studio.export.video import VideoWriter, check_output_path
-from studio.motion.layout import FPS
+from studio.layout import FPS
 
 W, H = 96, 64
 

@@ -5,7 +5,7 @@ import pytest
 pytest.importorskip("PySide6")
 
 from studio.gui.playback import ElapsedClock, Playback  # noqa: E402
-from studio.motion.layout import FPS  # noqa: E402
+from studio.layout import FPS  # noqa: E402
 
 FRAME_MS = 1000.0 / FPS
 

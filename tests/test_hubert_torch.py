@@ -20,12 +20,12 @@ from studio.audio.features import (  # noqa: E402
     num_feature_frames,
     online_feature_count,
 )
-from studio.audio.hubert_standin import (  # noqa: E402
+from studio.errors import OptionError  # noqa: E402
+from studio.fixtures.hubert_standin import (  # noqa: E402
     HubertShape,
     build_hubert_costlike,
     build_hubert_standin,
 )
-from studio.errors import OptionError  # noqa: E402
 from studio.runtime.onnx_torch import OnnxTorchGraph, UnsupportedOnnxOp, read_onnx  # noqa: E402
 
 CPU = ["CPUExecutionProvider"]

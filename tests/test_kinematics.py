@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
+from studio import layout as L
 from studio.motion import kinematics as K
-from studio.motion import layout as L
 from studio.motion.cadence import CadencePlan, keyframes_for, sample_motion
 
 

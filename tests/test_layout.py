@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from studio.motion import layout as L
+from studio import layout as L
 
 
 def test_layout_slices_cover_265_dims_in_reference_order():

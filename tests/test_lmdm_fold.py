@@ -6,8 +6,8 @@ import pytest
 import torch
 from conftest import random_biases
 
+from studio.layout import MOTION_DIM, SEQ_FRAMES
 from studio.models.lmdm import LMDM, REDUCED_KWARGS
-from studio.motion.layout import MOTION_DIM, SEQ_FRAMES
 from studio.motion.lmdm_fold import fold_window, folded_weights, folded_x0_step
 from studio.motion.lmdm_hoist import ALIGN, constants_of_condition, guided_x0_step
 

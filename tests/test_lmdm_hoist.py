@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import random_biases
 
+from studio.layout import MOTION_DIM, SEQ_FRAMES
 from studio.models.lmdm import LMDM, REDUCED_KWARGS
-from studio.motion.layout import MOTION_DIM, SEQ_FRAMES
 from studio.motion.lmdm_hoist import (
     ALIGN,
     constants_of_condition,

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
+from studio.layout import NUM_KP
 from studio.models import appearance_extractor as A
 from studio.models import warp_network as W
 from studio.models.blocks import kp_to_gaussian, make_coordinate_grid
-from studio.motion.layout import NUM_KP
 
 # One torch thread: little slower on an idle CPU, far faster on a busy one (no OpenMP workers
 # waiting for a sibling the scheduler has parked).

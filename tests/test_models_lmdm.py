@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from studio.layout import GUIDANCE_WEIGHT, MOTION_DIM, SEQ_FRAMES
+from studio.models import diffusion as D
 from studio.models import lmdm as L
-from studio.motion import diffusion as D
-from studio.motion.layout import GUIDANCE_WEIGHT, MOTION_DIM, SEQ_FRAMES
 
 
 def _manifest_path() -> Path | None:

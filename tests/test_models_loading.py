@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from studio.errors import InputError
+from studio.fixtures.random_tree import CFG_FILE, random_network, write_checkpoint_tree
 from studio.models import (
     NETWORK_NAMES,
     REGISTRY,
@@ -28,8 +29,7 @@ from studio.models import (
     state_dict_from_container,
     wrap_container,
 )
-from studio.models.random_tree import CFG_FILE, random_network, write_checkpoint_tree
-from studio.runtime import checkpoints as ck
+from studio.models import checkpoints as ck
 
 # One torch thread: little slower on an idle CPU, far faster on a busy one (no OpenMP workers
 # waiting for a sibling the scheduler has parked).

@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch import nn
 
+from studio.layout import NUM_BINS, NUM_KP
 from studio.models import decoder as dec_mod
 from studio.models import motion_extractor as me_mod
 from studio.models import stitch_network as st_mod
@@ -26,7 +27,6 @@ from studio.models.stitch_network import (
     unwrap_stitch_container,
     wrap_stitch_container,
 )
-from studio.motion.layout import NUM_BINS, NUM_KP
 
 # One torch thread: little slower on an idle CPU, far faster on a busy one (no OpenMP workers
 # waiting for a sibling the scheduler has parked).

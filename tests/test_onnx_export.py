@@ -18,6 +18,7 @@ ort = pytest.importorskip("onnxruntime")
 
 from studio.cli import main  # noqa: E402
 from studio.errors import InputError, OptionError  # noqa: E402
+from studio.fixtures.random_tree import write_checkpoint_tree  # noqa: E402
 from studio.models import NETWORK_NAMES, load_network, network_spec  # noqa: E402
 from studio.models.onnx_export import (  # noqa: E402
     TOLERANCE,
@@ -25,7 +26,6 @@ from studio.models.onnx_export import (  # noqa: E402
     export_onnx,
     random_inputs,
 )
-from studio.models.random_tree import write_checkpoint_tree  # noqa: E402
 
 # One torch thread: little slower on an idle CPU, far faster on a busy one (no OpenMP workers
 # waiting for a sibling the scheduler has parked).

@@ -12,7 +12,7 @@ import soundfile as sf
 
 from studio.audio import phonetics
 from studio.audio.phonetics import PhoneticFrames, analyze
-from studio.motion.layout import FPS, SAMPLE_RATE, SAMPLES_PER_FRAME
+from studio.layout import FPS, SAMPLE_RATE, SAMPLES_PER_FRAME
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "resources" / "demo"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from studio.audio.io import audio_from_array
-from studio.render.demo import DemoEngine
+from studio.engines.demo.engine import DemoEngine
 from studio.render.pipeline import analyze, iter_frames
 from studio.settings import RenderSettings
 

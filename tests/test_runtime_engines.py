@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from studio.errors import InputError, OptionError
+from studio.fixtures.random_tree import random_network, write_checkpoint_tree
 from studio.models import NETWORK_NAMES
-from studio.models.random_tree import random_network, write_checkpoint_tree
 from studio.runtime.engine import (
     DEFAULT_PRECISION,
     ENGINE_NETWORKS,
@@ -356,7 +356,7 @@ def test_onnxruntime_cuda_iobinding_matches_torch(nets, onnx_dir):
 
 
 def test_hubert_runs_in_onnxruntime_with_its_dynamic_length(tmp_path):
-    from studio.audio.hubert_standin import build_hubert_standin
+    from studio.fixtures.hubert_standin import build_hubert_standin
 
     path = build_hubert_standin(tmp_path / "hubert.onnx")
     e = make_engine("hubert", "onnxruntime", device="cpu", onnx=path)

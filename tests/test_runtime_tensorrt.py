@@ -321,7 +321,7 @@ def test_without_tensorrt_the_module_imports_and_says_how_to_install():
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
-    from studio.models.random_tree import write_checkpoint_tree
+    from studio.fixtures.random_tree import write_checkpoint_tree
 
     root = tmp_path_factory.mktemp("ck")
     return write_checkpoint_tree(root, reduced=True, networks=["stitch_network"], cfg=False)
@@ -855,7 +855,7 @@ def real_trt():
 
 
 def test_tensorrt_engine_builds_runs_and_matches_torch(real_trt, tmp_path):
-    from studio.models.random_tree import random_network
+    from studio.fixtures.random_tree import random_network
     from studio.runtime.onnx_cache import export_for_engine
     from studio.runtime.torch_engine import TorchEngine
 
@@ -882,7 +882,7 @@ def test_tensorrt_engine_builds_runs_and_matches_torch(real_trt, tmp_path):
 
 
 def test_tensorrt_rebuilds_an_engine_it_cannot_deserialize(real_trt, tmp_path):
-    from studio.models.random_tree import random_network
+    from studio.fixtures.random_tree import random_network
     from studio.runtime.onnx_cache import export_for_engine
 
     m = random_network("stitch_network", reduced=True)

@@ -15,8 +15,8 @@ import pytest
 import torch
 from scipy.special import softmax
 
+from studio import layout
 from studio.models.stitch_network import StitchNetwork
-from studio.motion import layout
 from studio.motion import stitch as S
 
 N = 48

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from conftest import SMALL_WARP_MAPS, small_warp_network
 
-from studio.models.random_tree import random_network
-from studio.render import warp_decode
-from studio.render.warp_decode import MAX_BATCH_SIZES, WarpDecodeEngines, static_batch
+from studio.engines.ditto import warp_decode
+from studio.engines.ditto.warp_decode import MAX_BATCH_SIZES, WarpDecodeEngines, static_batch
+from studio.fixtures.random_tree import random_network
 
 needs_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none here)"

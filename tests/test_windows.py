@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from studio.motion import layout as L
+from studio import layout as L
 from studio.motion import windows as W
 
 D = L.MOTION_DIM

@@ -38,7 +38,7 @@ from scipy.signal import butter, resample_poly, sosfiltfilt
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from studio.motion.layout import SAMPLE_RATE  # noqa: E402
+from studio.layout import SAMPLE_RATE  # noqa: E402
 
 SENTENCES = (
     "Peter picked a bright purple pepper.",

@@ -37,7 +37,7 @@ from studio.audio.hubert_signature import (
     check_signature,
 )
 from studio.errors import InputError, StudioError
-from studio.motion.layout import (
+from studio.layout import (
     FPS,
     HUBERT_CHUNK,
     HUBERT_CHUNK_EXTRA,

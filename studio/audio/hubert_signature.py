@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.errors import InputError
-from studio.motion.layout import HUBERT_DIM
+from studio.layout import HUBERT_DIM
 
 INPUT_NAME = "input_values"
 OUTPUT_NAME = "encoding_out"

@@ -24,7 +24,7 @@ import soundfile as sf
 from scipy.signal import resample_poly
 
 from studio.errors import InputError
-from studio.motion.layout import FPS, SAMPLE_RATE
+from studio.layout import FPS, SAMPLE_RATE
 
 MIN_DURATION_S = 0.5
 SILENCE_PEAK = 1e-4  # -80 dBFS

@@ -21,7 +21,7 @@ import numpy as np
 from scipy import fft as sfft
 from scipy.ndimage import maximum_filter1d
 
-from studio.motion.layout import FPS, SAMPLE_RATE, SAMPLES_PER_FRAME
+from studio.layout import FPS, SAMPLE_RATE, SAMPLES_PER_FRAME
 
 # --- analysis grid -------------------------------------------------------------------------
 HOP = 160  # 10 ms

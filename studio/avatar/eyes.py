@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from studio.motion.layout import EYE_BALL_DIM, EYE_OPEN_DIM
+from studio.layout import EYE_BALL_DIM, EYE_OPEN_DIM
 
 __all__ = [
     "MP_OPEN_PER_LP_RATIO",

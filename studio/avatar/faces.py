@@ -49,7 +49,7 @@ from studio.avatar.crop import (
     warp_affine,
 )
 from studio.errors import InputError, StudioError
-from studio.runtime.checkpoints import S_DET, S_LMK106, S_LMK203
+from studio.models.checkpoints import S_DET, S_LMK106, S_LMK203
 
 __all__ = [
     "DET10G_INPUT",

@@ -49,7 +49,7 @@ from studio.avatar.eyes import eye_features, planned_method
 from studio.avatar.faces import FaceDetector, Landmark106, Landmark203, providers_for
 from studio.errors import InputError, OutputError
 from studio.files import check_writable_folder
-from studio.runtime.checkpoints import CheckpointSet
+from studio.models.checkpoints import CheckpointSet
 
 __all__ = [
     "CACHE_ENV",

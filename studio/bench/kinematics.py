@@ -28,15 +28,15 @@ from typing import Any
 
 import numpy as np
 
+from studio import layout
 from studio.audio.io import Audio, load_audio
 from studio.bench.report import fmt, table, write_outputs
 from studio.bench.timing import device_facts, git_commit, measure, utc_now
+from studio.engines.demo.engine import DemoEngine, demo_audio_path
 from studio.errors import StudioError
-from studio.motion import layout
 from studio.motion.cadence import plan_cadence, sample_motion
 from studio.motion.kinematics import pose_jerk, smooth_motion, stride_transitions
 from studio.render import pipeline
-from studio.render.demo import DemoEngine, demo_audio_path
 from studio.settings import RenderSettings
 
 __all__ = [
@@ -194,7 +194,7 @@ def run_kinematics_suite(
                 "accel_limit_deg_per_frame2": settings.accel_limit,
             },
             "seed": settings.seed,
-            "engine": "demo (studio.render.demo.DemoEngine)",
+            "engine": "demo (studio.engines.demo.engine.DemoEngine)",
             "repeats": repeats,
             "warmup": warmup,
             "device_requested": device,

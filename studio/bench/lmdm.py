@@ -3,11 +3,11 @@
 Measured on random weights of the released architecture (condition width 1103; ``reduced``
 for CPU smoke runs), for one 80-frame window at batch 1:
 
-- ``eager_fp32``: the reference loop (:func:`studio.motion.diffusion.ddim_sample`) calling
+- ``eager_fp32``: the reference loop (:func:`studio.models.diffusion.ddim_sample`) calling
   the module's ``forward`` in fp32 (TF32 off). Its final x0 is the accuracy reference.
 - ``fast_*_graph`` (CUDA only): :class:`~studio.motion.fast_lmdm.FastLMDM` under a
   precision policy (fp32, TF32, bf16/fp16 weights, or autocast), static input buffers, and
-  the *whole* DDIM loop (:class:`~studio.motion.diffusion.DeviceDDIM`) captured once per T
+  the *whole* DDIM loop (:class:`~studio.models.diffusion.DeviceDDIM`) captured once per T
   into a CUDA graph and replayed. The condition encoder and the time embeddings, which do
   not depend on the noisy motion, are computed once per window inside the graph
   (``hoist``); the ``perstep`` path recomputes them every step as the exported step does.
@@ -64,15 +64,15 @@ from studio.bench.timing import (
     synchronize,
     utc_now,
 )
-from studio.models.lmdm import INPUT_NAMES, LMDM, OUTPUT_NAMES, REDUCED_KWARGS
-from studio.motion.diffusion import (
+from studio.layout import DIFFUSION_STEPS, MOTION_DIM, SEQ_FRAMES
+from studio.models.diffusion import (
     DeviceDDIM,
     ddim_sample,
     draw_noises,
     make_schedule,
 )
+from studio.models.lmdm import INPUT_NAMES, LMDM, OUTPUT_NAMES, REDUCED_KWARGS
 from studio.motion.fast_lmdm import COMPILE_MODE, WINDOW, FastLMDM, PathSpec
-from studio.motion.layout import DIFFUSION_STEPS, MOTION_DIM, SEQ_FRAMES
 
 __all__ = [
     "DEFAULT_STEPS",
@@ -222,7 +222,7 @@ def _run_eager(
         "status": "ok",
         "settings": {
             "dtype": "float32",
-            "loop": "studio.motion.diffusion.ddim_sample (reference, per-step host scalars)",
+            "loop": "studio.models.diffusion.ddim_sample (reference, per-step host scalars)",
             "network": "LMDM.forward (exported step, batch_guidance)",
             "graph": False,
             "tf32": False,

@@ -2,16 +2,16 @@
 
 Each timed pass is what ``studio render --checkpoints`` does, through the same functions:
 :func:`studio.render.pipeline.analyze` (phonetics, HuBERT, LMDM, cadence, smoothing) on a
-:class:`studio.render.ditto.DittoEngine`, then :func:`studio.render.pipeline.render_video`
+:class:`studio.engines.ditto.engine.DittoEngine`, then :func:`studio.render.pipeline.render_video`
 with the engine's renderer (stitching, warp + decode, paste-back, encoding to a real MP4 in
 a temporary folder). Settings: stride 1 (every frame rendered), ``--steps`` DDIM steps,
 ``--precision`` (auto). Two variants: ``crop`` (the 512² render itself) and ``full``
 (pasted back into the ``--source`` image, 1280x720 by default).
 
 Inputs: ``--checkpoints DIR``, or by default a temporary full-size random-weight tree written
-by the project (:func:`studio.models.random_tree.write_checkpoint_tree`, the face-model
-stand-ins of :func:`studio.avatar.standins.write_aux_standins`) with a HuBERT of the real
-depth and widths (:func:`studio.audio.hubert_standin.build_hubert_costlike`), so that every
+by the project (:func:`studio.fixtures.random_tree.write_checkpoint_tree`, the face-model
+stand-ins of :func:`studio.fixtures.face_standins.write_aux_standins`) with a HuBERT of the real
+depth and widths (:func:`studio.fixtures.hubert_standin.build_hubert_costlike`), so that every
 stage costs what the released network would; ``--hubert standin`` takes the tiny stand-in
 instead and the report says its HuBERT row is not the real cost. The speech is synthesized
 (numpy only) and the avatar is a drawn face registered with
@@ -41,10 +41,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from studio import layout
 from studio.bench.report import fmt, table, write_outputs
 from studio.bench.timing import device_facts, git_commit, utc_now
 from studio.errors import StudioError
-from studio.motion import layout
 
 __all__ = [
     "PUBLISHED",
@@ -178,14 +178,14 @@ def _hubert_record(path: Path, kind: str, detail: str = "") -> dict[str, Any]:
 
 def write_inputs(root: Path, reduced: bool, hubert: str) -> dict[str, Any]:
     """Write a random-weight checkpoint tree under ``root`` (module docstring); HuBERT record."""
-    from studio.audio.hubert_standin import (
+    from studio.fixtures.face_standins import write_aux_standins
+    from studio.fixtures.hubert_standin import (
         HUBERT_LARGE,
         HUBERT_SMOKE,
         build_hubert_costlike,
         build_hubert_standin,
     )
-    from studio.avatar.standins import write_aux_standins
-    from studio.models.random_tree import write_checkpoint_tree
+    from studio.fixtures.random_tree import write_checkpoint_tree
 
     write_checkpoint_tree(root, reduced=reduced, lmdm_cond_dim=layout.COND_DIM)
     write_aux_standins(root)
@@ -208,7 +208,7 @@ def write_inputs(root: Path, reduced: bool, hubert: str) -> dict[str, Any]:
 def _face_png(folder: Path, width: int, height: int) -> Path:
     """A drawn face (the registration stand-ins find it) as a PNG of width x height."""
     from studio.avatar.register import _png_bytes  # the avatar cache's own PNG writer
-    from studio.avatar.standins import face_image
+    from studio.fixtures.face_standins import face_image
 
     side = 0.55 * min(width, height)
     cx, cy = width / 2, height * 0.48
@@ -302,8 +302,8 @@ def run_pipeline_suite(
     the CPU. InputError (a StudioError) for a bad ``checkpoints`` folder or device.
     """
     from studio.avatar.register import register_avatar
-    from studio.render.ditto import ALL_ROLES, DittoEngine, require, resolve_device
-    from studio.runtime.checkpoints import discover
+    from studio.engines.ditto.engine import ALL_ROLES, DittoEngine, require, resolve_device
+    from studio.models.checkpoints import discover
     from studio.settings import RenderSettings
 
     say = progress or (lambda _line: None)

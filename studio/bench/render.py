@@ -1,8 +1,8 @@
 """The ``render`` bench suite: warp network + decoder throughput per batch, precision and path.
 
 The real modules of :mod:`studio.models` with random weights
-(:func:`studio.models.random_tree.random_network`; the released sizes, or ``reduced`` for
-smoke runs) render batches of frames the way :mod:`studio.render.ditto` does: one avatar's
+(:func:`studio.fixtures.random_tree.random_network`; the released sizes, or ``reduced`` for
+smoke runs) render batches of frames the way :mod:`studio.engines.ditto.engine` does: one avatar's
 f_s expanded to the batch, per-frame source and driving keypoints, warp then decode.
 
 Paths (``<kind>_<precision>``):
@@ -82,11 +82,11 @@ from studio.bench.timing import (
     synchronize,
     utc_now,
 )
+from studio.fixtures.random_tree import random_network
 from studio.models import network_spec
 from studio.models.channel_pad import TENSOR_CORE_MULTIPLE, pad_conv_channels
 from studio.models.decoder import fold_spectral_norm
 from studio.models.depth_split import split_deep_conv3d
-from studio.models.random_tree import random_network
 from studio.models.warp_network import FEATURE_SIZE
 
 __all__ = [
@@ -765,7 +765,7 @@ def run_render_suite(
                 name: {
                     "parameters": sum(p.numel() for p in m.parameters()),
                     "kwargs": network_spec(name).reduced_kwargs if reduced else "released",
-                    "weights": "random (seeded), studio.models.random_tree.random_network",
+                    "weights": "random (seeded), studio.fixtures.random_tree.random_network",
                 }
                 for name, m in (("warp_network", warp), ("decoder", decoder))
             },

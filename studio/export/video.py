@@ -35,7 +35,7 @@ from av.video.stream import VideoStream
 
 from studio.audio.io import Audio
 from studio.errors import Cancelled, OptionError, OutputError
-from studio.motion.layout import FPS
+from studio.layout import FPS
 
 AAC_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000)
 AAC_FALLBACK_RATE = 48000

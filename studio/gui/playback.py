@@ -14,7 +14,7 @@ from typing import Protocol
 
 from PySide6.QtCore import QElapsedTimer, QLoggingCategory, QObject, QTimer, QUrl, Signal
 
-from studio.motion.layout import FPS
+from studio.layout import FPS
 
 TICK_MS = 10
 # How far a media clock extrapolates past the player's last report: the FFmpeg backend reports

@@ -56,7 +56,7 @@ from studio.gui.worker import (
     renderer_key,
     start_in_thread,
 )
-from studio.motion.layout import FPS
+from studio.layout import FPS
 from studio.render.pipeline import MotionResult
 from studio.settings import RenderSettings
 

@@ -26,8 +26,8 @@ from typing import Any
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from studio.audio.io import Audio, load_audio
+from studio.engines.demo.engine import DemoEngine, demo_audio_path
 from studio.errors import Cancelled, InputError, StudioError
-from studio.render.demo import DemoEngine, demo_audio_path
 from studio.render.pipeline import (
     MotionResult,
     frame_shape,
@@ -143,8 +143,8 @@ def runtime_reasons() -> dict[str, str | None]:
 
 def check_checkpoints(path: str) -> CheckpointCheck:
     """``discover`` + ``require`` every file the Ditto engine and avatar registration read."""
-    from studio.render.ditto import ALL_ROLES, require
-    from studio.runtime.checkpoints import discover
+    from studio.engines.ditto.engine import ALL_ROLES, require
+    from studio.models.checkpoints import discover
 
     try:
         found = discover(path)
@@ -263,14 +263,14 @@ class MotionWorker(QObject):
             self.engineProgress.emit(gen, stage, done, total)
 
         from studio.avatar.register import register_avatar
-        from studio.render.ditto import (
+        from studio.engines.ditto.engine import (
             ALL_ROLES,
             DittoEngine,
             describe_avatar,
             require,
             resolve_device,
         )
-        from studio.runtime.checkpoints import discover
+        from studio.models.checkpoints import discover
 
         step("checking checkpoints", 0, 1)
         found = discover(job.checkpoints)

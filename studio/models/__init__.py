@@ -1,6 +1,6 @@
 """Ditto's six networks as torch modules that load the released checkpoints unchanged.
 
-:data:`REGISTRY` maps each network name (the same as ``studio.runtime.checkpoints.NETWORKS``) to
+:data:`REGISTRY` maps each network name (the same as ``studio.models.checkpoints.NETWORKS``) to
 its module class, released checkpoint and ONNX file names, container layout, reduced test
 configuration and the released ONNX interface. :func:`load_network` reads a ``.pth`` file the
 way Ditto does (through its container, ``strict=True``) and returns the module in eval mode.

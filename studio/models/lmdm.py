@@ -9,7 +9,7 @@ why ``rotary.freqs`` appears under 11 keys.
 :meth:`LMDM.forward` is one DDIM step's network call as exported to ONNX
 (``x, cond_frame, cond, time_cond -> pred_noise, x_start``), classifier-free
 guidance included. :meth:`LMDM.ddim_sample` runs the reference sampler through
-:mod:`studio.motion.diffusion`, replayable from given noises.
+:mod:`studio.models.diffusion`, replayable from given noises.
 
 Op order follows the reference exactly: rotary on the full token vectors before
 the attention in-projection (queries and keys only), pre-LN blocks, exact GELU,
@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from studio.motion.diffusion import (
+from studio.layout import DIFFUSION_STEPS, GUIDANCE_WEIGHT, MOTION_DIM, SEQ_FRAMES
+from studio.models.diffusion import (
     DDIMSchedule,
     DeviceDDIM,
     alphas_cumprod,
@@ -36,7 +37,6 @@ from studio.motion.diffusion import (
     noise_tables,
     predict_noise_from_start,
 )
-from studio.motion.layout import DIFFUSION_STEPS, GUIDANCE_WEIGHT, MOTION_DIM, SEQ_FRAMES
 
 __all__ = [
     "INPUT_NAMES",

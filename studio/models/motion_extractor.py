@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from studio.motion.layout import KP_DIMS, NUM_BINS, NUM_KP
+from studio.layout import KP_DIMS, NUM_BINS, NUM_KP
 
 INPUT_NAMES = ("image",)
 OUTPUT_NAMES = ("pitch", "yaw", "roll", "t", "exp", "scale", "kp")

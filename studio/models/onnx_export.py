@@ -153,7 +153,7 @@ def random_inputs(
     features ill-conditioned, so that fp32 itself drifts by ~5e-5); integer inputs (LMDM's
     ``time_cond``) uniform over the 1000 diffusion steps; everything else standard normal.
     """
-    from studio.motion.layout import DIFFUSION_STEPS
+    from studio.layout import DIFFUSION_STEPS
 
     g = torch.Generator().manual_seed(seed)
     out: dict[str, torch.Tensor] = {}
@@ -402,7 +402,7 @@ def export_onnx(
     "out_dir", "opset", "ok", "networks": {name: record}}`` with :func:`export_module`'s
     records (plus ``checkpoint`` and ``status``: exported, failed or missing).
     """
-    from studio.runtime.checkpoints import discover
+    from studio.models.checkpoints import discover
 
     check_opset(opset)
     wanted = _requested(networks)

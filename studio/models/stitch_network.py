@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from studio.motion.layout import KP_DIMS, NUM_KP
+from studio.layout import KP_DIMS, NUM_KP
 
 INPUT_NAMES = ("kp_source", "kp_driving")
 OUTPUT_NAMES = ("out",)

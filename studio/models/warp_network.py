@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from studio.layout import KP_DIMS, NUM_KP
 from studio.models.blocks import (
     Hourglass,
     SameBlock2d,
@@ -26,7 +27,6 @@ from studio.models.blocks import (
     kp_to_gaussian,
     make_coordinate_grid,
 )
-from studio.motion.layout import KP_DIMS, NUM_KP
 
 FEATURE_SIZE = 64  # H and W of f_s for the pipeline's 256x256 crops
 KP_VARIANCE = 0.01  # Gaussian heatmap variance, in normalised grid units

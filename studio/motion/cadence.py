@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.ndimage import gaussian_filter1d
 
+from studio import layout
 from studio.audio.phonetics import PhoneticFrames
-from studio.motion import layout
 
 STRIDES = (1, 2, 3)
 

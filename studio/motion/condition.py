@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from studio.errors import OptionError
-from studio.motion.layout import (
+from studio.layout import (
     DEFAULT_EMOTION,
     EMOTION_LOGIT,
     EMOTIONS,

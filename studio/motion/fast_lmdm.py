@@ -24,15 +24,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from studio.models.lmdm import LMDM
-from studio.motion.diffusion import (
+from studio.layout import GUIDANCE_WEIGHT, MOTION_DIM, SEQ_FRAMES
+from studio.models.diffusion import (
     DDIMSchedule,
     DeviceDDIM,
     alphas_cumprod,
     noise_tables,
     predict_noise_from_start,
 )
-from studio.motion.layout import GUIDANCE_WEIGHT, MOTION_DIM, SEQ_FRAMES
+from studio.models.lmdm import LMDM
 from studio.motion.lmdm_fold import FoldedConstants, fold_window, folded_weights, folded_x0_step
 from studio.motion.lmdm_hoist import (
     WindowConstants,

@@ -20,10 +20,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from studio.layout import MOTION_DIM, OVERLAP_OFFLINE, SEQ_FRAMES, SMOOTH_KERNEL
+from studio.models.diffusion import DeviceDDIM, draw_noises
 from studio.models.lmdm import LMDM
-from studio.motion.diffusion import DeviceDDIM, draw_noises
 from studio.motion.fast_lmdm import WINDOW, graphed_lmdm
-from studio.motion.layout import MOTION_DIM, OVERLAP_OFFLINE, SEQ_FRAMES, SMOOTH_KERNEL
 from studio.motion.windows import KpCondPolicy, offline_starts, run_offline
 
 

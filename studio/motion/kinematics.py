@@ -20,7 +20,7 @@ import numpy as np
 from scipy.linalg import lapack
 from scipy.signal import savgol_filter
 
-from studio.motion import layout
+from studio import layout
 
 DEFAULT_WINDOW = 5
 DEFAULT_ORDER = 2

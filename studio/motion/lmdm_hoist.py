@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from studio.layout import GUIDANCE_WEIGHT, MOTION_DIM
 from studio.models.lmdm import LMDM, DecoderLayer
-from studio.motion.layout import GUIDANCE_WEIGHT, MOTION_DIM
 from studio.runtime.engine import sdpa_backend
 
 # Width multiple of aligned half-type kernels (16 bytes): the 265-wide motion would otherwise

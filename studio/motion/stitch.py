@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from studio.motion.layout import (
+from studio.layout import (
     BIN_CENTERS_DEG,
     EXP,
     EXP_DIM,

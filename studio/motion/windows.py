@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from studio.motion.layout import OVERLAP_OFFLINE, SEQ_FRAMES, SMOOTH_KERNEL, SMOOTHED_DIMS
+from studio.layout import OVERLAP_OFFLINE, SEQ_FRAMES, SMOOTH_KERNEL, SMOOTHED_DIMS
 
 Predictor = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 

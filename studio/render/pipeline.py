@@ -15,11 +15,11 @@ from typing import Protocol
 
 import numpy as np
 
+from studio import layout
 from studio.audio.io import Audio
 from studio.audio.phonetics import PhoneticFrames
 from studio.audio.phonetics import analyze as analyze_phonetics
 from studio.errors import Cancelled
-from studio.motion import layout
 from studio.motion.cadence import CadencePlan, blend_weights, plan_cadence, sample_motion
 from studio.motion.kinematics import kinematics_report, smooth_motion
 from studio.settings import RenderSettings

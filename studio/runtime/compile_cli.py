@@ -175,7 +175,7 @@ def _source(
 def run(args: argparse.Namespace) -> int:
     """`studio compile`; returns the exit status (StudioErrors propagate to the CLI)."""
     from studio.errors import InputError, OptionError, OutputError
-    from studio.runtime.checkpoints import discover
+    from studio.models.checkpoints import discover
     from studio.runtime.engine import ENGINE_NETWORKS, parse_precision
     from studio.runtime.tensorrt_engine import BuildSettings
 

@@ -624,7 +624,7 @@ def _load_module(network: str, module: Any, checkpoints: Any, device: torch.devi
     if checkpoints is None:
         raise InputError(f"{network}: give module= or checkpoints= to build a torch engine")
     from studio.models import load_network
-    from studio.runtime.checkpoints import CheckpointSet, discover
+    from studio.models.checkpoints import CheckpointSet, discover
 
     found = checkpoints if isinstance(checkpoints, CheckpointSet) else discover(checkpoints)
     return load_network(network, found.path(network, "pytorch"), device)
@@ -634,7 +634,7 @@ def _released_onnx(network: str, checkpoints: Any) -> Path | None:
     """``ditto_onnx/<file>`` (HuBERT: also ``ditto_pytorch/aux_models/``) when present."""
     if checkpoints is None:
         return None
-    from studio.runtime.checkpoints import CheckpointSet, discover
+    from studio.models.checkpoints import CheckpointSet, discover
 
     found = checkpoints if isinstance(checkpoints, CheckpointSet) else discover(checkpoints)
     layouts = ("onnx", "pytorch") if network == "hubert" else ("onnx",)  # HuBERT ships as ONNX
@@ -667,7 +667,7 @@ def make_engine(
 
     ``precision`` None takes the network's default (:data:`DEFAULT_PRECISION`, fp32 where the
     backend cannot run it). The network comes from ``module`` (a studio network module), else
-    ``checkpoints`` (a folder or :class:`~studio.runtime.checkpoints.CheckpointSet`): its
+    ``checkpoints`` (a folder or :class:`~studio.models.checkpoints.CheckpointSet`): its
     ``.pth`` for torch; for ONNX Runtime an explicit ``onnx`` file, else the released
     ``ditto_onnx`` file (batch 1, fp32, not the warp network, whose released graph uses the
     GridSample3D plugin op), else an export of the module cached under ``cache_dir``

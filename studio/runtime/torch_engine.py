@@ -235,8 +235,8 @@ class PrecisionAdapter(nn.Module):
         self, x: Tensor, cond_frame: Tensor, cond: Tensor, time_cond: Tensor
     ) -> tuple[Tensor, Tensor]:
         """The guided step with guidance and noise prediction in fp32 (batched guidance)."""
-        from studio.motion.diffusion import predict_noise_from_start
-        from studio.motion.layout import GUIDANCE_WEIGHT
+        from studio.layout import GUIDANCE_WEIGHT
+        from studio.models.diffusion import predict_noise_from_start
 
         m = self.inner
         time_cond = time_cond.long()

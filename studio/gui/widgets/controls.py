@@ -23,8 +23,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.layout import EMOTIONS
 from studio.motion.cadence import CadenceThresholds
-from studio.motion.layout import EMOTIONS
 from studio.settings import (
     MAX_DELTA_DEG,
     MAX_SIZE,

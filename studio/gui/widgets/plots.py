@@ -11,8 +11,8 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 
+from studio import layout
 from studio.gui import theme
-from studio.motion import layout
 from studio.motion.kinematics import pose_channels, pose_jerk, stride_transitions
 from studio.render.pipeline import MotionResult
 

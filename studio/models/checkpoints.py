@@ -215,8 +215,9 @@ OPTIONAL: dict[tuple[str, str], str] = {
     ("cfg_trt_online", "cfg"): "used by Ditto's TensorRT pipeline only",
     ("cfg_pytorch", "cfg"): "the studio has the same defaults built in",
 }
-# What `studio render --checkpoints` reads from ditto_pytorch/ (studio.render.ditto.ALL_ROLES:
-# registration, HuBERT, LMDM, stitching, warp, decoder): the layout's required files.
+# What `studio render --checkpoints` reads from ditto_pytorch/
+# (studio.engines.ditto.engine.ALL_ROLES: registration, HuBERT, LMDM, stitching, warp,
+# decoder): the layout's required files.
 PYTORCH_RENDER_ROLES = (
     "insightface_det",
     "landmark106",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from studio.motion.layout import EYE_KP, LIP_KP, NUM_KP
+from studio.layout import EYE_KP, LIP_KP, NUM_KP
 
 HEAD_CENTER = 0
 CHIN = 1

@@ -1,7 +1,7 @@
 """The embedded demo engine: procedural motion and a procedural avatar, no checkpoints.
 
 It runs the same pipeline as the Ditto engine; only the motion source
-(:mod:`studio.render.demo_motion`) and the renderer (:mod:`studio.render.demo_avatar`)
+(:mod:`studio.engines.demo.motion`) and the renderer (:mod:`studio.engines.demo.avatar`)
 differ.
 """
 
@@ -14,8 +14,8 @@ import numpy as np
 
 from studio.audio.io import Audio
 from studio.audio.phonetics import PhoneticFrames
-from studio.render.demo_avatar import DemoAvatar
-from studio.render.demo_motion import generate_motion
+from studio.engines.demo.avatar import DemoAvatar
+from studio.engines.demo.motion import generate_motion
 
 
 def demo_audio_path() -> Path:

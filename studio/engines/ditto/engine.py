@@ -7,9 +7,9 @@ Networks are loaded once per checkpoint folder and device and shared by every en
 
 Precision (the released set's choice): HuBERT and LMDM run in fp32; warp and decoder run in
 fp16 on a GPU (weights cast; grid sampling stays fp32) and fp32 on the CPU, as the runtime's
-engines (:mod:`studio.render.warp_decode`): a few static batch sizes, CUDA graphs. Frames come
-back through double-buffered pinned host memory, one chunk behind the GPU, so it renders the
-next chunk while the host blends and encodes the last one.
+engines (:mod:`studio.engines.ditto.warp_decode`): a few static batch sizes, CUDA graphs.
+Frames come back through double-buffered pinned host memory, one chunk behind the GPU, so it
+renders the next chunk while the host blends and encodes the last one.
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ from studio.audio.io import Audio
 from studio.audio.phonetics import PhoneticFrames
 from studio.avatar.putback import PasteBack
 from studio.avatar.register import REGISTRATION_ROLES
+from studio.engines.ditto.warp_decode import WarpDecodeEngines, render_precisions
 from studio.errors import InputError
 from studio.export.yuv import rgb_to_yuv420p
+from studio.layout import MOTION_DIM, motion_from_info
+from studio.models.checkpoints import CheckpointSet, discover, load_cfg
 from studio.motion.condition import ConditionConfig, ConditionSource, assemble
 from studio.motion.generator import generate_motion
-from studio.motion.layout import MOTION_DIM, motion_from_info
 from studio.motion.stitch import StitchConfig, StitchControls, stitch_motion
-from studio.render.warp_decode import WarpDecodeEngines, render_precisions
-from studio.runtime.checkpoints import CheckpointSet, discover, load_cfg
 from studio.runtime.engine import HALF_DTYPES
 from studio.settings import RenderSettings
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from studio.motion import layout
-from studio.render import demo_rig as rig
+from studio import layout
+from studio.engines.demo import rig as rig
 
 MIN_SIZE = 64
 MAX_SIZE = 2048

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from studio.motion.layout import COSINE_S, DDIM_ETA, DIFFUSION_STEPS
+from studio.layout import COSINE_S, DDIM_ETA, DIFFUSION_STEPS
 
 Denoiser = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 

@@ -14,9 +14,9 @@ import numpy as np
 from scipy.ndimage import gaussian_filter1d
 from scipy.signal import lfilter
 
+from studio import layout
 from studio.audio.phonetics import PhoneticFrames
-from studio.motion import layout
-from studio.render import demo_rig as rig
+from studio.engines.demo import rig as rig
 
 POSE_JITTER_DEG = 0.05  # per-frame pose noise of the "generator"
 

@@ -1,0 +1,1 @@
+"""The embedded demo engine: procedural motion and a procedural avatar, no checkpoints."""
