@@ -10,4 +10,6 @@ if ! ldconfig -p 2>/dev/null | grep -q "libpulse.so.0"; then
   fi
 fi
 .venv/bin/ruff check studio tests
+# the house plan: layers that only look down, Qt only under gui/ (pyproject [tool.importlinter])
+.venv/bin/lint-imports
 .venv/bin/python -m pytest -q "$@"

@@ -18,7 +18,6 @@ import glob
 import importlib
 import platform
 import sys
-from pathlib import Path
 from typing import Any
 
 from studio import __version__
@@ -26,9 +25,6 @@ from studio import __version__
 ENCODERS = ("libx264", "h264_nvenc", "libx265", "aac", "libopus")
 # Encoders that drive hardware -> the hardware's name (probed by _nvidia_encoder).
 HARDWARE_ENCODERS = {"h264_nvenc": "NVIDIA GPU"}
-# QtMultimedia's library probes ("Couldn't load pipewire-0.3 library") say nothing a doctor
-# report needs; a user's QT_LOGGING_RULES still wins.
-_QUIET_QT = "qt.multimedia.symbolsresolver=false"
 
 
 def _version(module: str) -> str | None:
@@ -97,28 +93,6 @@ def _tensorrt() -> dict[str, Any]:
     return {"available": True, "version": trt.__version__}
 
 
-def _qt() -> dict[str, Any]:
-    try:
-        import PySide6
-        from PySide6 import QtCore
-    except Exception as e:  # noqa: BLE001
-        return {"available": False, "reason": str(e)}
-    QtCore.QLoggingCategory.setFilterRules(_QUIET_QT)  # before QtMultimedia is imported below
-    plugin_dir = Path(PySide6.__file__).parent / "Qt" / "plugins" / "platforms"
-    plugins = (
-        sorted(p.name.removeprefix("libq").split(".")[0] for p in plugin_dir.glob("libq*.so*"))
-        if plugin_dir.is_dir()
-        else []
-    )
-    return {
-        "available": True,
-        "pyside6": PySide6.__version__,
-        "qt": QtCore.qVersion(),
-        "platform_plugins": plugins,
-        "multimedia": _version("PySide6.QtMultimedia") is not None,
-    }
-
-
 def _nvidia_encoder() -> dict[str, Any]:
     """Whether NVENC hardware is here: an NVIDIA GPU (torch sees CUDA, or /dev/nvidia*) and
     the driver's encoder library (libnvidia-encode); ``reason`` says what is absent."""
@@ -172,7 +146,7 @@ def _encoder_lines(a: dict[str, Any]) -> list[str]:
 def _backends() -> dict[str, Any]:
     """Which engine backends and precisions are usable here, and why not (never raises)."""
     try:
-        from studio.runtime.engine import backends_report
+        from studio.runtime.precision import backends_report
 
         return backends_report()
     except Exception as e:  # noqa: BLE001 - the report must not fail the doctor
@@ -206,6 +180,8 @@ def _backend_lines(b: dict[str, Any]) -> list[str]:
 
 def collect() -> dict[str, Any]:
     """Every probe, as a JSON-ready dict."""
+    from studio.gui.probe import qt_report  # Qt lives under gui/; the probe works without it
+
     return {
         "studio": __version__,
         "python": sys.version.split()[0],
@@ -213,7 +189,7 @@ def collect() -> dict[str, Any]:
         "torch": _torch(),
         "onnxruntime": _onnxruntime(),
         "tensorrt": _tensorrt(),
-        "qt": _qt(),
+        "qt": qt_report(),
         "pyav": _pyav(),
         "backends": _backends(),
         "numpy": _version("numpy"),

@@ -21,6 +21,7 @@ from studio.motion.kinematics import (
     DEFAULT_WINDOW,
     SmoothingSettings,
 )
+from studio.runtime.names import RUNTIMES
 
 PRESET_FORMAT = "talkinghead-studio/preset-1"
 MIN_SIZE, MAX_SIZE = 64, 2048
@@ -28,7 +29,6 @@ MAX_WINDOW = 101
 PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow")
 BACKENDS = ("demo", "ditto")
 MEMORY_MODES = ("auto", "resident", "streamed")
-RUNTIMES = ("torch", "onnxruntime", "tensorrt")  # the engine backends (studio.runtime)
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 FRAMES = ("full", "crop")
 MAX_STEPS = 1000

@@ -10,18 +10,18 @@ import torch.nn.functional as F
 from studio.errors import InputError, OptionError
 from studio.fixtures.random_tree import random_network, write_checkpoint_tree
 from studio.models import NETWORK_NAMES
-from studio.runtime.engine import (
+from studio.runtime.base import Engine
+from studio.runtime.factory import make_engine
+from studio.runtime.onnx_cache import export_for_engine, module_digest
+from studio.runtime.onnxruntime_backend import OrtEngine
+from studio.runtime.precision import (
     DEFAULT_PRECISION,
     ENGINE_NETWORKS,
-    Engine,
     backends_report,
-    make_engine,
     parse_precision,
     precision_support,
 )
-from studio.runtime.onnx_cache import export_for_engine, module_digest
-from studio.runtime.ort_engine import OrtEngine
-from studio.runtime.torch_engine import TorchEngine
+from studio.runtime.torch_backend import TorchEngine
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (torch sees none here)")
@@ -369,7 +369,7 @@ def test_hubert_runs_in_onnxruntime_with_its_dynamic_length(tmp_path):
 
 
 def test_cuda_provider_options_give_the_session_its_stream_and_tf32_switch():
-    from studio.runtime.ort_engine import cuda_provider_options
+    from studio.runtime.onnxruntime_backend import cuda_provider_options
 
     opts = cuda_provider_options(1, 0x7F00_1234, tf32=False)
     # Strings, as ORT's provider-option parser reads them; user_compute_stream alone also
@@ -383,8 +383,8 @@ def test_cuda_provider_options_give_the_session_its_stream_and_tf32_switch():
 def test_iobinding_element_types():
     import numpy as np
 
-    from studio.runtime.engine import BackendUnavailable
-    from studio.runtime.ort_engine import element_type
+    from studio.runtime.base import BackendUnavailable
+    from studio.runtime.onnxruntime_backend import element_type
 
     assert element_type(torch.float32) is np.float32 and element_type(torch.int64) is np.int64
     assert element_type(torch.float16) is np.float16 and element_type(torch.bool) is np.bool_
@@ -399,7 +399,7 @@ def test_the_iobinding_calls_of_the_cuda_path_run_on_this_onnxruntime(nets, onnx
     bind_input/bind_output by pointer with shape and element type, run_with_iobinding with the
     no-sync run option, and a device-allocated output read back with copy_outputs_to_cpu."""
     ort = pytest.importorskip("onnxruntime")
-    from studio.runtime.ort_engine import RUN_NO_SYNC, element_type
+    from studio.runtime.onnxruntime_backend import RUN_NO_SYNC, element_type
 
     path = export_for_engine("stitch_network", nets["stitch_network"], onnx_dir, verify=False)
     ref = OrtEngine("stitch_network", path, "fp32", "cpu", threads=1)

@@ -17,8 +17,8 @@ import torch
 from studio.cli import main
 from studio.errors import InputError, OptionError
 from studio.runtime import engine_cache as ec
-from studio.runtime import tensorrt_engine as te
-from studio.runtime.engine import BackendUnavailable
+from studio.runtime.base import BackendUnavailable
+from studio.runtime.tensorrt import engine as te
 
 HAVE_TRT = te.tensorrt_version() is not None
 # One torch thread: little slower on an idle CPU, far faster on a busy one (no OpenMP workers
@@ -373,7 +373,7 @@ def test_compile_names_a_missing_checkpoint_folder(tmp_path, capsys):
 
 
 def test_tensorrt_precisions_need_a_gpu_and_modelopt_for_quantization():
-    from studio.runtime.engine import parse_precision, precision_support
+    from studio.runtime.precision import parse_precision, precision_support
 
     support = precision_support("tensorrt", "cpu")
     assert all("TensorRT" in why or "tensorrt" in why for why in support.values())
@@ -773,7 +773,7 @@ class _Context:
 
 def bare_runner(monkeypatch, current: int, ok: bool = True):
     """A TensorRTEngine without TensorRT or a GPU: stand-in context and streams."""
-    from studio.runtime.engine import TensorSpec
+    from studio.runtime.base import TensorSpec
 
     log: list = []
     eng = object.__new__(te.TensorRTEngine)
@@ -857,7 +857,7 @@ def real_trt():
 def test_tensorrt_engine_builds_runs_and_matches_torch(real_trt, tmp_path):
     from studio.fixtures.random_tree import random_network
     from studio.runtime.onnx_cache import export_for_engine
-    from studio.runtime.torch_engine import TorchEngine
+    from studio.runtime.torch_backend import TorchEngine
 
     for network, precision in (("stitch_network", "fp32"), ("decoder", "fp16"), ("lmdm", "fp32")):
         m = random_network(network, reduced=True)
@@ -901,13 +901,14 @@ def test_tensorrt_rebuilds_an_engine_it_cannot_deserialize(real_trt, tmp_path):
 
 def test_compile_builds_then_keeps_current_engines(stand_in, tree, tmp_path, monkeypatch, capsys):
     """`studio compile` end to end on the stand-in: export, build, reuse, --force."""
-    import studio.runtime.engine as engine_mod
+    import studio.runtime.base as base
     import studio.runtime.onnx_cache as onnx_cache
+    import studio.runtime.precision as precision
 
     stand_in("11.2.1")
-    monkeypatch.setattr(engine_mod, "resolve_device", lambda d=None: torch.device("cuda", 0))
+    monkeypatch.setattr(base, "resolve_device", lambda d=None: torch.device("cuda", 0))
     monkeypatch.setattr(
-        engine_mod, "precision_support", lambda b, d: dict.fromkeys(engine_mod.PRECISIONS)
+        precision, "precision_support", lambda b, d: dict.fromkeys(precision.PRECISIONS)
     )
     export = onnx_cache.export_for_engine
     monkeypatch.setattr(  # trace on the CPU here (a GPU machine traces on its GPU)

@@ -5,7 +5,7 @@ costs ~40 ms a chunk; on the GPU a whole clip takes milliseconds. The graph is p
 for one chunk ([1, split_len]); a clip's chunks are independent, so they run as one vmapped
 call (at most :data:`MAX_BATCH` at a time), the kept frames are averaged on the device and
 the features are read back once. Math is fp32, with TF32 only when the hubert precision
-(:data:`studio.runtime.engine.DEFAULT_PRECISION` by default) is ``tf32``.
+(:data:`studio.runtime.base.DEFAULT_PRECISION` by default) is ``tf32``.
 
 On CUDA a chunk count seen a second time is captured into a CUDA graph and replayed from
 then on (the eager call costs ~20 µs of host time per op, about as long as the GPU work);
@@ -27,8 +27,9 @@ from torch import Tensor
 
 from studio.audio.hubert_signature import INPUT_NAME, OUTPUT_NAME, check_signature
 from studio.errors import InputError, OptionError
-from studio.runtime.engine import DEFAULT_PRECISION, capture_cuda_graph, math_mode
+from studio.runtime.base import capture_cuda_graph, math_mode
 from studio.runtime.onnx_torch import OnnxTorchGraph, onnx_ports, read_onnx
+from studio.runtime.precision import DEFAULT_PRECISION
 
 MAX_BATCH = 64  # chunks per vmapped call: bounds activation memory (~15 MB a chunk)
 MAX_GRAPHS = 2  # captured chunk counts kept (each holds its activation pool)

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from PySide6.QtCore import QElapsedTimer, QLoggingCategory, QObject, QTimer, QUrl, Signal
 
+from studio.gui.probe import QUIET_MULTIMEDIA
 from studio.layout import FPS
 
 TICK_MS = 10
@@ -24,14 +25,6 @@ EXTRAPOLATE_MS = 64.0
 # A report further ahead of the start than the time since the start (plus this) is stale:
 # it belongs to the playback before a seek.
 STALE_SLACK_MS = 250.0
-# QtMultimedia's start-up chatter: the PipeWire/VA-API library probes and FFmpeg's info lines
-# ("Couldn't load pipewire-0.3 library", "Input #0, wav, ..."). Warnings still show, and a
-# user's QT_LOGGING_RULES wins over these.
-QUIET_MULTIMEDIA = (
-    "qt.multimedia.symbolsresolver=false\n"
-    "qt.multimedia.ffmpeg*.info=false\n"
-    "qt.multimedia.ffmpeg*.debug=false"
-)
 
 
 class Clock(Protocol):

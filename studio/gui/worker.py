@@ -134,7 +134,7 @@ def runtime_reasons() -> dict[str, str | None]:
     """Which render runtimes can run on the default device: name -> None, or why not."""
     import torch
 
-    from studio.runtime.engine import precision_support
+    from studio.runtime.precision import precision_support
     from studio.settings import RUNTIMES
 
     dev = torch.device("cuda" if cuda_available() else "cpu")

@@ -40,8 +40,8 @@ from studio.motion.lmdm_hoist import (
     stacked_projections,
     window_constants,
 )
-from studio.runtime.engine import capture_cuda_graph, math_mode, sdpa_backend
-from studio.runtime.torch_engine import PrecisionAdapter
+from studio.runtime.base import capture_cuda_graph, math_mode, sdpa_backend
+from studio.runtime.torch_backend import PrecisionAdapter
 
 __all__ = [
     "COMPILE_MODE",

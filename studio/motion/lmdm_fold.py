@@ -35,7 +35,7 @@ from studio.motion.lmdm_hoist import (
     guided_output,
     step_slices,
 )
-from studio.runtime.engine import sdpa_backend
+from studio.runtime.base import sdpa_backend
 
 __all__ = ["FoldedConstants", "FoldedWeights", "fold_window", "folded_weights", "folded_x0_step"]
 

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from studio.layout import GUIDANCE_WEIGHT, MOTION_DIM
 from studio.models.lmdm import LMDM, DecoderLayer
-from studio.runtime.engine import sdpa_backend
+from studio.runtime.base import sdpa_backend
 
 # Width multiple of aligned half-type kernels (16 bytes): the 265-wide motion would otherwise
 # put the input projection on an unaligned GEMM, and the fold's keys on the slow SDPA kernel.

@@ -97,7 +97,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _networks(text: str | None) -> list[str] | None:
     from studio.errors import OptionError
-    from studio.runtime.engine import ENGINE_NETWORKS, NETWORK_ALIASES
+    from studio.runtime.precision import ENGINE_NETWORKS, NETWORK_ALIASES
 
     if text is None:
         return None
@@ -176,8 +176,8 @@ def run(args: argparse.Namespace) -> int:
     """`studio compile`; returns the exit status (StudioErrors propagate to the CLI)."""
     from studio.errors import InputError, OptionError, OutputError
     from studio.models.checkpoints import discover
-    from studio.runtime.engine import ENGINE_NETWORKS, parse_precision
-    from studio.runtime.tensorrt_engine import BuildSettings
+    from studio.runtime.precision import ENGINE_NETWORKS, parse_precision
+    from studio.runtime.tensorrt.engine import BuildSettings
 
     # 1. Arguments, before anything heavy.
     found = discover(args.checkpoints)
@@ -213,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
         )
 
     # 2. TensorRT and the GPU.
-    from studio.runtime.tensorrt_engine import (
+    from studio.runtime.tensorrt.engine import (
         engine_stem,
         ensure_engine,
         graph_precision,
@@ -222,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
     )
 
     trt = import_tensorrt()  # BackendUnavailable: exit 2 with the install hint
-    from studio.runtime.engine import resolve_device
+    from studio.runtime.base import resolve_device
 
     device = resolve_device(args.device)
     if device.type != "cuda":

@@ -3,7 +3,7 @@
 :func:`export_for_engine` exports a studio network module through
 :func:`studio.models.onnx_export.export_module` (atomic write, structural checks, and for
 fp32 the ONNX Runtime parity check) wrapped in a
-:class:`~studio.runtime.torch_engine.PrecisionAdapter`, so that
+:class:`~studio.runtime.torch_backend.PrecisionAdapter`, so that
 
 - the graph's static batch is ``batch`` (Ditto's files are batch 1),
 - ``precision`` fp16/bf16 gives a *typed* half graph with fp32 inputs and outputs, Cast nodes
@@ -151,7 +151,7 @@ def export_for_engine(
     RuntimeError when verification fails (nothing is written then).
     """
     from studio.models.onnx_export import DEFAULT_OPSET, export_module
-    from studio.runtime.torch_engine import PrecisionAdapter
+    from studio.runtime.torch_backend import PrecisionAdapter
 
     graph_precision = {"tf32": "fp32", "fp8": "fp16", "int8": "fp16"}.get(precision, precision)
     opset = DEFAULT_OPSET if opset is None else opset

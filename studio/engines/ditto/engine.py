@@ -41,7 +41,7 @@ from studio.models.checkpoints import CheckpointSet, discover, load_cfg
 from studio.motion.condition import ConditionConfig, ConditionSource, assemble
 from studio.motion.generator import generate_motion
 from studio.motion.stitch import StitchConfig, StitchControls, stitch_motion
-from studio.runtime.engine import HALF_DTYPES
+from studio.runtime.base import HALF_DTYPES
 from studio.settings import RenderSettings
 
 CROP = 512  # the decoder's output side

@@ -1,8 +1,8 @@
 """Warp + decode for the Ditto renderer on the runtime's engines (issue 6).
 
 Both networks run as engines of the chosen runtime (torch by default:
-:class:`~studio.runtime.torch_engine.TorchEngine`) at static batch sizes, each with its own
-precision from :func:`~studio.runtime.engine.parse_precision` (the released
+:class:`~studio.runtime.torch_backend.TorchEngine`) at static batch sizes, each with its own
+precision from :func:`~studio.runtime.base.parse_precision` (the released
 set's fp16 on a GPU, fp32 on the CPU), the decoder with its spectral norm folded into plain
 convolutions. Half precision casts the weights of both, once for the engines of every batch
 size (grid sampling still runs in fp32): on the H200 that is 10% faster than the warp network
@@ -30,14 +30,10 @@ from studio.models.channel_pad import TENSOR_CORE_MULTIPLE, pad_conv_channels
 from studio.models.decoder import fold_spectral_norm
 from studio.models.depth_split import split_deep_conv3d
 from studio.models.warp_network import FEATURE_SIZE
-from studio.runtime.engine import (
-    HALF_DTYPES,
-    EngineBase,
-    make_engine,
-    parse_precision,
-    precision_support,
-)
-from studio.runtime.torch_engine import PrecisionAdapter
+from studio.runtime.base import HALF_DTYPES, EngineBase
+from studio.runtime.factory import make_engine
+from studio.runtime.precision import parse_precision, precision_support
+from studio.runtime.torch_backend import PrecisionAdapter
 
 __all__ = [
     "MAX_BATCH_SIZES",

@@ -31,13 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from studio.runtime.engine import (
-    HALF_DTYPES,
-    EngineBase,
-    TensorSpec,
-    capture_cuda_graph,
-    math_mode,
-)
+from studio.runtime.base import HALF_DTYPES, EngineBase, TensorSpec, capture_cuda_graph, math_mode
 
 __all__ = ["FP32_OPS", "KEEP_FP32", "PrecisionAdapter", "TorchEngine", "default_mode"]
 
@@ -286,7 +280,7 @@ def _reusable(
 
 
 class TorchEngine(EngineBase):
-    """One studio network as an :class:`~studio.runtime.engine.Engine` on torch.
+    """One studio network as an :class:`~studio.runtime.base.Engine` on torch.
 
     ``module`` is the network module (``load_network``/``random_network``), or a
     :class:`PrecisionAdapter` of the same policy, which is then used as it is (engines of

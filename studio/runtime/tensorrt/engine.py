@@ -1,7 +1,7 @@
 """TensorRT engines: a builder (ONNX -> serialized engine) and a runner, split as Polygraphy
 splits loaders from runners. ``tensorrt`` is imported lazily: importing this module works
 without it, and every entry point that needs it raises
-:class:`~studio.runtime.engine.BackendUnavailable` with the install hint.
+:class:`~studio.runtime.base.BackendUnavailable` with the install hint.
 
 Builder (:func:`build_engine`, TensorRT 10.x and 11.x Python API):
 
@@ -88,13 +88,7 @@ from torch import Tensor
 
 from studio.errors import InputError, OptionError
 from studio.files import write_atomic
-from studio.runtime.engine import (
-    INSTALL_HINTS,
-    BackendUnavailable,
-    EngineBase,
-    TensorSpec,
-    capture_cuda_graph,
-)
+from studio.runtime.base import BackendUnavailable, EngineBase, TensorSpec, capture_cuda_graph
 from studio.runtime.engine_cache import (
     CacheDecision,
     EngineKey,
@@ -103,6 +97,7 @@ from studio.runtime.engine_cache import (
     file_sha256,
     write_metadata,
 )
+from studio.runtime.precision import INSTALL_HINTS
 
 _log = logging.getLogger(__name__)
 
@@ -410,7 +405,7 @@ def quantize_onnx(
             data = {k: z[k] for k in z.files}
     else:
         from studio.models.onnx_export import random_inputs
-        from studio.runtime.engine import torch_dtype
+        from studio.runtime.base import torch_dtype
 
         model = onnx.load(str(src), load_external_data=False)
         from onnx.helper import tensor_dtype_to_np_dtype
@@ -460,7 +455,7 @@ def _device_facts(device: torch.device) -> tuple[str, str]:
 
 
 def _cuda_device(device: str | torch.device | None) -> torch.device:
-    from studio.runtime.engine import resolve_device
+    from studio.runtime.base import resolve_device
 
     dev = resolve_device(device if device is not None else "cuda")
     if dev.type != "cuda":
@@ -668,7 +663,7 @@ def _torch_dtypes(trt: Any) -> dict[Any, torch.dtype]:
 
 
 class TensorRTEngine(EngineBase):
-    """A serialized TensorRT engine as an :class:`~studio.runtime.engine.Engine` (CUDA)."""
+    """A serialized TensorRT engine as an :class:`~studio.runtime.base.Engine` (CUDA)."""
 
     backend = "tensorrt"
 

@@ -35,13 +35,8 @@ import torch
 from torch import Tensor
 
 from studio.errors import InputError
-from studio.runtime.engine import (
-    INSTALL_HINTS,
-    BackendUnavailable,
-    EngineBase,
-    TensorSpec,
-    torch_dtype,
-)
+from studio.runtime.base import BackendUnavailable, EngineBase, TensorSpec, torch_dtype
+from studio.runtime.precision import INSTALL_HINTS
 
 __all__ = ["OrtEngine", "cuda_provider_options", "element_type", "import_onnxruntime"]
 
@@ -102,7 +97,7 @@ def _static(shape: tuple[int, ...]) -> bool:
 
 
 class OrtEngine(EngineBase):
-    """One ONNX file in ONNX Runtime as an :class:`~studio.runtime.engine.Engine`.
+    """One ONNX file in ONNX Runtime as an :class:`~studio.runtime.base.Engine`.
 
     ``precision`` describes the graph (fp32 files run fp32; a half file made by
     :func:`~studio.runtime.onnx_cache.export_for_engine` runs fp16 with fp32 I/O) and, on

@@ -1,0 +1,313 @@
+"""The base of the runtime, which knows no backend: the Engine protocol, tensor specs, graph
+capture, device choice and the math modes an engine runs under.
+
+An :class:`Engine` runs one network with static, named inputs and outputs
+(:class:`TensorSpec`: name, shape, dtype), on tensors that already live on its device:
+``engine.run({"feature": f})`` returns ``{"output": img}`` without host copies or host
+syncs. Batch size is part of the static shapes; an engine built for batch 8 takes exactly
+[8, ...] inputs, so a last, partial batch is padded (and the padding dropped after).
+
+Output tensors may be engine-owned, persistent buffers (CUDA-graph replays, TensorRT, ONNX
+Runtime on CUDA): they are overwritten by the next ``run``. Clone what you keep across runs.
+
+The backends (:mod:`studio.runtime.torch_backend`, :mod:`studio.runtime.onnxruntime_backend`,
+:mod:`studio.runtime.tensorrt`) build on :class:`EngineBase`; the precision policy and what
+each backend can run here is :mod:`studio.runtime.precision`;
+:func:`studio.runtime.factory.make_engine` builds an engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from studio.errors import InputError, StudioError
+
+HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class BackendUnavailable(StudioError):
+    """A backend (or one of its features) cannot run here; the message says why and what to do."""
+
+
+def torch_dtype(name: str | torch.dtype) -> torch.dtype:
+    """``"float32"``/``torch.float32``/``"tensor(float)"``-style names -> torch dtype."""
+    if isinstance(name, torch.dtype):
+        return name
+    text = str(name).removeprefix("torch.").removeprefix("tensor(").removesuffix(")")
+    table = {
+        "float": torch.float32,
+        "float32": torch.float32,
+        "float16": torch.float16,
+        "half": torch.float16,
+        "bfloat16": torch.bfloat16,
+        "double": torch.float64,
+        "float64": torch.float64,
+        "int64": torch.int64,
+        "int32": torch.int32,
+        "int8": torch.int8,
+        "uint8": torch.uint8,
+        "bool": torch.bool,
+    }
+    try:
+        return table[text]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}") from None
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One engine input or output; a dimension of -1 is dynamic (HuBERT's sample count)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    def problem(self, t: Any, device: torch.device) -> str | None:
+        """Why ``t`` cannot be fed as this input (None when it fits). Host metadata only."""
+        if not isinstance(t, Tensor):
+            return f"{self.name} must be a torch.Tensor, got {type(t).__name__}"
+        shape = tuple(t.shape)
+        if len(shape) != len(self.shape) or any(
+            want >= 0 and got != want for got, want in zip(shape, self.shape, strict=True)
+        ):
+            want = "x".join("N" if d < 0 else str(d) for d in self.shape)
+            return f"{self.name} must be [{want}], got {list(shape)}"
+        if t.dtype != self.dtype:
+            both_int = not t.dtype.is_floating_point and not self.dtype.is_floating_point
+            if not both_int:
+                return f"{self.name} must be {_dtype_name(self.dtype)}, got {_dtype_name(t.dtype)}"
+        if t.device.type != device.type or (
+            device.type == "cuda" and (t.device.index or 0) != (device.index or 0)
+        ):
+            return f"{self.name} is on {t.device}, the engine runs on {device}"
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": _dtype_name(self.dtype)}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What compute code calls: static named I/O, run on device tensors, optional capture."""
+
+    name: str
+    backend: str
+    precision: str
+    device: torch.device
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    def run(self, feed: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """Outputs by name for inputs by name (device tensors; no host copies or syncs)."""
+        ...
+
+    def capture(self) -> bool:
+        """Capture a CUDA graph with static buffers; False when the engine cannot."""
+        ...
+
+
+class EngineBase:
+    """Shared plumbing: I/O specs, feed validation, static input buffers, description."""
+
+    backend = "base"
+
+    def __init__(
+        self,
+        name: str,
+        precision: str,
+        device: torch.device,
+        inputs: tuple[TensorSpec, ...],
+        outputs: tuple[TensorSpec, ...],
+    ) -> None:
+        self.name = name
+        self.precision = precision
+        self.device = device
+        self.inputs = inputs
+        self.outputs = outputs
+        self.static_inputs: dict[str, Tensor] | None = None  # set once captured
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.inputs)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.outputs)
+
+    @property
+    def batch(self) -> int:
+        """The static batch size (leading dimension of the first input)."""
+        return self.inputs[0].shape[0] if self.inputs and self.inputs[0].shape else 1
+
+    @property
+    def captured(self) -> bool:
+        return self.static_inputs is not None
+
+    def check_feed(self, feed: Mapping[str, Tensor]) -> None:
+        """ValueError naming the first missing, unexpected or mismatched input."""
+        missing = [s.name for s in self.inputs if s.name not in feed]
+        extra = [k for k in feed if k not in self.input_names]
+        if missing or extra:
+            parts = []
+            if missing:
+                parts.append(f"missing {', '.join(missing)}")
+            if extra:
+                parts.append(f"unexpected {', '.join(extra)}")
+            raise ValueError(
+                f"{self.name} ({self.backend}): {'; '.join(parts)} "
+                f"(inputs are {', '.join(self.input_names)})"
+            )
+        for s in self.inputs:
+            why = s.problem(feed[s.name], self.device)
+            if why is not None:
+                raise ValueError(f"{self.name} ({self.backend}): {why}")
+
+    def _fill_static(self, feed: Mapping[str, Tensor]) -> None:
+        """Copy the feed into the static input buffers (skipped for the buffers themselves)."""
+        assert self.static_inputs is not None
+        for name, buf in self.static_inputs.items():
+            t = feed[name]
+            if t.data_ptr() != buf.data_ptr():
+                buf.copy_(t)
+
+    def __call__(self, **feed: Tensor) -> dict[str, Tensor]:
+        return self.run(feed)
+
+    def run(self, feed: Mapping[str, Tensor]) -> dict[str, Tensor]:  # pragma: no cover
+        raise NotImplementedError
+
+    def capture(self) -> bool:
+        return False
+
+    def example_feed(self, seed: int = 0) -> dict[str, Tensor]:
+        """Random inputs of the static shapes on the engine's device, drawn like real ones."""
+        from studio.models.onnx_export import random_inputs
+
+        example = [torch.zeros(s.shape, dtype=s.dtype) for s in self.inputs]
+        drawn = random_inputs(self.input_names, example, seed)
+        return {n: t.to(self.device) for n, t in zip(self.input_names, drawn, strict=True)}
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "network": self.name,
+            "backend": self.backend,
+            "precision": self.precision,
+            "device": str(self.device),
+            "captured": self.captured,
+            "inputs": [s.to_dict() for s in self.inputs],
+            "outputs": [s.to_dict() for s in self.outputs],
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} {self.name} {self.precision} on {self.device}"
+            f"{' (graph)' if self.captured else ''}>"
+        )
+
+
+def capture_cuda_graph(
+    fn: Callable[[], Any], warmup: int = 3, context: Callable[[], Any] | None = None
+) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """Capture ``fn`` into a CUDA graph: warm-up on a side stream, then one capture.
+
+    ``fn`` must read only static buffers (filled with ``copy_`` before each replay) and must
+    not synchronize with the host. ``context()`` (e.g. no_grad + autocast) wraps both the
+    warm-up and the capture. Returns (graph, fn's output, which replays overwrite).
+    """
+    ctx = context or contextlib.nullcontext
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), ctx():
+        for _ in range(max(1, warmup)):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with ctx(), torch.cuda.graph(graph):
+        out = fn()
+    torch.cuda.synchronize()
+    return graph, out
+
+
+# --- devices, caches, math modes ------------------------------------------------------------------
+
+
+def resolve_device(device: str | torch.device | None = None) -> torch.device:
+    """None/"auto": the first CUDA GPU when torch sees one, else the CPU; InputError for a GPU
+    that is not there."""
+    if device is None or device == "auto":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise InputError(f"device {device!r} is not a device: use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError(f"device {device} was asked for, but torch sees no CUDA GPU here")
+        index = dev.index or 0
+        if index >= torch.cuda.device_count():
+            raise InputError(
+                f"device {device}: torch sees {torch.cuda.device_count()} GPU(s) (cuda:0..)"
+            )
+        return torch.device("cuda", index)
+    if dev.type != "cpu":
+        raise InputError(f"device {device}: only cpu and cuda devices are supported")
+    return dev
+
+
+def default_cache_dir() -> Path:
+    """Where exported ONNX files and engines are cached (``$STUDIO_ENGINE_CACHE`` wins)."""
+    env = os.environ.get("STUDIO_ENGINE_CACHE")
+    if env:
+        return Path(env).expanduser()
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return base / "talkinghead-studio" / "engines"
+
+
+def sdpa_backend(name: str) -> contextlib.AbstractContextManager[None]:
+    """Scaled-dot-product attention restricted to one backend ("flash", "efficient", "cudnn",
+    "math"), or PyTorch's own choice ("auto", no restriction: whatever is in force around the
+    call). Entered inside a compiled function, a named choice is part of its trace: compiled
+    code made under one backend is not reused under another (a context around the call would
+    be, silently)."""
+    if name == "auto":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    names = {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "math": SDPBackend.MATH,
+    }
+    if name not in names:
+        raise ValueError(f"unknown SDPA backend {name!r}; expected auto or one of {sorted(names)}")
+    return sdpa_kernel([names[name]])
+
+
+@contextlib.contextmanager
+def math_mode(precision: str, device: torch.device) -> Iterator[None]:
+    """TF32 on for ``tf32``, off for everything else (strict fp32), on CUDA; restored after."""
+    if device.type != "cuda":
+        yield
+        return
+    on = precision == "tf32"
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = on
+    torch.backends.cudnn.allow_tf32 = on
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before

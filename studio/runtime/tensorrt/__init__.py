@@ -1,0 +1,1 @@
+"""The TensorRT backend: building, caching, loading and running serialized engines."""
