@@ -17,9 +17,8 @@ import os
 import sys
 import time
 from collections.abc import Iterator, MutableMapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from studio import __version__
 from studio.errors import Cancelled, InputError, OptionError, OutputError, StudioError
@@ -345,109 +344,46 @@ def _summary(report: dict) -> str:
     return "\n".join(lines)
 
 
-@dataclass(frozen=True)
-class _DittoInputs:
-    """The Ditto engine's inputs, checked before any work: the checkpoints and the device."""
+def _prepare_engine(args: argparse.Namespace, settings):
+    """The engine's checks before any work, in the order a user fixes things (the checkpoint
+    folder, the avatar, the device and precision; :func:`studio.render.engines.prepare_engine`),
+    after the command's own: --demo and --checkpoints pick one engine. Notes on stderr for
+    options the engine will ignore (``--compile`` on a CPU)."""
+    from studio.engines.base import EngineRequest
+    from studio.render.engines import prepare_engine
 
-    checkpoints: Any  # studio.models.checkpoints.CheckpointSet
-    device: Any  # torch.device
-
-
-def _check_engine_inputs(args: argparse.Namespace, settings) -> _DittoInputs | None:
-    """Check what the engine needs before any work, in the order a user fixes things: the
-    engine choice, the checkpoint folder (every file the Ditto engine reads), the avatar
-    image (a readable still image), then device, runtime and precision. None for the demo
-    engine. Notes on stderr for options that are accepted but ignored (``--compile``)."""
-    if not args.checkpoints:
-        if args.avatar:
-            raise OptionError("--avatar", "needs --checkpoints DIR (the demo engine has its own)")
-        _compile_note(args, settings, None)
-        return None
-    if args.demo:
+    if args.checkpoints and args.demo:
         raise OptionError("--demo", "cannot be combined with --checkpoints; pick one engine")
-    from studio.avatar.register import load_image
-    from studio.engines.ditto.engine import ALL_ROLES, require, resolve_device
-    from studio.engines.ditto.warp_decode import render_precisions
-    from studio.models.checkpoints import discover
-
-    found = discover(args.checkpoints)
-    require(found, ALL_ROLES)
-    if not args.avatar:
-        raise OptionError("--avatar", "the Ditto engine needs --avatar IMAGE (a face photo)")
-    load_image(args.avatar)  # a missing file, a video, text, ...: named now, not after loading
-    device = resolve_device(args.device)
-    render_precisions(settings.precision, settings.runtime, device)  # refused before the work
-    _compile_note(args, settings, device)
-    return _DittoInputs(found, device)
-
-
-def _compile_note(args: argparse.Namespace, settings, device) -> None:
-    """One line on stderr when ``--compile`` (or a preset's compile) has nothing to act on:
-    it compiles the warp + decoder CUDA graphs of the torch runtime on a GPU."""
-    if not settings.compile:
-        return
-    if args.command == "analyze":
-        why = "by analyze, which renders no frames"
-    elif device is None:
-        why = "by the demo engine: it has no networks to compile (--checkpoints selects Ditto)"
-    elif device.type != "cuda":
-        why = (
-            f"on the {device.type.upper()}: it compiles the warp + decoder into CUDA graphs, "
-            "which need a GPU (--device cuda)"
-        )
-    elif settings.runtime != "torch":
-        why = (
-            f"with --runtime {settings.runtime}: it compiles the CUDA graphs of the torch "
-            "runtime (--runtime torch)"
-        )
-    else:
-        return
-    print(f"studio {args.command}: note: --compile is ignored {why}", file=sys.stderr)
-
-
-def _engine(args: argparse.Namespace, settings, inputs: _DittoInputs | None, progress=None):
-    """The demo engine, or the Ditto engine on the registered --avatar; ``progress`` sees
-    registration, loading the networks and later HuBERT and the LMDM windows."""
-    from studio.engines.demo.engine import DemoEngine
-
-    if inputs is None:
-        return DemoEngine()
-    from studio.avatar.register import register_avatar
-    from studio.engines.ditto.engine import DittoEngine, describe_avatar
-
-    avatar = register_avatar(
-        args.avatar,
-        inputs.checkpoints,
-        cache_dir=args.avatar_cache,
-        device=inputs.device,
-        progress=progress,
+    request = EngineRequest(
+        settings, args.checkpoints, args.avatar, args.device, args.avatar_cache
     )
-    line = describe_avatar(avatar)
-    if progress is not None:
-        progress.note(line)
-    else:
-        print(line, file=sys.stderr)
-    return DittoEngine(
-        inputs.checkpoints, avatar, settings, device=inputs.device, progress=progress
-    )
+    prepared = prepare_engine(request)
+    notes = prepared.notes
+    if args.command == "analyze" and settings.compile:  # renders nothing: say that instead
+        notes = (
+            *(n for n in notes if not n.startswith("--compile")),
+            "--compile is ignored by analyze, which renders no frames",
+        )
+    for note in notes:
+        print(f"studio {args.command}: note: {note}", file=sys.stderr)
+    return prepared
+
+
+def _open_engine(prepared, progress):
+    """Open the checked engine; its one-line summary (the avatar, for Ditto) above the bars."""
+    from studio.render.engines import open_prepared
+
+    engine = open_prepared(prepared, progress)
+    summary = engine.describe().get("summary")
+    if summary:
+        progress.note(summary)
+    return engine
 
 
 def _engine_report(engine) -> dict:
-    """What ran: the engine, and for Ditto the device, memory plan and avatar."""
-    info: dict = {"name": engine.name}
-    if engine.name == "ditto":
-        plan = engine.memory_plan()
-        info.update(
-            device=str(engine.device),
-            memory=plan.to_dict(),
-            render=engine.networks.warp_decode(
-                engine.settings.precision, engine.settings.compile, engine.settings.runtime
-            ).describe(),
-            steps=engine.settings.steps,
-            avatar=str(getattr(engine.avatar, "folder", "")),
-            eye_method=getattr(engine.avatar, "eye_method", None),
-            notes=list(getattr(engine.avatar, "notes", []) or []),
-        )
+    """What ran: the engine's own description, without the line meant for people."""
+    info = engine.describe()
+    info.pop("summary", None)
     return info
 
 
@@ -459,15 +395,14 @@ def cmd_render(args: argparse.Namespace) -> int:
     settings = _settings(args, size=args.size, crf=args.crf, preset=args.x264_preset)
     out = check_output_path(args.out)
     report_path = _check_json_target(args.report, "--report", {"--out": args.out, **_inputs(args)})
-    inputs = _check_engine_inputs(args, settings)
+    prepared = _prepare_engine(args, settings)
     audio = _load_audio(args)
     with _progress() as progress:
-        engine = _engine(args, settings, inputs, progress)
+        engine = _open_engine(prepared, progress)
         result = analyze(audio, settings, engine)
-        renderer = engine.renderer(settings.size)
-        build = getattr(renderer, "build_engines", None)
-        if build is not None:  # export/compile before the first frame, as a stage of its own
-            build(int(result.plan.keyframes.size), progress)
+        renderer = engine.renderer(settings)
+        # export/compile/capture before the first frame, as a stage of its own
+        renderer.build_engines(int(result.plan.keyframes.size), progress)
         report = render_video(
             result, renderer, str(out), settings, progress=progress, started=started
         )
@@ -486,10 +421,10 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     settings = _settings(args)
     json_path = _check_json_target(args.json, "--json", _inputs(args))
-    inputs = _check_engine_inputs(args, settings)
+    prepared = _prepare_engine(args, settings)
     audio = _load_audio(args)
     with _progress() as progress:
-        result = analyze(audio, settings, _engine(args, settings, inputs, progress))
+        result = analyze(audio, settings, _open_engine(prepared, progress))
     timings = dict(result.timings_ms)
     timings["total"] = (time.perf_counter() - started) * 1000.0
     report = build_report(result, timings, rendered=False)

@@ -99,7 +99,7 @@ def test_memory_plan() -> None:
 
 
 def test_device_names() -> None:
-    from studio.engines.ditto.engine import resolve_device
+    from studio.runtime.base import resolve_device
 
     assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_device("auto").type in ("cpu", "cuda")

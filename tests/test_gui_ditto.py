@@ -21,8 +21,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 from studio.gui import theme  # noqa: E402
 from studio.gui.widgets.controls import (  # noqa: E402
-    DITTO_UNAVAILABLE,
     FP16_NEEDS_CUDA,
+    NEEDS_CHECKPOINTS,
     PRECISIONS,
 )
 from studio.gui.window import NEEDS_AVATAR, MainWindow  # noqa: E402
@@ -85,8 +85,8 @@ def test_ditto_appears_with_checkpoints_and_needs_an_avatar(qtbot, assets):
     w = _open(qtbot, assets)
     c = w.controls
     ditto = _item(c.backend, "ditto")
-    assert not ditto.isEnabled() and ditto.toolTip() == DITTO_UNAVAILABLE
-    assert not c.ditto_box.isEnabled()  # emotion, deltas, steps: ditto only
+    assert not ditto.isEnabled() and ditto.toolTip() == NEEDS_CHECKPOINTS
+    assert not c.engine_box.isEnabled()  # emotion, deltas, steps: ditto only
     assert [p for p in PRECISIONS if _item(c.precision, p).isEnabled()] == ["fp32"]
     assert "demo engine" in _item(c.precision, "bf16").toolTip()
     assert not w.act_clear_checkpoints.isEnabled()
@@ -95,7 +95,7 @@ def test_ditto_appears_with_checkpoints_and_needs_an_avatar(qtbot, assets):
     assert ditto.isEnabled() and w.checkpoints == str(assets["tree"])
     assert w.act_clear_checkpoints.isEnabled()
     c.set_backend("ditto")  # quietly: only to look at the precision choices
-    assert c.ditto_box.isEnabled()
+    assert c.engine_box.isEnabled()
     enabled = {p for p in PRECISIONS if _item(c.precision, p).isEnabled()}
     import torch
 
@@ -214,7 +214,7 @@ def test_missing_files_are_named_with_their_stage_and_demo_keeps_working(qtbot, 
     with qtbot.waitSignal(w.errorShown, timeout=30_000) as blocker:
         w.set_checkpoints(str(broken))
     assert "decoder.pth" in blocker.args[0] and "render / decoder" in blocker.args[0]
-    assert not w.controls.ditto_available() and w.checkpoints is None
+    assert not w.controls.engine_available("ditto") and w.checkpoints is None
     w.error_box.close()
 
     # A folder that was complete when set and lost a file later: the engine build fails,
@@ -251,16 +251,16 @@ def test_checkpoints_and_the_ditto_backend_survive_a_restart(qtbot, assets):
     again.show()
     with qtbot.waitSignal(again.renderFinished, timeout=TIMEOUT_MS, check_params_cb=_is_ditto):
         pass
-    assert again.checkpoints == str(assets["tree"]) and again.controls.ditto_available()
+    assert again.checkpoints == str(assets["tree"]) and again.controls.engine_available("ditto")
     assert again.current_settings().emotion == 6
     again.clear_checkpoints()
-    assert not again.controls.ditto_available() and again.controls.backend_name() == "demo"
+    assert not again.controls.engine_available("ditto") and again.controls.backend_name() == "demo"
     with qtbot.waitSignal(again.renderFinished, timeout=TIMEOUT_MS):
         pass  # back on demo
     again.close()
 
     third = _open(qtbot, assets)
-    assert third.checkpoints is None and not third.controls.ditto_available()
+    assert third.checkpoints is None and not third.controls.engine_available("ditto")
     assert third.controls.backend_name() == "demo"
     third.close()
 
@@ -273,11 +273,15 @@ def test_compile_box_needs_a_gpu_and_round_trips_the_setting(qtbot) -> None:
     qtbot.addWidget(panel)
     panel.set_cuda_available(False)
     panel.set_settings(RenderSettings(compile=True))  # e.g. a preset from a GPU machine
-    box = panel.ditto_box  # greyed as a whole on the demo backend; the check box on its own:
-    assert not panel.compile.isEnabledTo(box) and panel.compile.toolTip() == COMPILE_NEEDS_CUDA
+    box = panel.engine_box
+    assert not box.isEnabled()  # the demo engine reads none of the engine options
+    panel.set_engine_available("ditto", True)
+    panel.set_backend("ditto")
+    assert box.isEnabled() and panel.emotion.isEnabled()
+    assert not panel.compile.isEnabled() and panel.compile.toolTip() == COMPILE_NEEDS_CUDA
     assert panel.settings().compile is False
     panel.set_cuda_available(True)
-    assert panel.compile.isEnabledTo(box)
+    assert panel.compile.isEnabled()
     with qtbot.waitSignal(panel.changed, timeout=10_000) as blocker:
         panel.compile.setChecked(True)
     assert blocker.args == ["output"]  # frames re-render; the motion is kept

@@ -5,17 +5,18 @@ from __future__ import annotations
 import numpy as np
 
 from studio.audio.io import audio_from_array
+from studio.engines.base import Renderer
 from studio.engines.demo.engine import DemoEngine
 from studio.render.pipeline import analyze, iter_frames
 from studio.settings import RenderSettings
 
 
-class _Recorder:
+class _Recorder(Renderer):
     """The demo avatar, recording the batches it is asked for."""
 
     def __init__(self, inner, batch: int) -> None:
-        self.inner, self.batch, self.sizes = inner, batch, []
-        self.width = self.height = inner.size
+        super().__init__(inner.size, batch)
+        self.inner, self.sizes = inner, []
 
     def render_batch(self, motion: np.ndarray) -> np.ndarray:
         self.sizes.append(len(motion))
@@ -31,7 +32,7 @@ def test_progress_starts_at_zero_and_batches_fill_the_renderer() -> None:
     settings = RenderSettings(stride="1", size=64)
     result = analyze(audio, settings, DemoEngine())
     n = result.num_frames
-    renderer = _Recorder(DemoEngine().renderer(64), batch=16)
+    renderer = _Recorder(DemoEngine().renderer(RenderSettings(size=64)), batch=16)
     calls: list[tuple[str, int, int]] = []
     frames = list(iter_frames(result, renderer, progress=lambda *a: calls.append(a)))
     assert len(frames) == n == 40 and frames[0].shape == (64, 64, 3)
@@ -59,10 +60,10 @@ class _Counting(_Recorder):
 def test_known_frames_are_reused_and_only_the_missing_ones_are_rendered() -> None:
     result = _speech_result("3")
     n = result.num_frames
-    full = list(iter_frames(result, DemoEngine().renderer(64)))
+    full = list(iter_frames(result, DemoEngine().renderer(RenderSettings(size=64))))
     # a preview cancelled after frame 20: the rest is missing
     known = [f if i <= 20 else None for i, f in enumerate(full)]
-    renderer = _Counting(DemoEngine().renderer(64), batch=4)
+    renderer = _Counting(DemoEngine().renderer(RenderSettings(size=64)), batch=4)
     stats: dict = {}
     again = list(iter_frames(result, renderer, known=known, stats=stats))
     assert len(again) == n and all(np.array_equal(a, b) for a, b in zip(again, full, strict=True))
@@ -72,5 +73,5 @@ def test_known_frames_are_reused_and_only_the_missing_ones_are_rendered() -> Non
     assert sum(r.shape[0] for r in renderer.rows) == int((keys >= 21).sum())
     assert stats["reused_frames"] == 21
     # every frame known: nothing rendered at all
-    idle = _Counting(DemoEngine().renderer(64), batch=4)
+    idle = _Counting(DemoEngine().renderer(RenderSettings(size=64)), batch=4)
     assert len(list(iter_frames(result, idle, known=full))) == n and idle.rows == []

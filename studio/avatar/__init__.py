@@ -1,5 +1,2 @@
-"""Avatar-side image stages (putback of the rendered crop into the source frame)."""
-
-from studio.avatar.putback import PasteBack, paste_mask
-
-__all__ = ["PasteBack", "paste_mask"]
+"""The avatar: a photo registered for the Ditto engine (detection, crop, the source
+features, the cache on disk) and the paste-back of rendered crops into it."""

@@ -47,6 +47,7 @@ import numpy as np
 from studio.avatar.crop import area_downsample, crop_geometry, crop_image, resize_bilinear
 from studio.avatar.eyes import eye_features, planned_method
 from studio.avatar.faces import FaceDetector, Landmark106, Landmark203, providers_for
+from studio.avatar.folder import AVATAR_META
 from studio.errors import InputError, OutputError
 from studio.files import check_writable_folder
 from studio.models.checkpoints import CheckpointSet
@@ -581,7 +582,7 @@ def _write_cache(folder: Path, avatar: Avatar, meta: dict[str, Any]) -> None:
         np.savez(tmp / "arrays.npz", **arrays)
         np.save(tmp / "image.npy", avatar.image)
         (tmp / "crop.png").write_bytes(_png_bytes(avatar.crop))
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
+        (tmp / AVATAR_META).write_text(json.dumps(meta, indent=2, sort_keys=True))
         old = None
         if folder.exists():
             old = folder.parent / f".{folder.name}.{uuid.uuid4().hex[:8]}.old"
@@ -627,7 +628,7 @@ def _cache_state(
 ) -> tuple[dict[str, Any] | None, str]:
     """(meta, "") when the folder is a valid cache for these inputs, else (None, why not)."""
     try:
-        meta = json.loads((folder / "meta.json").read_text())
+        meta = json.loads((folder / AVATAR_META).read_text())
     except FileNotFoundError:
         return None, "not registered yet"
     except (OSError, ValueError):

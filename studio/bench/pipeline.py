@@ -227,7 +227,7 @@ def _pass(engine: Any, audio: Any, settings: Any, out_path: Path) -> dict[str, A
 
     started = time.perf_counter()
     result = analyze(audio, settings, engine)
-    renderer = engine.renderer(settings.size, settings)
+    renderer = engine.renderer(settings)
     report = render_video(result, renderer, str(out_path), settings, started=started)
     t = {k: float(v) for k, v in report["timings_ms"].items()}
     t["other"] = max(0.0, t["total"] - sum(t.get(s, 0.0) for s in SERIAL if s != "other"))
@@ -302,8 +302,11 @@ def run_pipeline_suite(
     the CPU. InputError (a StudioError) for a bad ``checkpoints`` folder or device.
     """
     from studio.avatar.register import register_avatar
-    from studio.engines.ditto.engine import ALL_ROLES, DittoEngine, require, resolve_device
+    from studio.engines.base import EngineRequest
+    from studio.engines.ditto.engine import ALL_ROLES, require
     from studio.models.checkpoints import discover
+    from studio.render.engines import open_prepared, prepare_engine
+    from studio.runtime.base import resolve_device
     from studio.settings import RenderSettings
 
     say = progress or (lambda _line: None)
@@ -366,8 +369,10 @@ def run_pipeline_suite(
             t0 = time.perf_counter()
             avatar = register_avatar(face, found, work / "avatars", device=dev, refresh=refresh)
             timings[label] = (time.perf_counter() - t0) * 1e3
+        # the product's one way in: checks, the (now cached) avatar, the networks
+        request = EngineRequest(base, str(found.root), str(face), str(dev), str(work / "avatars"))
         t0 = time.perf_counter()
-        engine = DittoEngine(found, avatar, base, device=dev)
+        engine = open_prepared(prepare_engine(request))
         timings["engine_load_ms"] = (time.perf_counter() - t0) * 1e3
         result["inputs"].update(
             {k: round(v, 1) for k, v in timings.items()},

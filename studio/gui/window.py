@@ -32,33 +32,34 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.avatar.folder import AVATAR_META
 from studio.errors import StudioError
 from studio.export.video import check_output_path
 from studio.files import unused_name
 from studio.gui.export_dialog import ExportDialog
 from studio.gui.notices import NoticeBridge
 from studio.gui.playback import Playback
-from studio.gui.widgets.controls import ControlsPanel
+from studio.gui.widgets.controls import DEFAULT_BACKEND, ControlsPanel
 from studio.gui.widgets.metrics import MetricsPanel
 from studio.gui.widgets.notice import NoticeBar
 from studio.gui.widgets.plots import MotionPlots, Timeline
 from studio.gui.widgets.viewer import FrameView
 from studio.gui.worker import (
-    AVATAR_META,
     CheckpointCheck,
     EngineInfo,
     ExportJob,
     MotionJob,
     MotionWorker,
     RenderWorker,
+    checkpoint_engines,
     default_export_path,
     export_settings,
-    renderer_key,
     start_in_thread,
 )
 from studio.layout import FPS
+from studio.render.engines import ENGINES
 from studio.render.pipeline import MotionResult
-from studio.settings import RenderSettings
+from studio.settings import MAX_SIZE, RenderSettings
 
 AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".oga", ".mp3", ".aiff", ".aif", ".au", ".caf"}
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff"}
@@ -66,13 +67,13 @@ MAX_RECENT = 8
 DEBOUNCE_MS = 60
 NEEDS_AVATAR = "Open an avatar image first (File → Open Avatar…)"
 CHECKPOINTS_KEY = "checkpoints/folder"
-DEMO_AVATAR_NOTICE = (
-    "The demo engine draws its own character, so {name} is not animated. To animate your "
+AVATAR_NEEDS_CHECKPOINTS = (
+    "The {engine} engine draws its own character, so {name} is not animated. To animate your "
     "photo, set Ditto's checkpoint folder (File → Checkpoints…) and pick the ditto backend."
 )
-DEMO_AVATAR_READY = (
-    "The demo engine draws its own character, so {name} is not animated. Ditto's checkpoints "
-    "are set: pick the ditto backend to animate your photo."
+AVATAR_READY = (
+    "The {engine} engine draws its own character, so {name} is not animated. The checkpoints "
+    "are set: pick the {other} backend to animate your photo."
 )
 
 
@@ -121,7 +122,7 @@ class MainWindow(QMainWindow):
         self.checkpoints: str | None = None  # a checked checkpoint folder
         self._checking: str | None = None  # the folder being checked
         self._announce_check = True
-        self._restore_backend = "demo"
+        self._restore_backend = DEFAULT_BACKEND
         self.building_engine = False
 
         self._build_widgets()
@@ -457,16 +458,16 @@ class MainWindow(QMainWindow):
         self._debounce.stop()
         # The engine being built is for the other backend now.
         self.motion_worker.build_cancellation.cancel_upto(self.generation)
-        if self.controls.backend_name() == "ditto":
-            if not self.checkpoints:
-                self.controls.set_backend("demo")
-                self.show_error("Set Ditto's checkpoint folder first (File → Checkpoints…).")
-                return
-            if not self.avatar_path:
-                self.controls.set_backend("demo")
-                self.statusBar().showMessage(NEEDS_AVATAR, 10000)
-                self.show_error(NEEDS_AVATAR)
-                return
+        caps = self.controls.capabilities()
+        if caps.needs_checkpoints and not self.checkpoints:
+            self.controls.set_backend(DEFAULT_BACKEND)
+            self.show_error("Set the checkpoint folder first (File → Checkpoints…).")
+            return
+        if caps.takes_avatar and not self.avatar_path:
+            self.controls.set_backend(DEFAULT_BACKEND)
+            self.statusBar().showMessage(NEEDS_AVATAR, 10000)
+            self.show_error(NEEDS_AVATAR)
+            return
         self._update_engine_status()
         self.request_motion()
 
@@ -554,27 +555,31 @@ class MainWindow(QMainWindow):
         self._building(False)
         self.notice.hide()  # the photo is animated now
         notes = f" ({'; '.join(info.notes)})" if info.notes else ""
+        label = self.controls.capabilities(info.backend).label
         self.statusBar().showMessage(
-            f"Ditto engine ready on {info.device}: {info.description}{notes}", 10000
+            f"{label} engine ready on {info.device}: {info.description}{notes}", 10000
         )
         self.engineChanged.emit(info)
 
     def _engine_failed(self, gen: int, message: str, details: str) -> None:
         if gen != self.generation:
             return
-        self._back_to_demo(f"The Ditto engine could not start: {message}", details)
+        self._back_to_default(message, details)
 
     def _engine_cancelled(self, gen: int) -> None:
         if gen != self.generation:
             return
-        self._back_to_demo("", "")
-        self.statusBar().showMessage("loading the Ditto engine was cancelled; on demo", 8000)
+        label = self.controls.capabilities().label
+        self._back_to_default("", "")
+        self.statusBar().showMessage(
+            f"opening the {label} engine was cancelled; on {DEFAULT_BACKEND}", 8000
+        )
 
-    def _back_to_demo(self, message: str, details: str) -> None:
-        """Fall back to the demo engine (after a failed or cancelled build) and keep going."""
+    def _back_to_default(self, message: str, details: str) -> None:
+        """Fall back to the default engine (after a failed or cancelled build); keep going."""
         self._building(False)
         self.progress_bar.hide()
-        self.controls.set_backend("demo")
+        self.controls.set_backend(DEFAULT_BACKEND)
         self._update_engine_status()
         if message:
             self.show_error(message, details)
@@ -614,40 +619,51 @@ class MainWindow(QMainWindow):
             if announce:
                 self.statusBar().showMessage("checkpoints not set: files are missing", 8000)
                 self.show_error(check.message, check.details)
-            else:  # the remembered folder went bad: say so where ditto is chosen
-                self.controls.set_ditto_available(False, f"checkpoints unusable: {check.message}")
-                self.statusBar().showMessage(f"Ditto unavailable: {check.message}", 15000)
+            else:  # the remembered folder went bad: say so where the engine is chosen
+                for name in checkpoint_engines():
+                    self.controls.set_engine_available(
+                        name, False, f"checkpoints unusable: {check.message}"
+                    )
+                self.statusBar().showMessage(f"checkpoints unusable: {check.message}", 15000)
             self.checkpointsChanged.emit(self.checkpoints is not None)
             return
         changed = check.path != self.checkpoints
         self.checkpoints = check.path
         self.store.setValue(CHECKPOINTS_KEY, check.path)
         self.act_clear_checkpoints.setEnabled(True)
-        self.controls.set_ditto_available(True)
+        engines = checkpoint_engines()
+        for name in engines:
+            self.controls.set_engine_available(name, True)
         if announce:
+            labels = ", ".join(self.controls.capabilities(n).label for n in engines)
             self.statusBar().showMessage(
-                f"Ditto checkpoints set: {check.path}; the ditto backend is available", 10000
+                f"checkpoints set: {check.path}; available: {labels}", 10000
             )
         self.checkpointsChanged.emit(True)
-        if self.controls.backend_name() == "ditto":
-            if changed:  # other networks: rebuild the engine
+        caps = self.controls.capabilities()
+        if caps.needs_checkpoints:
+            if changed:  # other networks: reopen the engine
                 self.motion_worker.build_cancellation.cancel_upto(self.generation)
                 self.request_motion()
-        elif self._restore_backend == "ditto" and self.avatar_path:
-            self._restore_backend = "demo"
-            self.controls.set_backend("ditto", emit=True)
+        elif self._restore_backend in engines:
+            wanted, self._restore_backend = self._restore_backend, DEFAULT_BACKEND
+            if not self.controls.capabilities(wanted).takes_avatar or self.avatar_path:
+                self.controls.set_backend(wanted, emit=True)
 
     def clear_checkpoints(self) -> None:
-        """File → Clear Checkpoints: forget the folder; the ditto backend goes away."""
-        was_ditto = self.controls.backend_name() == "ditto"
+        """File → Clear Checkpoints: forget the folder; the engines that need it go away."""
+        was_on_it = self.controls.capabilities().needs_checkpoints
         self.checkpoints = None
         self._checking = None
         self.store.remove(CHECKPOINTS_KEY)
         self.act_clear_checkpoints.setEnabled(False)
-        self.controls.set_ditto_available(False)
+        for name in checkpoint_engines():
+            self.controls.set_engine_available(name, False)
         self.checkpointsChanged.emit(False)
-        self.statusBar().showMessage("checkpoints cleared; the ditto backend is off", 8000)
-        if was_ditto:
+        self.statusBar().showMessage(
+            "checkpoints cleared; the engines that need them are off", 8000
+        )
+        if was_on_it:
             self.motion_worker.build_cancellation.cancel_upto(self.generation)
             self._update_engine_status()
             self.request_motion()
@@ -756,7 +772,7 @@ class MainWindow(QMainWindow):
 
     def _update_engine_status(self) -> None:
         """Backend, device and precision of the last render (what really ran)."""
-        st = self.last_stats or {"backend": "demo", "device": "CPU", "precision": "fp32"}
+        st = self.last_stats or {"backend": DEFAULT_BACKEND, "device": "CPU", "precision": "fp32"}
         fps = f"{self.last_fps:.1f} fps" if self.last_fps else "– fps"
         audio = "" if not self.playback.silent else f"  ·  {self.playback.silent_reason}"
         memory = f"  ·  memory {st['memory']}" if st.get("memory") else ""
@@ -765,7 +781,8 @@ class MainWindow(QMainWindow):
         pending = ""
         if self.building_engine:
             stage = f": {self.build_stage}" if self.build_stage else ""
-            pending = f"  ·  starting the ditto engine{stage}…"
+            label = self.controls.capabilities().label
+            pending = f"  ·  starting the {label} engine{stage}…"
         elif wanted != st["backend"]:
             pending = f"  ·  switching to {wanted}…"
         self.status_engine.setText(
@@ -797,7 +814,9 @@ class MainWindow(QMainWindow):
         self.request_motion()
 
     def _set_avatar(self, path: str, announce: bool = True, rebuild: bool = True) -> bool:
-        """Use the image (or registered avatar folder) ``path``; on ditto, rebuild the engine."""
+        """Use the image (or registered avatar folder) ``path``; an engine that animates it is
+        reopened on it, and on one that draws its own character a notice says how to animate
+        the photo."""
         p = Path(path)
         if p.is_dir():
             if not (p / AVATAR_META).exists():
@@ -811,24 +830,28 @@ class MainWindow(QMainWindow):
             return False
         self.avatar_path = str(p)
         self._add_recent(str(p))
-        on_ditto = self.controls.backend_name() == "ditto"
+        caps, current = self.controls.capabilities(), self.controls.backend_name()
         if announce:
-            if on_ditto:
+            animator = next((n for n in ENGINES if self.controls.capabilities(n).takes_avatar), "")
+            if caps.takes_avatar:
                 self.notice.hide()
                 self.statusBar().showMessage(
-                    f"avatar {p.name} set; registering it for the Ditto engine", 10000
+                    f"avatar {p.name} set; registering it for the {caps.label} engine", 10000
                 )
-            elif self.checkpoints:
+            elif animator and self.controls.engine_available(animator):
+                label = self.controls.capabilities(animator).label
                 self.notice.show_notice(
-                    DEMO_AVATAR_READY.format(name=p.name),
-                    "Use Ditto",
-                    lambda: self.controls.set_backend("ditto", emit=True),
+                    AVATAR_READY.format(name=p.name, engine=current, other=label),
+                    f"Use {label}",
+                    lambda: self.controls.set_backend(animator, emit=True),
                 )
-            else:
+            elif animator:
                 self.notice.show_notice(
-                    DEMO_AVATAR_NOTICE.format(name=p.name), "Checkpoints…", self.checkpoints_dialog
+                    AVATAR_NEEDS_CHECKPOINTS.format(name=p.name, engine=current),
+                    "Checkpoints…",
+                    self.checkpoints_dialog,
                 )
-        if on_ditto and rebuild:
+        if caps.takes_avatar and rebuild:
             self.motion_worker.build_cancellation.cancel_upto(self.generation)
             self.request_motion()
         return True
@@ -904,13 +927,14 @@ class MainWindow(QMainWindow):
     # --- export --------------------------------------------------------------------------------
 
     def export_frame_hw(self) -> tuple[int, int] | None:
-        """The frame size an export will have when it is not the square Size (Ditto full)."""
+        """The frame size (h, w) an export will have when the Size choice does not set it
+        (Ditto's full frames are the avatar image's size)."""
+        if self.engine is None:
+            return None
         s = self.current_settings()
-        engine = self.engine
-        if getattr(engine, "name", "demo") == "ditto" and s.frame == "full":
-            h, w = np.asarray(engine.avatar.image).shape[:2]
-            return int(h), int(w)
-        return None
+        w, h = self.engine.frame_size(s)
+        other = replace(s, size=s.size + 2 if s.size + 2 <= MAX_SIZE else s.size - 2)
+        return None if self.engine.frame_size(other) != (w, h) else (h, w)
 
     def open_export_dialog(self) -> ExportDialog:
         s = self.current_settings()
@@ -935,7 +959,7 @@ class MainWindow(QMainWindow):
         try:
             target = check_output_path(path)
             settings = export_settings(self.current_settings(), size, crf, preset)
-            ran = getattr(self.engine, "name", "demo")
+            ran = self.engine.name if self.engine is not None else DEFAULT_BACKEND
             if ran != settings.backend:
                 raise StudioError(
                     f"Nothing to export with the {settings.backend} backend yet: the preview "
@@ -962,9 +986,7 @@ class MainWindow(QMainWindow):
             return None
         if replace(settings, size=p.size, crf=p.crf, preset=p.preset) != p:
             return None
-        if renderer_key(self.engine, settings.size, settings) != renderer_key(
-            self.engine, p.size, p
-        ):
+        if self.engine is None or self.engine.renderer_key(settings) != self.engine.renderer_key(p):
             return None
         frames = tuple(self.frames)
         return frames if any(f is not None for f in frames) else None

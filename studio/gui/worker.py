@@ -14,7 +14,6 @@ motion.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -26,8 +25,16 @@ from typing import Any
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from studio.audio.io import Audio, load_audio
-from studio.engines.demo.engine import DemoEngine, demo_audio_path
-from studio.errors import Cancelled, InputError, StudioError
+from studio.engines.base import EngineRequest
+from studio.engines.demo.engine import demo_audio_path
+from studio.errors import Cancelled, StudioError
+from studio.render.engines import (
+    ENGINES,
+    capabilities,
+    engine_package,
+    open_prepared,
+    prepare_engine,
+)
 from studio.render.pipeline import (
     MotionResult,
     frame_shape,
@@ -41,16 +48,15 @@ from studio.settings import RenderSettings
 PREVIEW_BATCH = 4  # keyframes per render call: small, so a cancel lands within ~50 ms
 FRAME_CHUNK = 6  # frames per signal: keeps the GUI's event queue short while rendering
 
-AVATAR_META = "meta.json"  # what a registered avatar folder holds (studio.avatar.register)
-_DTYPE_NAMES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
 
 
 @dataclass(frozen=True)
 class MotionJob:
     """Compute motion for an audio file with these settings.
 
-    With ``settings.backend == "ditto"``, ``checkpoints`` (the folder) and ``avatar`` (an
-    image, or a registered avatar folder) select the Ditto engine, built on first use.
+    ``settings.backend`` names the engine; ``checkpoints`` (the folder) and ``avatar`` (an
+    image, or a registered avatar folder) go to an engine that needs them; it is opened on
+    first use (:func:`studio.render.engines.open_prepared`) and kept.
     """
 
     generation: int
@@ -62,7 +68,8 @@ class MotionJob:
 
 @dataclass(frozen=True)
 class ExportJob:
-    """Write an MP4 of this motion with these settings, rendered by ``engine``.
+    """Write an MP4 of this motion with these settings, rendered by ``engine`` (the engine
+    that made ``result``).
 
     ``known``: the preview's frames (None where not rendered) when the preview was rendered
     from this motion with identical settings; those are encoded, not rendered again.
@@ -71,7 +78,7 @@ class ExportJob:
     result: MotionResult
     settings: RenderSettings
     path: str
-    engine: Any = None  # the engine that made ``result``; None = the demo engine
+    engine: Any
     known: tuple | None = None
 
 
@@ -82,8 +89,7 @@ class EngineInfo:
     backend: str
     device: str
     serial: int  # a new number for every engine built
-    description: str  # one line (the avatar, for Ditto)
-    frame_hw: tuple[int, int] | None = None  # full-frame size (the avatar image), Ditto only
+    description: str  # one line (the avatar, for an engine that animates one)
     notes: tuple[str, ...] = ()
 
 
@@ -141,19 +147,21 @@ def runtime_reasons() -> dict[str, str | None]:
     return {name: precision_support(name, dev).get("fp32") for name in RUNTIMES}
 
 
-def check_checkpoints(path: str) -> CheckpointCheck:
-    """``discover`` + ``require`` every file the Ditto engine and avatar registration read."""
-    from studio.engines.ditto.engine import ALL_ROLES, require
-    from studio.models.checkpoints import discover
+def checkpoint_engines() -> list[str]:
+    """The registered engines that run on a checkpoint folder."""
+    return [name for name in ENGINES if capabilities(name).needs_checkpoints]
 
+
+def check_checkpoints(path: str) -> CheckpointCheck:
+    """Whether ``path`` holds every file the engines that need checkpoints read (each engine
+    checks its own files)."""
+    root = path
     try:
-        found = discover(path)
-        require(found, ALL_ROLES)
+        for name in checkpoint_engines():
+            root = engine_package(name).check_checkpoints(path)
     except StudioError as e:
         return CheckpointCheck(path, path, False, _one_line(str(e)), str(e), cuda_available())
-    return CheckpointCheck(
-        path, str(found.root), True, cuda=cuda_available(), runtimes=runtime_reasons()
-    )
+    return CheckpointCheck(path, root, True, cuda=cuda_available(), runtimes=runtime_reasons())
 
 
 def _one_line(message: str) -> str:
@@ -162,36 +170,12 @@ def _one_line(message: str) -> str:
     return line if len(line) <= 400 else line[:397] + "…"
 
 
-def avatar_source(path: str) -> tuple[str, str | None]:
-    """(image path, cache folder or None) for an avatar image or a registered avatar folder.
-
-    A registered folder (``meta.json`` from :mod:`studio.avatar.register`) is reopened from
-    its image, with the folder's parent as the cache, so nothing is recomputed.
-    """
-    p = Path(path)
-    if not p.is_dir():
-        return str(p), None
-    try:
-        meta = json.loads((p / AVATAR_META).read_text())
-        source = Path(str(meta["source"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        raise InputError(
-            f"{p} is not a registered avatar folder (no readable {AVATAR_META}); "
-            "open the face image instead"
-        ) from None
-    if not source.is_file():
-        raise InputError(
-            f"the avatar folder {p.name} was registered from {source}, which is gone; "
-            "open a face image instead"
-        )
-    return str(source), str(p.parent)
-
-
 class MotionWorker(QObject):
-    """Builds engines, loads audio and computes motion.
+    """Opens engines, loads audio and computes motion.
 
-    The generated motion is cached per (audio, seed, engine) and, for Ditto, emotion and
-    sampling steps: smoothing and cadence edits re-run only the post-processing.
+    The generated motion is cached per audio, seed and what the engine says its motion depends
+    on (:meth:`~studio.engines.base.Engine.motion_key`: for Ditto the emotion and sampling
+    steps): smoothing and cadence edits re-run only the post-processing.
     """
 
     audioLoaded = Signal(int, object)  # generation, Audio
@@ -208,13 +192,12 @@ class MotionWorker(QObject):
         super().__init__()
         self.cancellation = Cancellation()
         self.build_cancellation = Cancellation()  # only Esc or a changed engine stop a build
-        self.engine = DemoEngine()
-        self._ditto: tuple[tuple, Any, EngineInfo] | None = None
+        self._engine: tuple[tuple, Any, EngineInfo] | None = None  # key, engine, info
         self._serial = 0
         self._audio: dict[tuple, Audio] = {}
         self._motion: dict[tuple, tuple] = {}
         self.generate_calls = 0  # how often the motion generator really ran
-        self.engine_builds = 0  # how often a Ditto engine was built
+        self.engine_builds = 0  # how often an engine with inputs (checkpoints, avatar) opened
 
     def _load(self, path: str | None) -> Audio:
         p = str(path) if path else str(demo_audio_path())
@@ -235,63 +218,60 @@ class MotionWorker(QObject):
             result = CheckpointCheck(path, path, False, f"Cannot check {path}: {e}", _details())
         self.checkpointsChecked.emit(result)
 
-    def _ditto_key(self, job: MotionJob) -> tuple:
-        if not job.checkpoints:
-            raise InputError("the ditto backend needs a checkpoint folder (File → Checkpoints…)")
-        if not job.avatar:
-            raise InputError("Open an avatar image first (File → Open Avatar…)")
+    def _engine_key(self, job: MotionJob) -> tuple:
+        """The engine and the files it opens on (path, size, mtime: a changed file reopens)."""
+        caps = capabilities(job.settings.backend)
         files = []
-        for p in (job.checkpoints, job.avatar):
+        inputs = ((caps.needs_checkpoints, job.checkpoints), (caps.takes_avatar, job.avatar))
+        for wanted, p in inputs:
+            if not wanted or not p:
+                files.append(None)
+                continue
             try:
                 st = os.stat(p)
                 files.append((os.path.abspath(p), st.st_size, st.st_mtime_ns))
             except OSError:
                 files.append((os.path.abspath(p), None, None))
-        return tuple(files)
+        return (job.settings.backend, *files)
 
-    def _ditto_engine(self, job: MotionJob) -> tuple[Any, EngineInfo]:
-        """The Ditto engine for the job's checkpoints and avatar: cached, or built now."""
-        key = self._ditto_key(job)
-        if self._ditto is not None and self._ditto[0] == key:
-            return self._ditto[1], self._ditto[2]
-        self._ditto = None  # one engine at a time: let the old networks go
+    def _open(self, job: MotionJob) -> tuple[Any, EngineInfo]:
+        """The job's engine: kept from an earlier job, or opened now (registering an avatar
+        and loading networks take seconds to minutes: progress and Esc apply)."""
+        key = self._engine_key(job)
+        if self._engine is not None and self._engine[0] == key:
+            return self._engine[1], self._engine[2]
+        self._engine = None  # one engine at a time: let the old networks go
         gen = job.generation
+        caps = capabilities(job.settings.backend)
+        heavy = caps.needs_checkpoints or caps.takes_avatar  # opening it is real work
 
         def step(stage: str, done: int, total: int) -> None:
             if self.build_cancellation.is_cancelled(gen):
                 raise Cancelled()
-            self.engineProgress.emit(gen, stage, done, total)
+            if heavy:
+                self.engineProgress.emit(gen, stage, done, total)
 
-        from studio.avatar.register import register_avatar
-        from studio.engines.ditto.engine import (
-            ALL_ROLES,
-            DittoEngine,
-            describe_avatar,
-            require,
-            resolve_device,
+        request = EngineRequest(
+            job.settings,
+            job.checkpoints if caps.needs_checkpoints else None,
+            job.avatar if caps.takes_avatar else None,
         )
-        from studio.models.checkpoints import discover
-
-        step("checking checkpoints", 0, 1)
-        found = discover(job.checkpoints)
-        require(found, ALL_ROLES)
-        device = resolve_device(None)
-        image, cache = avatar_source(job.avatar)
-        avatar = register_avatar(image, found, cache_dir=cache, device=device, progress=step)
-        engine = DittoEngine(found, avatar, job.settings, device=device, progress=step)
+        if heavy:
+            step("checking the engine's files", 0, 1)
+        engine = open_prepared(prepare_engine(request), step)
         self._serial += 1
-        self.engine_builds += 1
-        h, w = (int(v) for v in avatar.image.shape[:2])
+        described = engine.describe()
         info = EngineInfo(
-            "ditto",
-            str(device),
+            engine.name,
+            str(described.get("device", "CPU")),
             self._serial,
-            describe_avatar(avatar),
-            (h, w),
-            tuple(getattr(avatar, "notes", []) or ()),
+            str(described.get("summary", caps.label)),
+            tuple(described.get("notes", ()) or ()),
         )
-        self._ditto = (key, engine, info)
-        self.engineReady.emit(gen, info)
+        self._engine = (key, engine, info)
+        if heavy:
+            self.engine_builds += 1
+            self.engineReady.emit(gen, info)
         return engine, info
 
     @Slot(object)
@@ -300,23 +280,21 @@ class MotionWorker(QObject):
             return
         gen = job.generation
         s = job.settings
-        engine: Any = self.engine
-        ident: tuple = ("demo",)
-        if s.backend == "ditto":
-            try:
-                base, info = self._ditto_engine(job)
-            except Cancelled:
-                self.engineCancelled.emit(gen)
-                return
-            except StudioError as e:
-                self.engineFailed.emit(gen, str(e), str(e))
-                return
-            except Exception as e:  # noqa: BLE001 - shown in a dialog, the app stays usable
-                self.engineFailed.emit(gen, f"The Ditto engine could not start: {e}", _details())
-                return
-            engine = base.with_settings(s)
-            engine.progress = lambda stage, d, n: self.motionProgress.emit(gen, stage, d, n)
-            ident = ("ditto", info.serial, s.emotion, s.steps)
+        try:
+            base, info = self._open(job)
+        except Cancelled:
+            self.engineCancelled.emit(gen)
+            return
+        except StudioError as e:
+            self.engineFailed.emit(gen, str(e), "")
+            return
+        except Exception as e:  # noqa: BLE001 - shown in a dialog, the app stays usable
+            label = capabilities(s.backend).label
+            self.engineFailed.emit(gen, f"The {label} engine could not start: {e}", _details())
+            return
+        engine = base.with_settings(s)
+        engine.progress = lambda stage, d, n: self.motionProgress.emit(gen, stage, d, n)
+        ident = (info.serial, engine.motion_key(s))
         if self.cancellation.is_cancelled(gen):
             return
         try:
@@ -337,41 +315,9 @@ class MotionWorker(QObject):
             self.failed.emit(gen, f"Motion failed: {e}", _details())
 
 
-def renderer_key(engine: Any, size: int, settings: RenderSettings) -> tuple:
-    """What a cached renderer depends on: the engine's networks and avatar, and for Ditto the
-    frame mode, size (crop frames only), precision, pose deltas, memory mode and batch."""
-    if getattr(engine, "name", "demo") != "ditto":
-        return ("demo", id(engine), size)
-    return (
-        "ditto",
-        id(engine.networks),
-        id(engine.avatar),
-        settings.frame,
-        size if settings.frame == "crop" else None,
-        settings.precision,
-        settings.compile,
-        settings.runtime,
-        settings.delta_pitch,
-        settings.delta_yaw,
-        settings.delta_roll,
-        settings.memory,
-        settings.batch,
-    )
-
-
 def describe_renderer(engine: Any, renderer: Any) -> dict[str, Any]:
-    """Backend, device, precision and memory really used by ``renderer``."""
-    if getattr(engine, "name", "demo") != "ditto":
-        return {"backend": "demo", "device": "CPU", "precision": "fp32", "memory": ""}
-    plan = renderer.memory
-    run = renderer.warp_decode.describe()
-    return {
-        "backend": "ditto",
-        "device": str(renderer.device),
-        "precision": _DTYPE_NAMES.get(str(renderer.dtype), str(renderer.dtype)),
-        "memory": f"{plan.mode}, batch {plan.batch}",
-        "runtime": f"{run['runtime']}{', compiled' if run['compiled'] else ''}",
-    }
+    """Backend, device, precision (and runtime, memory where they apply) really used."""
+    return {"backend": engine.name, "memory": "", **renderer.describe()}
 
 
 class RenderWorker(QObject):
@@ -389,22 +335,16 @@ class RenderWorker(QObject):
     def __init__(self) -> None:
         super().__init__()
         self.cancellation = Cancellation()
-        self.engine = DemoEngine()
         self._renderer_cache: tuple[tuple, Any, Any] | None = None  # key, engine, renderer
         self._export_cancel = threading.Event()
 
-    def _renderer(self, engine: Any, size: int, settings: RenderSettings | None = None):
-        engine = engine if engine is not None else self.engine
-        settings = settings or RenderSettings()
-        key = renderer_key(engine, size, settings)
+    def _renderer(self, engine: Any, settings: RenderSettings) -> Any:
+        """The engine's renderer for ``settings``: kept while what it depends on is unchanged."""
+        key = (id(engine), engine.renderer_key(settings))
         cached = self._renderer_cache
         if cached is None or cached[0] != key:
-            if getattr(engine, "name", "demo") == "ditto":
-                renderer = engine.renderer(size, settings)
-            else:
-                renderer = engine.renderer(size)
-            # The engine stays referenced with its renderer, so the ids in the key stay unique.
-            self._renderer_cache = cached = (key, engine, renderer)
+            # The engine stays referenced with its renderer, so the id in the key stays unique.
+            self._renderer_cache = cached = (key, engine, engine.renderer(settings))
         return cached[2]
 
     @Slot(int, object, object, object)
@@ -413,7 +353,7 @@ class RenderWorker(QObject):
         generation: int,
         result: MotionResult,
         settings: RenderSettings,
-        engine: Any = None,
+        engine: Any,
     ) -> None:
         if self.cancellation.is_cancelled(generation):
             self.cancelled.emit(generation)
@@ -421,8 +361,7 @@ class RenderWorker(QObject):
         stats: dict = {}
         t0 = time.perf_counter()
         try:
-            engine = engine if engine is not None else self.engine
-            renderer = self._renderer(engine, settings.size, settings)
+            renderer = self._renderer(engine, settings)
             frames = iter_frames(
                 result,
                 renderer,
@@ -482,7 +421,7 @@ class RenderWorker(QObject):
             )
             report = render_video(
                 result,
-                self._renderer(job.engine, job.settings.size, job.settings),
+                self._renderer(job.engine, job.settings),
                 job.path,
                 job.settings,
                 cancel=self._export_cancel.is_set,

@@ -1,8 +1,10 @@
-"""The pipeline: audio -> phonetics -> motion -> cadence -> smoothing -> frames -> MP4.
+"""The clip composition: audio -> phonetics -> motion -> cadence -> smoothing -> frames -> MP4.
 
-One composition for every engine: only the motion source and the frame renderer
-are swappable. Motion for the whole clip is computed first (cheap), so a change
-of smoothing or cadence re-runs only :func:`postprocess`, not the generator.
+One composition for every engine (:class:`~studio.engines.base.Engine`, opened by
+:mod:`studio.render.engines`): the engine makes the motion, its
+:class:`~studio.engines.base.Renderer` the frames. Motion for the whole clip is computed first
+(cheap), so a change of smoothing or cadence re-runs only :func:`postprocess`, not the
+generator.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
@@ -19,44 +20,18 @@ from studio import layout
 from studio.audio.io import Audio
 from studio.audio.phonetics import PhoneticFrames
 from studio.audio.phonetics import analyze as analyze_phonetics
+from studio.engines.base import Engine, Progress, Renderer
 from studio.errors import Cancelled
 from studio.motion.cadence import CadencePlan, blend_weights, plan_cadence, sample_motion
 from studio.motion.kinematics import kinematics_report, smooth_motion
 from studio.settings import RenderSettings
 
-Progress = Callable[[str, int, int], None]
 CancelCheck = Callable[[], bool]
 
-DEFAULT_RENDER_BATCH = 8
 
-
-class MotionEngine(Protocol):
-    """Makes [N, 265] motion for a clip."""
-
-    name: str
-
-    def generate(self, audio: Audio, phon: PhoneticFrames, seed: int) -> np.ndarray: ...
-
-
-class FrameRenderer(Protocol):
-    """Turns motion rows into RGB frames of one size.
-
-    Optional: ``width``/``height`` (frames that are not square; default ``size``),
-    ``batch`` (keyframes per call), ``prepare(motion)`` + ``render_frames(indices)`` (a
-    renderer that wants the whole clip first, e.g. to keep it on the device) and
-    ``timings_ms`` (its own stage split, which replaces the single "render" timing).
-    """
-
-    size: int
-
-    def render_batch(self, motion: np.ndarray) -> np.ndarray: ...
-
-
-def frame_shape(renderer: FrameRenderer) -> tuple[int, int]:
+def frame_shape(renderer: Renderer) -> tuple[int, int]:
     """(height, width) of the renderer's frames."""
-    return int(getattr(renderer, "height", renderer.size)), int(
-        getattr(renderer, "width", renderer.size)
-    )
+    return renderer.height, renderer.width
 
 
 @dataclass
@@ -81,9 +56,7 @@ def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000.0
 
 
-def generate(
-    engine: MotionEngine, audio: Audio, seed: int
-) -> tuple[PhoneticFrames, np.ndarray, dict]:
+def generate(engine: Engine, audio: Audio, seed: int) -> tuple[PhoneticFrames, np.ndarray, dict]:
     """Phonetics and raw motion (the part worth caching): (phon, motion, timings)."""
     t0 = time.perf_counter()
     phon = analyze_phonetics(audio.samples, audio.num_frames)
@@ -93,7 +66,7 @@ def generate(
     if raw.shape != (audio.num_frames, layout.MOTION_DIM):
         raise RuntimeError(f"engine {engine.name} returned motion {raw.shape}")
     timings = {"features": t_feat, "motion": _ms(t0)}
-    split = getattr(engine, "last_timings", None)
+    split = engine.last_timings
     if split:  # the engine's own split (e.g. hubert, lmdm) replaces the aggregate
         del timings["motion"]
         timings.update(split)
@@ -116,7 +89,7 @@ def postprocess(
     return MotionResult(audio, phon, raw, plan, sampled, smoothed, kin, timings)
 
 
-def analyze(audio: Audio, settings: RenderSettings, engine: MotionEngine) -> MotionResult:
+def analyze(audio: Audio, settings: RenderSettings, engine: Engine) -> MotionResult:
     """Motion, cadence plan and kinematics for a clip, without rendering."""
     phon, raw, timings = generate(engine, audio, settings.seed)
     return postprocess(audio, phon, raw, settings, timings)
@@ -146,7 +119,7 @@ def _needed_keyframes(
 
 def iter_frames(
     result: MotionResult,
-    renderer: FrameRenderer,
+    renderer: Renderer,
     batch: int | None = None,
     cancel: CancelCheck | None = None,
     progress: Progress | None = None,
@@ -159,30 +132,20 @@ def iter_frames(
     the same motion and settings, e.g. the GUI's preview: they are passed through, and only
     the keyframes the missing frames need are rendered. ``stats['render_s']`` accumulates the
     time spent rendering and blending, ``stats['blend_s']`` the blending alone. ``batch``
-    defaults to the renderer's own ``batch`` (else DEFAULT_RENDER_BATCH).
+    (keyframes per chunk) defaults to the renderer's own.
     """
     plan = result.plan
     n = plan.num_frames
     if known is not None and len(known) != n:
         raise ValueError(f"{len(known)} known frames for a clip of {n}")
-    batch = batch or int(getattr(renderer, "batch", DEFAULT_RENDER_BATCH))
+    batch = batch or renderer.batch
     prv, nxt, w = blend_weights(plan)
     keys = _needed_keyframes(plan, prv, nxt, w, known)
-    prepare = getattr(renderer, "prepare", None)
-    if prepare is not None and keys.size:
-        prepare(result.smoothed)
-
-        def render(chunk: np.ndarray) -> np.ndarray:
-            return renderer.render_frames(chunk)  # type: ignore[attr-defined]
-    else:
-
-        def render(chunk: np.ndarray) -> np.ndarray:
-            return renderer.render_batch(result.smoothed[chunk])
-
     chunks = [keys[start : start + batch] for start in range(0, keys.size, batch)]
-    streamed = getattr(renderer, "iter_render", None) if prepare is not None else None
-    # A renderer with iter_render works one chunk ahead (the GPU renders while we encode).
-    results = iter(streamed(iter(chunks)) if streamed is not None else map(render, chunks))
+    if chunks:
+        renderer.prepare(result.smoothed)
+    # A device renderer works one chunk ahead (the GPU renders while we encode).
+    results = renderer.iter_render(iter(chunks))
     rendered: dict[int, np.ndarray] = {}
     stats = stats if stats is not None else {}
     stats.setdefault("render_s", 0.0)
@@ -245,22 +208,21 @@ def build_report(result: MotionResult, timings_ms: dict[str, float], rendered: b
 
 
 @contextlib.contextmanager
-def _encoder_planes(renderer: FrameRenderer) -> Iterator[None]:
-    """Let a renderer that can (``pixel_format``) hand over yuv420p planes while exporting."""
-    before = getattr(renderer, "pixel_format", None)
-    if before is None:
+def _encoder_planes(renderer: Renderer) -> Iterator[None]:
+    """Let a renderer that can (``yuv_planes``) hand over yuv420p planes while exporting."""
+    if not renderer.yuv_planes:
         yield
         return
-    renderer.pixel_format = "yuv420p"  # type: ignore[attr-defined]
+    before, renderer.pixel_format = renderer.pixel_format, "yuv420p"
     try:
         yield
     finally:
-        renderer.pixel_format = before  # type: ignore[attr-defined]
+        renderer.pixel_format = before
 
 
 def render_video(
     result: MotionResult,
-    renderer: FrameRenderer,
+    renderer: Renderer,
     out_path: str,
     settings: RenderSettings,
     cancel: CancelCheck | None = None,
@@ -299,7 +261,7 @@ def render_video(
             encoder.finish()
     loop_s = time.perf_counter() - t0
     timings = dict(result.timings_ms)
-    split = getattr(renderer, "timings_ms", None)
+    split = renderer.timings_ms
     if split:  # the renderer's stages (device time, overlapping the host), and the blending
         timings.update(split)
         timings["blend"] = stats["blend_s"] * 1000.0

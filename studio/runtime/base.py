@@ -245,14 +245,14 @@ def capture_cuda_graph(
 
 
 def resolve_device(device: str | torch.device | None = None) -> torch.device:
-    """None/"auto": the first CUDA GPU when torch sees one, else the CPU; InputError for a GPU
-    that is not there."""
+    """None/"auto": the first CUDA GPU when torch sees one, else the CPU; InputError (naming
+    ``--device``, the option every command takes it from) for a device that is not there."""
     if device is None or device == "auto":
         return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
-        raise InputError(f"device {device!r} is not a device: use cpu, cuda or cuda:N") from None
+        raise InputError(f"--device {device}: not a device; use auto, cpu or cuda[:N]") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise InputError(f"device {device} was asked for, but torch sees no CUDA GPU here")
@@ -263,7 +263,7 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
             )
         return torch.device("cuda", index)
     if dev.type != "cpu":
-        raise InputError(f"device {device}: only cpu and cuda devices are supported")
+        raise InputError(f"--device {device}: the studio runs on cpu or cuda[:N], not {dev.type}")
     return dev
 
 

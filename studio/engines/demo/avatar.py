@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from studio import layout
+from studio.engines.base import Renderer
 from studio.engines.demo import rig as rig
 
 MIN_SIZE = 64
@@ -385,7 +386,7 @@ class _Frame:
         return self.su * (self.rot @ axes)[:2]
 
 
-class DemoAvatar:
+class DemoAvatar(Renderer):
     """Renders the demo character from 265-dim Ditto motion vectors.
 
     ``size`` is the side of the square RGB image (even, 64..2048); every size shows
@@ -399,7 +400,7 @@ class DemoAvatar:
         size = int(size)
         if not MIN_SIZE <= size <= MAX_SIZE or size % 2:
             raise ValueError(f"size must be even and in [{MIN_SIZE}, {MAX_SIZE}], got {size}")
-        self.size = size
+        super().__init__(size)
         self._pc = np.arange(size, dtype=np.float32) + np.float32(0.5)  # pixel centres
         self._bg = self._background()
         self._body = self._body_sprite()

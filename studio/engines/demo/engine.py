@@ -9,13 +9,17 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from studio.audio.io import Audio
 from studio.audio.phonetics import PhoneticFrames
+from studio.engines.base import Progress
+from studio.engines.demo import CAPABILITIES
 from studio.engines.demo.avatar import DemoAvatar
 from studio.engines.demo.motion import generate_motion
+from studio.settings import RenderSettings
 
 
 def demo_audio_path() -> Path:
@@ -27,9 +31,30 @@ class DemoEngine:
     """Motion from speech by rule, rendered by the procedural avatar."""
 
     name = "demo"
+    capabilities = CAPABILITIES
+
+    def __init__(self, settings: RenderSettings | None = None) -> None:
+        self.settings = settings or RenderSettings()
+        self.progress: Progress | None = None
+        self.last_timings: dict[str, float] = {}
 
     def generate(self, audio: Audio, phon: PhoneticFrames, seed: int) -> np.ndarray:
         return generate_motion(phon, seed)
 
-    def renderer(self, size: int) -> DemoAvatar:
-        return DemoAvatar(size)
+    def with_settings(self, settings: RenderSettings) -> DemoEngine:
+        return DemoEngine(settings)
+
+    def motion_key(self, settings: RenderSettings) -> tuple:
+        return ("demo",)  # the rule-based motion reads only the audio and the seed
+
+    def renderer(self, settings: RenderSettings) -> DemoAvatar:
+        return DemoAvatar(settings.size)
+
+    def renderer_key(self, settings: RenderSettings) -> tuple:
+        return ("demo", settings.size)
+
+    def frame_size(self, settings: RenderSettings) -> tuple[int, int]:
+        return settings.size, settings.size
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "device": "CPU"}

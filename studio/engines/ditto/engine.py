@@ -31,20 +31,24 @@ from torch import Tensor, nn
 from studio.audio.features import HubertFeatures
 from studio.audio.io import Audio
 from studio.audio.phonetics import PhoneticFrames
+from studio.avatar.folder import avatar_source
 from studio.avatar.putback import PasteBack
-from studio.avatar.register import REGISTRATION_ROLES
+from studio.avatar.register import REGISTRATION_ROLES, load_image, register_avatar
+from studio.engines.base import EngineRequest, Prepared, Progress, Renderer
+from studio.engines.ditto import CAPABILITIES
 from studio.engines.ditto.warp_decode import WarpDecodeEngines, render_precisions
-from studio.errors import InputError
+from studio.errors import InputError, OptionError
 from studio.export.yuv import rgb_to_yuv420p
 from studio.layout import MOTION_DIM, motion_from_info
 from studio.models.checkpoints import CheckpointSet, discover, load_cfg
 from studio.motion.condition import ConditionConfig, ConditionSource, assemble
 from studio.motion.generator import generate_motion
 from studio.motion.stitch import StitchConfig, StitchControls, stitch_motion
-from studio.runtime.base import HALF_DTYPES
+from studio.runtime.base import HALF_DTYPES, resolve_device
 from studio.settings import RenderSettings
 
 CROP = 512  # the decoder's output side
+_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 MAX_AUTO_BATCH = 32
 CPU_BATCH = 4
 STREAMED_MAX_BATCH = 4
@@ -60,7 +64,7 @@ ENGINE_ROLES = ("hubert", "lmdm", "stitch_network", "warp_network", "decoder")
 ALL_ROLES = (*REGISTRATION_ROLES, *ENGINE_ROLES)  # what an avatar + engine build reads
 NETWORK_ROLES = ("lmdm", "stitch_network", "warp_network", "decoder")
 
-Progress = Callable[[str, int, int], None]
+
 # Stages reported through ``progress(stage, done, total)``: short, for people.
 STAGE_LOADING = "loading networks"
 STAGE_HUBERT = "HuBERT features"
@@ -84,21 +88,6 @@ def require(checkpoints: CheckpointSet, roles: Sequence[str], layout: str = "pyt
             + "; ".join(problems)
             + " (`studio doctor --checkpoints DIR` lists every file)"
         )
-
-
-def resolve_device(name: str | torch.device | None = None) -> torch.device:
-    """``None``/"auto": the first CUDA device when there is one, else the CPU."""
-    if name is None or name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise InputError(f"--device {name}: not a device; use auto, cpu or cuda[:N]") from None
-    if dev.type not in ("cpu", "cuda"):
-        raise InputError(f"--device {name}: the studio runs on cpu or cuda[:N], not {dev.type}")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"device {name} was asked for, but torch sees no CUDA GPU here")
-    return dev
 
 
 def render_dtype(precision: str, device: torch.device, runtime: str = "torch") -> torch.dtype:
@@ -286,7 +275,7 @@ def _controls(settings: RenderSettings) -> StitchControls:
     return StitchControls(**deltas)
 
 
-class DittoRenderer:
+class DittoRenderer(Renderer):
     """Motion rows -> RGB frames: stitch, warp, decode and paste back, batched on the device.
 
     ``frame="full"`` pastes the 512² render back into the avatar image (its resolution);
@@ -304,11 +293,11 @@ class DittoRenderer:
         size: int,
         memory: MemoryPlan,
     ) -> None:
+        super().__init__(size, memory.batch)
         self.nets = networks
         self.device = dev = networks.device
         self.dtype = render_dtype(settings.precision, dev, settings.runtime)
         self.memory = memory
-        self.batch = memory.batch
         self.full = settings.frame == "full"
         self.f_s = torch.as_tensor(np.asarray(avatar.f_s, dtype=np.float32)).to(dev)
         self.source = {
@@ -327,8 +316,6 @@ class DittoRenderer:
         self._motion: Tensor | None = None  # streamed: the clip's motion, stitched per batch
         self.clock = StageClock(dev)
         self._pinned: list[Tensor | None] = [None, None, None]  # iter_render's two, _download's
-        # "yuv420p": frames leave the device as the encoder's planes (render_video asks).
-        self.pixel_format = "rgb24"
         self.warp_decode = networks.warp_decode(
             settings.precision, settings.compile, settings.runtime
         )
@@ -347,6 +334,17 @@ class DittoRenderer:
         self.d0 = rows[0].clone()
         self._x = self._stitch(rows) if self.memory.mode == "resident" else None
         self._motion = rows if self._x is None else None
+
+    yuv_planes = True  # "yuv420p": frames leave the device as the encoder's planes
+
+    def describe(self) -> dict[str, Any]:
+        run = self.warp_decode.describe()
+        return {
+            "device": str(self.device),
+            "precision": _DTYPE_NAMES.get(self.dtype, str(self.dtype)),
+            "memory": f"{self.memory.mode}, batch {self.memory.batch}",
+            "runtime": f"{run['runtime']}{', compiled' if run['compiled'] else ''}",
+        }
 
     def _upload(self, motion: np.ndarray) -> Tensor:
         m = np.ascontiguousarray(motion, dtype=np.float32)
@@ -500,6 +498,7 @@ class DittoEngine:
     """
 
     name = "ditto"
+    capabilities = CAPABILITIES
 
     def __init__(
         self,
@@ -597,9 +596,112 @@ class DittoEngine:
         dtype = render_dtype(s.precision, self.device, s.runtime)
         return plan_memory(s.memory, s.batch, self.device, dtype)
 
-    def renderer(self, size: int, settings: RenderSettings | None = None) -> DittoRenderer:
+    def renderer(self, settings: RenderSettings | None = None) -> DittoRenderer:
         s = settings or self.settings
-        return DittoRenderer(self.networks, self.avatar, s, size, self.memory_plan(s))
+        return DittoRenderer(self.networks, self.avatar, s, s.size, self.memory_plan(s))
+
+    def motion_key(self, settings: RenderSettings) -> tuple:
+        """The networks, the avatar, and the two settings LMDM reads."""
+        return ("ditto", id(self.networks), id(self.avatar), settings.emotion, settings.steps)
+
+    def renderer_key(self, settings: RenderSettings) -> tuple:
+        """The networks and avatar, and every setting the renderer reads (the size only for
+        crop frames: full frames are the avatar image's size)."""
+        s = settings
+        return (
+            "ditto",
+            id(self.networks),
+            id(self.avatar),
+            s.frame,
+            s.size if s.frame == "crop" else None,
+            s.precision,
+            s.compile,
+            s.runtime,
+            s.delta_pitch,
+            s.delta_yaw,
+            s.delta_roll,
+            s.memory,
+            s.batch,
+        )
+
+    def frame_size(self, settings: RenderSettings) -> tuple[int, int]:
+        if settings.frame == "full":
+            h, w = np.asarray(self.avatar.image).shape[:2]
+            return int(w), int(h)
+        return settings.size, settings.size
+
+    def describe(self) -> dict[str, Any]:
+        """The engine for reports: device, memory plan, the warp/decoder runtime that runs,
+        sampling steps and the avatar (``summary``: one line for people)."""
+        s = self.settings
+        return {
+            "name": self.name,
+            "device": str(self.device),
+            "memory": self.memory_plan().to_dict(),
+            "render": self.networks.warp_decode(s.precision, s.compile, s.runtime).describe(),
+            "steps": s.steps,
+            "avatar": str(getattr(self.avatar, "folder", "")),
+            "eye_method": getattr(self.avatar, "eye_method", None),
+            "notes": list(getattr(self.avatar, "notes", []) or []),
+            "summary": describe_avatar(self.avatar),
+        }
+
+
+def _compile_note(settings: RenderSettings, device: torch.device) -> str | None:
+    """Why ``compile`` has nothing to act on here (None when it does): it compiles the warp +
+    decoder CUDA graphs of the torch runtime on a GPU."""
+    if not settings.compile:
+        return None
+    if device.type != "cuda":
+        return (
+            f"--compile is ignored on the {device.type.upper()}: it compiles the warp + decoder "
+            "into CUDA graphs, which need a GPU (--device cuda)"
+        )
+    if settings.runtime != "torch":
+        return (
+            f"--compile is ignored with --runtime {settings.runtime}: it compiles the CUDA "
+            "graphs of the torch runtime (--runtime torch)"
+        )
+    return None
+
+
+def prepare(request: EngineRequest) -> Prepared:
+    """Every check before any work, in the order a user fixes things: the checkpoint folder
+    (every file an avatar and the engine read), the avatar image, then device, runtime and
+    precision."""
+    if not request.checkpoints:
+        raise OptionError(
+            "--checkpoints",
+            "the Ditto engine needs Ditto's checkpoint folder (File → Checkpoints…)",
+        )
+    found = discover(request.checkpoints)
+    require(found, ALL_ROLES)
+    if not request.avatar:
+        raise OptionError("--avatar", "the Ditto engine needs --avatar IMAGE (a face photo)")
+    image, cache = avatar_source(request.avatar)
+    load_image(image)  # a missing file, a video, text, ...: named now, not after loading
+    device = resolve_device(request.device)
+    s = request.settings
+    render_precisions(s.precision, s.runtime, device)  # refused before the work
+    note = _compile_note(s, device)
+    resolved = {
+        "checkpoints": found,
+        "device": device,
+        "image": image,
+        "cache": cache or request.avatar_cache,
+    }
+    return Prepared(request, resolved, (note,) if note else ())
+
+
+def open_prepared(prepared: Prepared, progress: Progress | None = None) -> DittoEngine:
+    """Register (or reopen from its cache) the avatar, then load the networks."""
+    r = prepared.resolved
+    avatar = register_avatar(
+        r["image"], r["checkpoints"], cache_dir=r["cache"], device=r["device"], progress=progress
+    )
+    return DittoEngine(
+        r["checkpoints"], avatar, prepared.request.settings, device=r["device"], progress=progress
+    )
 
 
 def describe_avatar(avatar: Any) -> str:

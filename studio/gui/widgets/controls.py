@@ -23,8 +23,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.engines.base import Capabilities
 from studio.layout import EMOTIONS
 from studio.motion.cadence import CadenceThresholds
+from studio.render.engines import ENGINES, capabilities
 from studio.settings import (
     MAX_DELTA_DEG,
     MAX_SIZE,
@@ -37,22 +39,7 @@ from studio.settings import (
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 SIZES = (256, 384, 512, 768, 1024)
 
-# What each backend can run, and why not when it cannot.
-BACKENDS = {
-    "demo": {
-        "label": "demo (built-in)",
-        "precisions": {"fp32"},
-        "default": "fp32",
-        "why": "the demo engine renders on the CPU in float32",
-    },
-    "ditto": {
-        "label": "ditto",
-        "precisions": {"auto", "fp32", "bf16", "fp16"},
-        "default": "auto",
-        "why": "",
-    },
-}
-DITTO_UNAVAILABLE = "set a folder of Ditto checkpoints (File → Checkpoints…) to enable"
+NEEDS_CHECKPOINTS = "set a checkpoint folder (File → Checkpoints…) to enable"
 COMPILE_TIP = (
     "warp + decoder through torch.compile: about 1.6x the frame rate on a GPU, after a first "
     "render that compiles for about a minute (re-renders only)"
@@ -66,7 +53,8 @@ PRECISION_TIPS = {
     "bf16": "warp and decoder under bfloat16 autocast",
     "fp16": "warp and decoder under float16 autocast (GPU only)",
 }
-DITTO_ONLY = "used by the Ditto engine: pick the ditto backend"
+NOT_USED = "not used by the {label} engine"
+DEFAULT_BACKEND = RenderSettings().backend
 
 
 def _disable_item(combo: QComboBox, index: int, tip: str) -> None:
@@ -97,7 +85,8 @@ class ControlsPanel(QWidget):
         super().__init__(parent)
         self._quiet = False
         self._cuda = False
-        self._precision_for = {b: spec["default"] for b, spec in BACKENDS.items()}
+        self._caps = {name: capabilities(name) for name in ENGINES}
+        self._precision_for = {b: caps.default_precision for b, caps in self._caps.items()}
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
         layout.setSpacing(8)
@@ -105,10 +94,11 @@ class ControlsPanel(QWidget):
         engine = QGroupBox("Engine")
         f = QFormLayout(engine)
         self.backend = QComboBox()
-        self.backend.addItem(BACKENDS["demo"]["label"], "demo")
-        self.backend.addItem(BACKENDS["ditto"]["label"], "ditto")
-        _disable_item(self.backend, 1, DITTO_UNAVAILABLE)
-        self.backend.setToolTip("demo: the built-in engine; ditto: Ditto's networks")
+        for i, (name, caps) in enumerate(self._caps.items()):
+            self.backend.addItem(caps.label, name)
+            if caps.needs_checkpoints:
+                _disable_item(self.backend, i, NEEDS_CHECKPOINTS)
+        self.backend.setToolTip("the engine: the built-in demo, or Ditto's networks")
         self.precision = QComboBox()
         for p in PRECISIONS:
             self.precision.addItem(p, p)
@@ -120,9 +110,9 @@ class ControlsPanel(QWidget):
         f.addRow("Seed", self.seed)
         layout.addWidget(engine)
 
-        ditto = QGroupBox("Ditto")
-        self.ditto_box = ditto
-        f = QFormLayout(ditto)
+        options = QGroupBox("Engine options")
+        self.engine_box = options
+        f = QFormLayout(options)
         self.emotion = QComboBox()
         for i, name in enumerate(EMOTIONS):
             self.emotion.addItem(f"{i} {name}", i)
@@ -162,7 +152,15 @@ class ControlsPanel(QWidget):
         f.addRow("Frame", self.frame)
         f.addRow("Runtime", self.runtime)
         f.addRow("", self.compile)
-        layout.addWidget(ditto)
+        layout.addWidget(options)
+        # the RenderSettings field each engine option edits: enabled where the engine reads it
+        self._engine_options = {
+            "emotion": self.emotion,
+            "steps": self.steps,
+            **{f"delta_{axis}": box for axis, box in self.deltas.items()},
+            "frame": self.frame,
+            "runtime": self.runtime,
+        }
 
         smooth = QGroupBox("Pose smoothing")
         f = QFormLayout(smooth)
@@ -258,20 +256,27 @@ class ControlsPanel(QWidget):
 
     # --- backend availability --------------------------------------------------------------
 
-    def set_ditto_available(self, available: bool, why: str = DITTO_UNAVAILABLE) -> None:
-        """Enable or grey out the ditto backend item (with ``why`` as its tooltip)."""
-        tip = "Ditto's pipeline on the checkpoints set in File → Checkpoints…" if available else why
-        _set_item(self.backend, 1, available, tip)
-        if not available and self.backend_name() == "ditto":
-            self.set_backend("demo")
+    def set_engine_available(
+        self, name: str, available: bool, why: str = NEEDS_CHECKPOINTS
+    ) -> None:
+        """Enable or grey out the engine ``name`` in the backend menu (``why`` as its tooltip);
+        the default engine takes over when the current one goes."""
+        label = self._caps[name].label
+        tip = f"{label}: on the checkpoints set in File → Checkpoints…" if available else why
+        _set_item(self.backend, self.backend.findData(name), available, tip)
+        if not available and self.backend_name() == name:
+            self.set_backend(DEFAULT_BACKEND)
 
-    def ditto_available(self) -> bool:
-        return _item_enabled(self.backend, 1)
+    def engine_available(self, name: str) -> bool:
+        return _item_enabled(self.backend, self.backend.findData(name))
+
+    def capabilities(self, name: str | None = None) -> Capabilities:
+        """What the engine ``name`` (default: the one chosen) can do."""
+        return self._caps[name or self.backend_name()]
 
     def set_cuda_available(self, cuda: bool) -> None:
-        """Whether fp16 can be offered for the ditto backend."""
+        """Whether precisions and options that need a CUDA GPU (fp16, compile) are offered."""
         self._cuda = bool(cuda)
-        self.compile.setEnabled(self._cuda)
         self.compile.setToolTip(COMPILE_TIP if self._cuda else COMPILE_NEEDS_CUDA)
         if not self._cuda:
             self.compile.setChecked(False)
@@ -300,33 +305,34 @@ class ControlsPanel(QWidget):
 
     def precision_choices(self, backend: str) -> set[str]:
         """The precisions ``backend`` can run here."""
-        allowed = set(BACKENDS[backend]["precisions"])
-        if backend == "ditto" and not self._cuda:
-            allowed.discard("fp16")
-        return allowed
+        return set(self._caps[backend].precisions_here(self._cuda))
 
     def _apply_backend_precisions(self, backend: str) -> None:
-        spec = BACKENDS[backend]
+        caps = self._caps[backend]
         allowed = self.precision_choices(backend)
         for i, p in enumerate(PRECISIONS):
             ok = p in allowed
             if ok:
                 tip = PRECISION_TIPS[p]
-            elif backend == "ditto" and p == "fp16":
+            elif p in caps.cuda_only:
                 tip = FP16_NEEDS_CUDA
             else:
-                tip = f"{p} unavailable: {spec['why']}"
+                tip = f"{p} unavailable: {caps.why_cpu}"
             _set_item(self.precision, i, ok, tip)
-        want = self._precision_for.get(backend, spec["default"])
+        want = self._precision_for.get(backend, caps.default_precision)
         if want not in allowed:
-            want = spec["default"]
+            want = caps.default_precision
         quiet, self._quiet = self._quiet, True
         try:
             self.precision.setCurrentIndex(PRECISIONS.index(want))
         finally:
             self._quiet = quiet
-        self.ditto_box.setEnabled(backend == "ditto")
-        self.ditto_box.setToolTip("" if backend == "ditto" else DITTO_ONLY)
+        for field, widget in self._engine_options.items():
+            widget.setEnabled(caps.honours(field))
+        self.compile.setEnabled(self._cuda and caps.honours("compile"))
+        used = any(caps.honours(field) for field in (*self._engine_options, "compile"))
+        self.engine_box.setEnabled(used)
+        self.engine_box.setToolTip("" if used else NOT_USED.format(label=caps.label))
 
     def _backend_changed(self, *_args) -> None:
         self._apply_backend_precisions(self.backend_name())
@@ -424,8 +430,9 @@ class ControlsPanel(QWidget):
             self.compile.setChecked(bool(s.compile) and self._cuda)
             want = RUNTIMES.index(s.runtime) if s.runtime in RUNTIMES else 0
             self.runtime.setCurrentIndex(want if _item_enabled(self.runtime, want) else 0)
-            backend = s.backend if s.backend == "demo" or self.ditto_available() else "demo"
-            if s.precision in BACKENDS[backend]["precisions"]:
+            ok = s.backend in self._caps and self.engine_available(s.backend)
+            backend = s.backend if ok else DEFAULT_BACKEND
+            if s.precision in self._caps[backend].precisions:
                 self._precision_for[backend] = s.precision
             self.backend.setCurrentIndex(max(0, self.backend.findData(backend)))
             self._apply_backend_precisions(backend)
@@ -434,9 +441,10 @@ class ControlsPanel(QWidget):
 
     def with_backend(self, s: RenderSettings, backend: str) -> RenderSettings:
         """``s`` on another backend, with that backend's precision choice."""
-        want = self._precision_for.get(backend, BACKENDS[backend]["default"])
+        caps = self._caps[backend]
+        want = self._precision_for.get(backend, caps.default_precision)
         if want not in self.precision_choices(backend):
-            want = BACKENDS[backend]["default"]
+            want = caps.default_precision
         return replace(s, backend=backend, precision=want).validate()
 
     def set_enabled_for_render(self, enabled: bool) -> None:

@@ -1,0 +1,170 @@
+"""What every talking-head engine offers, so that nothing above it branches on an engine's name.
+
+An engine package (:mod:`studio.engines.demo`, :mod:`studio.engines.ditto`) is registered by
+one line in :mod:`studio.render.engines` and has, in its ``__init__`` (importable without
+torch): ``CAPABILITIES`` (a :class:`Capabilities`), ``prepare(request)`` (every check of the
+request's inputs, in the order a user fixes them, before any long work) and
+``open(prepared, progress)`` (the engine itself, an :class:`Engine`); an engine that
+``needs_checkpoints`` also has ``check_checkpoints(path)`` (the folder's root, or an error
+naming every missing file).
+
+An engine makes the clip's motion (:meth:`Engine.generate`) and hands out renderers of one
+signature (:meth:`Engine.renderer`); a :class:`Renderer` turns motion rows into frames.
+Capabilities (precisions, runtimes, the controls it honours, whether it takes an avatar photo
+or needs checkpoints) are asked of the engine, not inferred from its name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from studio.audio.io import Audio
+from studio.audio.phonetics import PhoneticFrames
+from studio.settings import RenderSettings
+
+Progress = Callable[[str, int, int], None]
+
+DEFAULT_RENDER_BATCH = 8
+PIXEL_FORMATS = ("rgb24", "yuv420p")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can do, known without opening it (and without torch)."""
+
+    label: str  # shown in menus
+    takes_avatar: bool  # animates the user's photo (else it draws its own character)
+    needs_checkpoints: bool
+    precisions: tuple[str, ...]  # render precisions it offers ("auto" first where it has one)
+    cuda_only: frozenset[str] = frozenset()  # of those, the ones that need a CUDA GPU
+    runtimes: tuple[str, ...] = ("torch",)  # render runtimes it can run
+    controls: frozenset[str] = frozenset()  # RenderSettings fields beyond the common ones
+    why_cpu: str = ""  # why the precisions are few, for a tooltip
+
+    @property
+    def default_precision(self) -> str:
+        return self.precisions[0]
+
+    def precisions_here(self, cuda: bool) -> tuple[str, ...]:
+        """The precisions this machine can run (those needing CUDA dropped without a GPU)."""
+        return tuple(p for p in self.precisions if cuda or p not in self.cuda_only)
+
+    def honours(self, control: str) -> bool:
+        """Whether the engine reads the RenderSettings field ``control`` (emotion, steps, …)."""
+        return control in self.controls
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """Everything that opens an engine: the settings (``settings.backend`` names the engine)
+    and, for engines that need them, the checkpoint folder, the avatar photo (or a
+    registered avatar folder), the device and the avatar cache folder."""
+
+    settings: RenderSettings
+    checkpoints: str | None = None
+    avatar: str | None = None
+    device: str | None = None
+    avatar_cache: str | None = None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request whose inputs were checked: what the engine resolved (its checkpoint set,
+    device, …) and notes for options it will ignore."""
+
+    request: EngineRequest
+    resolved: dict[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+
+class Renderer:
+    """Motion rows -> RGB frames of one size; the defaults a renderer may override.
+
+    A renderer is given the clip's motion once (:meth:`prepare`) and then frame indices
+    (:meth:`render_frames`, or :meth:`iter_render` over chunks of them, which a device
+    renderer runs one chunk ahead). ``pixel_format`` ``"yuv420p"`` asks for the encoder's
+    planes instead of RGB where :attr:`yuv_planes` says the renderer can make them.
+    """
+
+    yuv_planes = False
+
+    def __init__(self, size: int, batch: int = DEFAULT_RENDER_BATCH) -> None:
+        self.size = int(size)
+        self.width = self.height = self.size  # a renderer of other frames sets its own
+        self.batch = int(batch)
+        self.pixel_format = "rgb24"
+        self._motion: np.ndarray | None = None
+
+    def render_batch(self, motion: np.ndarray) -> np.ndarray:
+        """[K, motion] rows -> [K, H, W, 3] uint8."""
+        raise NotImplementedError
+
+    def prepare(self, motion: np.ndarray) -> None:
+        """Take the clip's (smoothed) motion; :meth:`render_frames` indexes into it."""
+        self._motion = motion
+
+    def render_frames(self, frames: np.ndarray) -> np.ndarray:
+        """Frames ``frames`` (indices into the prepared motion) -> [K, H, W, 3] uint8."""
+        if self._motion is None:
+            raise RuntimeError("render_frames() needs prepare(motion) first")
+        return self.render_batch(self._motion[np.asarray(frames)])
+
+    def iter_render(self, chunks: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
+        """:meth:`render_frames` of each chunk, in order."""
+        for chunk in chunks:
+            yield self.render_frames(chunk)
+
+    @property
+    def timings_ms(self) -> dict[str, float]:
+        """The renderer's own stage split in ms (empty: the pipeline times "render" whole)."""
+        return {}
+
+    def build_engines(self, frames: int, progress: Progress | None = None) -> None:
+        """Build what rendering ``frames`` keyframes needs before the first one (compile,
+        export, capture), as a stage of its own; nothing to build by default."""
+
+    def describe(self) -> dict[str, Any]:
+        """What renders: backend, device, precision, and for device engines runtime and
+        memory (the GUI's status bar, reports)."""
+        return {"device": "CPU", "precision": "fp32"}
+
+
+class Engine(Protocol):
+    """A talking-head engine: the clip's motion, and renderers of its frames."""
+
+    name: str
+    capabilities: Capabilities
+    progress: Progress | None
+    last_timings: dict[str, float]
+
+    def generate(self, audio: Audio, phon: PhoneticFrames, seed: int) -> np.ndarray:
+        """[N, 265] motion for the clip (``progress`` sees its stages)."""
+        ...
+
+    def with_settings(self, settings: RenderSettings) -> Engine:
+        """The same engine (networks, avatar) under other settings."""
+        ...
+
+    def motion_key(self, settings: RenderSettings) -> tuple:
+        """What the generated motion depends on besides audio and seed (a cache key)."""
+        ...
+
+    def renderer(self, settings: RenderSettings) -> Renderer:
+        """A renderer of frames under ``settings`` (size, precision, frame mode, …)."""
+        ...
+
+    def renderer_key(self, settings: RenderSettings) -> tuple:
+        """What a renderer from :meth:`renderer` depends on (a cache key)."""
+        ...
+
+    def frame_size(self, settings: RenderSettings) -> tuple[int, int]:
+        """(width, height) of the frames under ``settings``."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """The engine for reports: name, device, and what it was opened on."""
+        ...
