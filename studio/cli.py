@@ -268,8 +268,10 @@ def _settings(args: argparse.Namespace, **extra):
         "runtime": args.runtime,
         **extra,
     }
-    if args.checkpoints:
-        given["backend"] = "ditto"
+    if args.checkpoints:  # the engine that runs on a checkpoint folder
+        from studio.render.engines import ENGINES, capabilities
+
+        given["backend"] = next(n for n in ENGINES if capabilities(n).needs_checkpoints)
     values = {k: v for k, v in given.items() if v is not None}
     if args.no_smooth:
         values["smooth"] = False

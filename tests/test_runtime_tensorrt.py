@@ -17,10 +17,35 @@ import torch
 from studio.cli import main
 from studio.errors import InputError, OptionError
 from studio.runtime import engine_cache as ec
-from studio.runtime.base import BackendUnavailable
-from studio.runtime.tensorrt import engine as te
+from studio.runtime.base import BackendUnavailable, EngineBase
+from studio.runtime.tensorrt import build as trt_build
+from studio.runtime.tensorrt import cache as trt_cache
+from studio.runtime.tensorrt import plugins as trt_plugins
+from studio.runtime.tensorrt import run as trt_run
+from studio.runtime.tensorrt.build import build_engine, engine_key
+from studio.runtime.tensorrt.cache import cached_engine, engine_stem, ensure_engine
+from studio.runtime.tensorrt.plugins import (
+    has_op,
+    load_plugin,
+    plugin_entry_points,
+    plugin_needed,
+    rewrite_grid_sample_for_plugin,
+)
+from studio.runtime.tensorrt.run import TensorRTEngine, uses_side_stream
+from studio.runtime.tensorrt.support import (
+    BuildSettings,
+    graph_precision,
+    import_tensorrt,
+    native_grid_sample_3d,
+    network_flags,
+    parse_version,
+    precision_flags,
+    resolve_typing,
+    tensorrt_version,
+    weak_typing_available,
+)
 
-HAVE_TRT = te.tensorrt_version() is not None
+HAVE_TRT = tensorrt_version() is not None
 # One torch thread: little slower on an idle CPU, far faster on a busy one (no OpenMP workers
 # waiting for a sibling the scheduler has parked).
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -131,22 +156,19 @@ def test_engines_without_usable_metadata_or_with_damaged_files_are_rebuilt(tmp_p
 
 
 def test_versions_typing_and_grid_sample_support():
-    assert te.parse_version("10.8.0.43") == (10, 8, 0, 43)
-    assert te.parse_version("11.2.1.post1") == (11, 2, 1)
-    assert not te.native_grid_sample_3d("10.13.3") and not te.native_grid_sample_3d("11.1.0")
-    assert te.native_grid_sample_3d("11.2.1") and te.native_grid_sample_3d("12.0")
-    assert te.weak_typing_available("10.13.0") and not te.weak_typing_available("11.0.0")
-    assert te.resolve_typing("auto", "10.8") == "strong" == te.resolve_typing("auto", "11.2")
-    assert te.resolve_typing("weak", "10.8") == "weak"
+    assert parse_version("10.8.0.43") == (10, 8, 0, 43)
+    assert parse_version("11.2.1.post1") == (11, 2, 1)
+    assert not native_grid_sample_3d("10.13.3") and not native_grid_sample_3d("11.1.0")
+    assert native_grid_sample_3d("11.2.1") and native_grid_sample_3d("12.0")
+    assert weak_typing_available("10.13.0") and not weak_typing_available("11.0.0")
+    assert resolve_typing("auto", "10.8") == "strong" == resolve_typing("auto", "11.2")
+    assert resolve_typing("weak", "10.8") == "weak"
     with pytest.raises(OptionError, match="--typing: weak typing .* removed in TensorRT 11"):
-        te.resolve_typing("weak", "11.2.1")
-    assert te.graph_precision("fp16", "strong") == "fp16"
-    assert te.graph_precision("fp16", "weak") == "fp32"
-    assert te.graph_precision("int8", "strong") == "fp32"  # ModelOpt quantizes the fp32 graph
-    assert (
-        te.engine_stem("lmdm") == "lmdm_v0.4_hubert"
-        and te.engine_stem("decoder", 8) == "decoder_b8"
-    )
+        resolve_typing("weak", "11.2.1")
+    assert graph_precision("fp16", "strong") == "fp16"
+    assert graph_precision("fp16", "weak") == "fp32"
+    assert graph_precision("int8", "strong") == "fp32"  # ModelOpt quantizes the fp32 graph
+    assert engine_stem("lmdm") == "lmdm_v0.4_hubert" and engine_stem("decoder", 8) == "decoder_b8"
 
 
 @pytest.mark.parametrize(
@@ -161,7 +183,7 @@ def test_versions_typing_and_grid_sample_support():
     ],
 )
 def test_network_flags_per_version_and_typing(version, typing, bit, flags):
-    assert te.network_flags(typing, version, bit) == flags
+    assert network_flags(typing, version, bit) == flags
 
 
 @pytest.mark.parametrize(
@@ -180,75 +202,75 @@ def test_network_flags_per_version_and_typing(version, typing, bit, flags):
     ],
 )
 def test_precision_flags_per_precision_and_typing(precision, typing, flags):
-    assert te.precision_flags(precision, typing) == flags
+    assert precision_flags(precision, typing) == flags
 
 
 def test_precision_flags_refuse_an_unknown_precision():
     with pytest.raises(OptionError, match="--precision: TensorRT cannot build 'fp4'"):
-        te.precision_flags("fp4", "weak")
+        precision_flags("fp4", "weak")
 
 
 def test_only_default_streams_get_a_side_stream():
-    assert te.uses_side_stream(0)  # torch's default (legacy) stream
-    assert te.uses_side_stream(1) and te.uses_side_stream(2)  # cudaStreamLegacy, PerThread
-    assert not te.uses_side_stream(0x7F3A_2C00_1230)
+    assert uses_side_stream(0)  # torch's default (legacy) stream
+    assert uses_side_stream(1) and uses_side_stream(2)  # cudaStreamLegacy, PerThread
+    assert not uses_side_stream(0x7F3A_2C00_1230)
 
 
 def test_plugin_entry_points_tell_dynamic_from_static_libraries():
-    assert te.plugin_entry_points(types.SimpleNamespace()) == []
-    assert te.plugin_entry_points(types.SimpleNamespace(getCreators=1)) == ["getCreators"]
+    assert plugin_entry_points(types.SimpleNamespace()) == []
+    assert plugin_entry_points(types.SimpleNamespace(getCreators=1)) == ["getCreators"]
     old_style = types.SimpleNamespace(getPluginCreators=1, setLoggerFinder=1)
-    assert te.plugin_entry_points(old_style) == ["getPluginCreators"]
+    assert plugin_entry_points(old_style) == ["getPluginCreators"]
 
 
 def test_plugin_native_or_library_choice(tmp_path):
     """The warp network needs the plugin below 11.2, or whenever its graph has plugin ops."""
     src = grid_model(tmp_path / "g.onnx")
     plugged = tmp_path / "g.plugin.onnx"
-    te.rewrite_grid_sample_for_plugin(src, plugged)
-    assert te._plugin_needed("warp_network", src, "10.16.1")
-    assert te._plugin_needed("warp_network", src, "11.1.0")
-    assert not te._plugin_needed("warp_network", src, "11.2.1")
-    assert te._plugin_needed("warp_network", plugged, "11.2.1")  # Ditto's released graph
-    assert not te._plugin_needed("decoder", src, "10.8.0.43")  # no 3-D sampling elsewhere
+    rewrite_grid_sample_for_plugin(src, plugged)
+    assert plugin_needed("warp_network", src, "10.16.1")
+    assert plugin_needed("warp_network", src, "11.1.0")
+    assert not plugin_needed("warp_network", src, "11.2.1")
+    assert plugin_needed("warp_network", plugged, "11.2.1")  # Ditto's released graph
+    assert not plugin_needed("decoder", src, "10.8.0.43")  # no 3-D sampling elsewhere
 
 
 def test_cache_key_fields_follow_the_build_that_would_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(te, "_device_facts", lambda device: ("NVIDIA H200", "9.0"))
+    monkeypatch.setattr(trt_build, "_device_facts", lambda device: ("NVIDIA H200", "9.0"))
     onnx = grid_model(tmp_path / "g.onnx")
     plugin = tmp_path / "libgrid_sample_3d_plugin.so"
     plugin.write_bytes(b"\x7fELF v1")
-    settings = te.BuildSettings(plugin=str(plugin))
+    settings = BuildSettings(plugin=str(plugin))
     dev = torch.device("cuda", 0)
-    old = te.engine_key("warp_network", onnx, "fp16", dev, settings, "10.16.1")
-    new = te.engine_key("warp_network", onnx, "fp16", dev, settings, "11.2.1")
+    old = engine_key("warp_network", onnx, "fp16", dev, settings, "10.16.1")
+    new = engine_key("warp_network", onnx, "fp16", dev, settings, "11.2.1")
     assert old.builder["plugin_sha256"] == ec.file_sha256(plugin)
     assert new.builder["plugin_sha256"] is None  # native 3-D GridSample: the .so is unused
     assert old.builder["typing"] == new.builder["typing"] == "strong"
     assert (old.gpu_name, old.compute_capability) == ("NVIDIA H200", "9.0")
     assert old.tensorrt_version == "10.16.1" and old.digest() != new.digest()
     plugin.write_bytes(b"\x7fELF v2")  # another plugin build: another engine
-    again = te.engine_key("warp_network", onnx, "fp16", dev, settings, "10.16.1")
+    again = engine_key("warp_network", onnx, "fp16", dev, settings, "10.16.1")
     assert again.digest() != old.digest()
-    weak = te.engine_key(
+    weak = engine_key(
         "warp_network", onnx, "fp16", dev, replace(settings, typing="weak"), "10.16.1"
     )
     assert weak.builder["typing"] == "weak" and weak.digest() != old.digest()
-    assert te.engine_key("warp_network", onnx, "bf16", dev, settings, "10.16.1") != old
+    assert engine_key("warp_network", onnx, "bf16", dev, settings, "10.16.1") != old
 
 
 def test_build_settings_are_validated_by_option(tmp_path):
-    assert te.BuildSettings().validate().opt_level == 5
+    assert BuildSettings().validate().opt_level == 5
     for bad, needle in (
-        (te.BuildSettings(opt_level=7), "--opt-level"),
-        (te.BuildSettings(workspace_gb=0), "--workspace-gb"),
-        (te.BuildSettings(typing="loose"), "--typing"),
-        (te.BuildSettings(plugin=str(tmp_path / "missing.so")), "--plugin"),
-        (te.BuildSettings(calibration=str(tmp_path / "missing.npz")), "--calibration"),
+        (BuildSettings(opt_level=7), "--opt-level"),
+        (BuildSettings(workspace_gb=0), "--workspace-gb"),
+        (BuildSettings(typing="loose"), "--typing"),
+        (BuildSettings(plugin=str(tmp_path / "missing.so")), "--plugin"),
+        (BuildSettings(calibration=str(tmp_path / "missing.npz")), "--calibration"),
     ):
         with pytest.raises(OptionError, match=needle):
             bad.validate()
-    fields = te.BuildSettings().key_fields("hubert", "strong", False)
+    fields = BuildSettings().key_fields("hubert", "strong", False)
     assert fields["profiles"] == {"input_values": [[1, 3240], [1, 6480], [1, 12960]]}
 
 
@@ -296,15 +318,15 @@ def test_five_d_grid_samples_become_plugin_nodes(tmp_path):
 
     src = grid_model(tmp_path / "g.onnx")
     dst = tmp_path / "g.plugin.onnx"
-    assert te.rewrite_grid_sample_for_plugin(src, dst) == 1
+    assert rewrite_grid_sample_for_plugin(src, dst) == 1
     nodes = {n.name: n for n in onnx.load(str(dst)).graph.node}
     plugin = nodes["/warp/GridSample"]
     assert plugin.op_type == "GridSample3D"
     attrs = {a.name: helper.get_attribute_value(a) for a in plugin.attribute}
     assert attrs == {"interpolation_mode": 0, "padding_mode": 0, "align_corners": 0}
     assert nodes["/image/sampler"].op_type == "GridSample"  # 4-D stays native
-    assert te._has_op(dst, "GridSample3D") and not te._has_op(src, "GridSample3D")
-    assert te.rewrite_grid_sample_for_plugin(dst, tmp_path / "again.onnx") == 0
+    assert has_op(dst, "GridSample3D") and not has_op(src, "GridSample3D")
+    assert rewrite_grid_sample_for_plugin(dst, tmp_path / "again.onnx") == 0
     assert not (tmp_path / "again.onnx").exists()
 
 
@@ -315,8 +337,8 @@ def test_five_d_grid_samples_become_plugin_nodes(tmp_path):
 def test_without_tensorrt_the_module_imports_and_says_how_to_install():
     assert "tensorrt" not in sys.modules
     with pytest.raises(BackendUnavailable, match=r"pip install 'talkinghead-studio\[trt\]'"):
-        te.import_tensorrt()
-    assert te.tensorrt_version() is None
+        import_tensorrt()
+    assert tensorrt_version() is None
 
 
 @pytest.fixture(scope="module")
@@ -399,7 +421,7 @@ def fake_tensorrt(version: str, parse_ok: bool = True) -> types.ModuleType:
     trt.MemoryPoolType = _Enum(WORKSPACE="workspace")
     trt.NetworkDefinitionCreationFlag = _Enum(STRONGLY_TYPED=5)
     flags = {"TF32": "tf32"}
-    if te.weak_typing_available(version):
+    if weak_typing_available(version):
         flags.update(FP16="fp16", BF16="bf16", INT8="int8", OBEY_PRECISION_CONSTRAINTS="obey")
     trt.BuilderFlag = _Enum(**flags)
     trt.LayerType = _Enum(GRID_SAMPLE="grid_sample", CONV="conv", PLUGIN_V2="plugin")
@@ -546,12 +568,13 @@ def stand_in(monkeypatch):
             trt.calls.append(("dlopen", Path(path).name))
             return library if library is not None else types.SimpleNamespace()
 
-        monkeypatch.setattr(te, "_dlopen", dlopen)
-        monkeypatch.setattr(te, "_cuda_device", lambda device=None: torch.device("cuda", 0))
-        monkeypatch.setattr(te, "_device_facts", lambda device: ("NVIDIA H200", "9.0"))
+        monkeypatch.setattr(trt_plugins, "_dlopen", dlopen)
+        for module in (trt_build, trt_run, trt_cache):  # each looks cuda_device up itself
+            monkeypatch.setattr(module, "cuda_device", lambda device=None: torch.device("cuda", 0))
+        monkeypatch.setattr(trt_build, "_device_facts", lambda device: ("NVIDIA H200", "9.0"))
         monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
-        te._LOADED_PLUGINS.clear()
+        trt_plugins._LOADED_PLUGINS.clear()
         return trt
 
     return install
@@ -562,9 +585,9 @@ def stand_in(monkeypatch):
 
 def test_strongly_typed_build_with_timing_cache_and_cache_reuse(stand_in, warp_onnx, tmp_path):
     trt = stand_in("11.2.1")
-    settings = te.BuildSettings(opt_level=4, workspace_gb=2)
+    settings = BuildSettings(opt_level=4, workspace_gb=2)
     messages = []
-    path, decision, used = te.ensure_engine(
+    path, decision, used = ensure_engine(
         "warp_network", warp_onnx["fp16"], "fp16", "cuda", tmp_path, settings, log=messages.append
     )
     assert decision.action == "build" and path == tmp_path / "warp_network_fp16.engine"
@@ -580,13 +603,13 @@ def test_strongly_typed_build_with_timing_cache_and_cache_reuse(stand_in, warp_o
     assert meta["key"]["onnx_sha256"] == ec.file_sha256(warp_onnx["fp16"])
     # Same request: reused, nothing built.
     trt.calls.clear()
-    _, again, _ = te.ensure_engine(
+    _, again, _ = ensure_engine(
         "warp_network", warp_onnx["fp16"], "fp16", "cuda", tmp_path, settings, log=messages.append
     )
     assert again.action == "reuse" and not [c for c in trt.calls if c[0] == "build"]
     # Another TensorRT: rebuilt with a message, the saved timing cache loaded.
     trt = stand_in("11.3.0")
-    _, third, _ = te.ensure_engine(
+    _, third, _ = ensure_engine(
         "warp_network", warp_onnx["fp16"], "fp16", "cuda", tmp_path, settings, log=messages.append
     )
     assert third.action == "rebuild"
@@ -596,13 +619,13 @@ def test_strongly_typed_build_with_timing_cache_and_cache_reuse(stand_in, warp_o
 
 def test_weak_typing_pins_grid_sample_layers_to_fp32(stand_in, warp_onnx, tmp_path):
     trt = stand_in("10.13.0")
-    te.build_engine(
+    build_engine(
         "decoder_like",
         warp_onnx["fp32"],
         tmp_path / "w.engine",
         "fp16",
         "cuda",
-        te.BuildSettings(typing="weak"),
+        BuildSettings(typing="weak"),
     )
     ((_, network, config),) = [c for c in trt.calls if c[0] == "build"]
     assert network.flags == 0 and {"fp16", "obey"} <= config.flags
@@ -619,12 +642,12 @@ def _build_warp_with_plugin(tmp_path, onnx_path, precision: str, **settings):
     """Build the warp network's engine with a stand-in GridSample3D plugin library."""
     plugin = tmp_path / "libgrid_sample_3d_plugin.so"
     plugin.write_bytes(b"\x7fELF stand-in")
-    te.build_engine(
+    build_engine(
         "warp_network",
         onnx_path,
         tmp_path / "w.engine",
         precision,
-        settings=te.BuildSettings(plugin=str(plugin), **settings),
+        settings=BuildSettings(plugin=str(plugin), **settings),
     )
     return plugin
 
@@ -632,7 +655,7 @@ def _build_warp_with_plugin(tmp_path, onnx_path, precision: str, **settings):
 def test_old_tensorrt_needs_the_plugin_for_the_warp_network(stand_in, warp_onnx, tmp_path):
     trt = stand_in("10.8.0.43")
     with pytest.raises(BackendUnavailable, match="no 3-D GridSample .* --plugin PATH"):
-        te.build_engine("warp_network", warp_onnx["fp32"], tmp_path / "w.engine", "fp32")
+        build_engine("warp_network", warp_onnx["fp32"], tmp_path / "w.engine", "fp32")
     plugin = _build_warp_with_plugin(tmp_path, warp_onnx["fp32"], "fp32")
     # A statically registered library: opened globally, not handed to load_library.
     assert ("dlopen", plugin.name) in trt.calls
@@ -650,7 +673,7 @@ def test_old_tensorrt_needs_the_plugin_for_the_warp_network(stand_in, warp_onnx,
 def test_parser_errors_are_raised_not_printed(stand_in, warp_onnx, tmp_path):
     stand_in("11.2.1", parse_ok=False)
     with pytest.raises(RuntimeError, match="cannot parse .* UNSUPPORTED_NODE"):
-        te.build_engine("warp_network", warp_onnx["fp16"], tmp_path / "w.engine", "fp16")
+        build_engine("warp_network", warp_onnx["fp16"], tmp_path / "w.engine", "fp16")
     assert not (tmp_path / "w.engine").exists()
 
 
@@ -659,7 +682,7 @@ def test_quantized_precisions_need_modelopt(stand_in, warp_onnx, tmp_path, monke
     monkeypatch.setitem(sys.modules, "modelopt", None)  # make the import fail
     monkeypatch.setitem(sys.modules, "modelopt.onnx.quantization", None)
     with pytest.raises(BackendUnavailable, match="nvidia-modelopt"):
-        te.build_engine("warp_network", warp_onnx["fp32"], tmp_path / "w.engine", "int8")
+        build_engine("warp_network", warp_onnx["fp32"], tmp_path / "w.engine", "int8")
 
 
 def test_tensorrt_10_strong_build_sets_the_flag_and_no_precision_flags(
@@ -668,12 +691,12 @@ def test_tensorrt_10_strong_build_sets_the_flag_and_no_precision_flags(
     trt = stand_in("10.16.1")
     plugin = tmp_path / "libgrid_sample_3d_plugin.so"
     plugin.write_bytes(b"\x7fELF stand-in")
-    te.build_engine(
+    build_engine(
         "decoder",
         warp_onnx["fp16"],
         tmp_path / "d.engine",
         "fp16",
-        settings=te.BuildSettings(plugin=str(plugin)),
+        settings=BuildSettings(plugin=str(plugin)),
     )
     ((_, network, config),) = [c for c in trt.calls if c[0] == "build"]
     assert network.flags == 1 << 5  # the stand-in's STRONGLY_TYPED bit
@@ -719,8 +742,8 @@ def test_a_dynamically_registered_plugin_goes_through_load_library_once(stand_in
     trt = stand_in("10.8.0.43", library=types.SimpleNamespace(getCreators=object()))
     plugin = tmp_path / "libdynamic_plugin.so"
     plugin.write_bytes(b"\x7fELF stand-in")
-    first = te.load_plugin(trt, plugin)
-    assert te.load_plugin(trt, plugin) is first  # once per process
+    first = load_plugin(trt, plugin)
+    assert load_plugin(trt, plugin) is first  # once per process
     assert [c for c in trt.calls if c[0] in ("dlopen", "load_library")] == [
         ("dlopen", plugin.name),
         ("load_library", plugin.name),
@@ -733,13 +756,13 @@ def test_a_plugin_library_that_does_not_load_is_an_input_error(stand_in, tmp_pat
     def broken(path):
         raise OSError("undefined symbol: getPluginRegistry")
 
-    monkeypatch.setattr(te, "_dlopen", broken)
+    monkeypatch.setattr(trt_plugins, "_dlopen", broken)
     plugin = tmp_path / "libgrid_sample_3d_plugin.so"
     plugin.write_bytes(b"not a library")
     with pytest.raises(InputError, match="cannot load the plugin library .*undefined symbol"):
-        te.load_plugin(trt, plugin)
+        load_plugin(trt, plugin)
     with pytest.raises(InputError, match="does not exist"):
-        te.load_plugin(trt, tmp_path / "missing.so")
+        load_plugin(trt, tmp_path / "missing.so")
 
 
 # --- the runner's stream and graph logic, on stand-ins ---------------------------------------
@@ -776,9 +799,9 @@ def bare_runner(monkeypatch, current: int, ok: bool = True):
     from studio.runtime.base import TensorSpec
 
     log: list = []
-    eng = object.__new__(te.TensorRTEngine)
+    eng = object.__new__(TensorRTEngine)
     spec = TensorSpec("x", (1, 3), torch.float32)
-    te.EngineBase.__init__(eng, "stitch_network", "fp32", torch.device("cuda", 0), (spec,), ())
+    EngineBase.__init__(eng, "stitch_network", "fp32", torch.device("cuda", 0), (spec,), ())
     eng._context = _Context(log, ok)
     eng._buffers = {"x": torch.zeros(1, 3)}
     eng._bound, eng._dynamic, eng._graph, eng._side = {}, set(), None, None
@@ -821,7 +844,7 @@ def test_capture_warms_up_once_and_stays_eager_when_capture_fails(monkeypatch):
         fn()
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    monkeypatch.setattr(te, "capture_cuda_graph", not_capturable)
+    monkeypatch.setattr(trt_run, "capture_cuda_graph", not_capturable)
     assert eng.capture() is False
     assert eng._graph is None and not eng.captured
     assert log[:2] == [("execute", 0x1234), ("sync", 0x1234)]  # eager enqueue, then a sync
@@ -832,7 +855,7 @@ def test_capture_warms_up_once_and_stays_eager_when_capture_fails(monkeypatch):
         captured.append(warmup)
         return "graph", None
 
-    monkeypatch.setattr(te, "capture_cuda_graph", capture_ok)
+    monkeypatch.setattr(trt_run, "capture_cuda_graph", capture_ok)
     assert eng.capture() is True and eng.captured and eng._graph == "graph"
     assert eng.static_inputs == {"x": eng._buffers["x"]} and captured == [1]
     assert eng.capture() is True and captured == [1]  # captured once
@@ -862,9 +885,9 @@ def test_tensorrt_engine_builds_runs_and_matches_torch(real_trt, tmp_path):
     for network, precision in (("stitch_network", "fp32"), ("decoder", "fp16"), ("lmdm", "fp32")):
         m = random_network(network, reduced=True)
         ref = TorchEngine(network, m, "fp32", "cuda", batch=2)
-        graph = te.graph_precision(precision, "strong")
+        graph = graph_precision(precision, "strong")
         onnx = export_for_engine(network, m, tmp_path / "onnx", batch=2, precision=graph)
-        eng = te.cached_engine(network, onnx, precision, "cuda", tmp_path, stem=f"{network}_b2")
+        eng = cached_engine(network, onnx, precision, "cuda", tmp_path, stem=f"{network}_b2")
         assert [(s.name, s.shape) for s in eng.inputs] == [(s.name, s.shape) for s in ref.inputs]
         assert [(s.name, s.shape) for s in eng.outputs] == [(s.name, s.shape) for s in ref.outputs]
         feed = ref.example_feed(3)
@@ -887,14 +910,14 @@ def test_tensorrt_rebuilds_an_engine_it_cannot_deserialize(real_trt, tmp_path):
 
     m = random_network("stitch_network", reduced=True)
     onnx = export_for_engine("stitch_network", m, tmp_path / "onnx")
-    eng = te.cached_engine("stitch_network", onnx, "fp32", "cuda", tmp_path)
+    eng = cached_engine("stitch_network", onnx, "fp32", "cuda", tmp_path)
     path = eng.path
     del eng
     data = bytearray(path.read_bytes())
     data[:64] = b"\0" * 64  # a damaged header, same size: only deserialization notices
     path.write_bytes(bytes(data))
     messages = []
-    eng = te.cached_engine("stitch_network", onnx, "fp32", "cuda", tmp_path, log=messages.append)
+    eng = cached_engine("stitch_network", onnx, "fp32", "cuda", tmp_path, log=messages.append)
     assert eng.run(eng.example_feed())["out"].shape == (1, 21, 3)
     assert any("cannot deserialize" in m for m in messages), messages
 

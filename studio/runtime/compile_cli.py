@@ -177,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
     from studio.errors import InputError, OptionError, OutputError
     from studio.models.checkpoints import discover
     from studio.runtime.precision import ENGINE_NETWORKS, parse_precision
-    from studio.runtime.tensorrt.engine import BuildSettings
+    from studio.runtime.tensorrt.support import BuildSettings
 
     # 1. Arguments, before anything heavy.
     found = discover(args.checkpoints)
@@ -213,13 +213,8 @@ def run(args: argparse.Namespace) -> int:
         )
 
     # 2. TensorRT and the GPU.
-    from studio.runtime.tensorrt.engine import (
-        engine_stem,
-        ensure_engine,
-        graph_precision,
-        import_tensorrt,
-        resolve_typing,
-    )
+    from studio.runtime.tensorrt.cache import engine_stem, ensure_engine
+    from studio.runtime.tensorrt.support import graph_precision, import_tensorrt, resolve_typing
 
     trt = import_tensorrt()  # BackendUnavailable: exit 2 with the install hint
     from studio.runtime.base import resolve_device

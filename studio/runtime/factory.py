@@ -130,11 +130,10 @@ def make_engine(
         path = _onnx_for(name, prec, dev, batch, module, checkpoints, onnx, cache, log)
         eng = OrtEngine(name, path, prec, dev, **options)
     else:
-        from studio.runtime.tensorrt.engine import (
+        from studio.runtime.tensorrt.cache import cached_engine, engine_stem
+        from studio.runtime.tensorrt.run import TensorRTEngine
+        from studio.runtime.tensorrt.support import (
             BuildSettings,
-            TensorRTEngine,
-            cached_engine,
-            engine_stem,
             graph_precision,
             import_tensorrt,
             resolve_typing,
