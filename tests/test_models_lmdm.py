@@ -322,6 +322,34 @@ def test_guidance_formula_from_the_two_passes(reduced):
     torch.testing.assert_close(pred_noise, eps, rtol=1e-4, atol=1e-4)
 
 
+def test_guide_combines_in_fp32_and_a_half_copy_runs_its_own_dtype(reduced):
+    """:func:`guide` is the one guidance combination (in fp32, whatever the branches' dtype);
+    a bf16 copy of the module casts its inputs itself, returns fp32, and predicts the noise
+    from the fp32 ``x`` it was given."""
+    import copy
+
+    g = torch.Generator().manual_seed(0)
+    uncond, cond = (torch.randn(2, 3, generator=g).bfloat16() for _ in range(2))
+    got = L.guide(uncond, cond)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, uncond.float() + (cond.float() - uncond.float()) * GUIDANCE_WEIGHT)
+    same = torch.randn(2, 3, generator=g)
+    assert L.cast_to(same, torch.float32) is same  # no cast (nothing traced) in fp32
+
+    half = copy.deepcopy(reduced).to(torch.bfloat16)
+    inputs = _inputs(reduced, batch=2, t=250)
+    with torch.no_grad():
+        pred_noise, x_start = half(*inputs)
+        ref_noise, ref_x0 = reduced(*inputs)
+    assert pred_noise.dtype == x_start.dtype == torch.float32
+    tables = half.noise_tables.float()
+    assert torch.equal(
+        pred_noise, D.predict_noise_from_start(inputs[0], inputs[3], x_start, tables)
+    )
+    cos = F.cosine_similarity(x_start.flatten(), ref_x0.flatten(), dim=0)
+    assert cos > 0.99
+
+
 def test_skipping_the_encoder_in_the_uncond_pass_is_exact(reduced):
     x, cond_frame, cond, t = _inputs(reduced, batch=2)
     with torch.no_grad():

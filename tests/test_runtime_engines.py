@@ -130,6 +130,23 @@ def test_cast_mode_keeps_the_lmdm_schedule_and_time_mlp_fp32(nets):
     assert nets["lmdm"].final_layer.weight.dtype == torch.float32  # the caller's module untouched
 
 
+@pytest.mark.parametrize("mode", ["cast", "autocast"])
+def test_the_lmdm_engine_runs_the_networks_own_step(nets, mode, one_torch_thread):
+    """The runtime knows no LMDM step: its half engine is the module's own forward on the
+    runtime's weights, with ``x`` passed in fp32 (FP32_INPUTS) and the rest in the compute
+    dtype (guidance and noise prediction are the module's, in fp32)."""
+    e = TorchEngine("lmdm", nets["lmdm"], "bf16", "cpu", batch=2, mode=mode)
+    feed = e.example_feed(2)
+    out = e.run(feed)
+    low = torch.bfloat16 if mode == "cast" else torch.float32
+    x, cf, cond, t = (feed[n] for n in ("x", "cond_frame", "cond", "time_cond"))
+    with torch.no_grad(), e.adapter.policy():
+        want = e.adapter.inner(x, cf.to(low), cond.to(low), t)
+    for name, w in zip(("pred_noise", "x_start"), want, strict=True):
+        assert out[name].dtype == w.dtype == torch.float32
+        assert torch.equal(out[name], w), name
+
+
 def test_an_adapter_of_the_same_policy_is_shared_and_another_refused(nets):
     first = TorchEngine("decoder", nets["decoder"], "bf16", "cpu", mode="cast", batch=1)
     second = TorchEngine("decoder", first.adapter, "bf16", "cpu", mode="cast", batch=2)

@@ -5,19 +5,26 @@ for CPU smoke runs), for one 80-frame window at batch 1:
 
 - ``eager_fp32``: the reference loop (:func:`studio.models.diffusion.ddim_sample`) calling
   the module's ``forward`` in fp32 (TF32 off). Its final x0 is the accuracy reference.
-- ``fast_*_graph`` (CUDA only): :class:`~studio.motion.fast_lmdm.FastLMDM` under a
-  precision policy (fp32, TF32, bf16/fp16 weights, or autocast), static input buffers, and
-  the *whole* DDIM loop (:class:`~studio.models.diffusion.DeviceDDIM`) captured once per T
-  into a CUDA graph and replayed. The condition encoder and the time embeddings, which do
-  not depend on the noisy motion, are computed once per window inside the graph
-  (``hoist``); the ``perstep`` path recomputes them every step as the exported step does.
-  For each uncompiled path the SDPA backend is chosen by timing the captured single step
-  under each candidate; compiled and fold paths run the one their :class:`PathSpec` names.
+- ``fast_*_window_graph`` (CUDA only): the product's fast path,
+  :class:`~studio.motion.fast_lmdm.FastLMDM`, in a precision (fp32, TF32, or bf16/fp16
+  weights cast by the runtime's policy), on static input buffers, with the *whole* DDIM
+  loop (:class:`~studio.models.diffusion.DeviceDDIM`) captured once per T into a CUDA graph
+  and replayed. What does not depend on the noisy motion (condition encoder, time
+  embeddings, FiLM, cross-attention keys and values) is computed once per window inside
+  the graph (:mod:`studio.motion.lmdm_hoist`). The single step recomputes all of it, as the
+  exported step does. For each uncompiled path the SDPA backend is chosen by timing the
+  captured single step under each candidate; compiled paths run the one their
+  :class:`PathSpec` names.
 - ``onnxruntime_cpu`` / ``onnxruntime_cuda``: the TorchScript-exported step in ONNX Runtime,
   host-side DDIM loop (no IOBinding), when onnxruntime and the provider are present.
 - ``tensorrt``: reported, not measured (engines are built by ``studio compile``).
-- ``fast_*_compiled_graph`` (``compile=True``): the same with the per-step body through
-  ``torch.compile`` (Inductor kernels, captured by our graph; off by default).
+- ``fast_*_window_compiled_graph`` (``--compile``): the same with the window's constants
+  and the step through ``torch.compile`` (Inductor kernels, captured by our graph; off by
+  default); the ``flash`` ones name flash attention inside the compiled step.
+
+Variants that lost on the H200 (per-step hoisting without window constants, autocast,
+recomputing the condition every step, folded attention projections) were removed after
+measurement; docs/benchmarks.md says what they measured.
 
 On CUDA the fastest accurate path at T=4 is then profiled (``torch.profiler`` over one
 graph replay): kernels per step and GPU time by kernel kind, against the replay time.
@@ -100,49 +107,24 @@ PUBLISHED: dict[str, Any] = {
 TARGETS: dict[str, Any] = {"steps": 4, "ddim_ms": 2.0, "motion_fps": 40_000.0, "cosine": 0.999}
 
 FAST_PATHS: tuple[PathSpec, ...] = (
-    PathSpec("fast_fp32_graph", "float32", "fp32"),
-    PathSpec("fast_tf32_graph", "float32", "fp32", tf32=True),
-    PathSpec("fast_bf16_graph", "bfloat16", "cast"),
-    PathSpec("fast_fp16_graph", "float16", "cast"),
-    PathSpec("fast_bf16_autocast_graph", "bfloat16", "autocast"),
-    PathSpec("fast_fp16_autocast_graph", "float16", "autocast"),
-    PathSpec("fast_fp16_perstep_graph", "float16", "cast", hoist=False),
-    PathSpec("fast_fp32_window_graph", "float32", "fp32", window=True),
-    PathSpec("fast_bf16_window_graph", "bfloat16", "cast", window=True),
-    PathSpec("fast_fp16_window_graph", "float16", "cast", window=True),
-    PathSpec("fast_fp32_fold_graph", "float32", "fp32", fold=True),
-    PathSpec("fast_fp16_fold_graph", "float16", "cast", fold=True),
+    PathSpec("fast_fp32_window_graph", "fp32"),
+    PathSpec("fast_tf32_window_graph", "tf32"),
+    PathSpec("fast_bf16_window_graph", "bf16"),
+    PathSpec("fast_fp16_window_graph", "fp16"),
 )
 COMPILED_PATHS: tuple[PathSpec, ...] = (
-    PathSpec("fast_bf16_compiled_graph", "bfloat16", "cast", compile=True),
-    PathSpec("fast_fp16_compiled_graph", "float16", "cast", compile=True),
-    PathSpec("fast_bf16_window_compiled_graph", "bfloat16", "cast", compile=True, window=True),
-    PathSpec("fast_fp16_window_compiled_graph", "float16", "cast", compile=True, window=True),
-    PathSpec(
-        "fast_bf16_window_flash_compiled_graph",
-        "bfloat16",
-        "cast",
-        compile=True,
-        window=True,
-        sdpa="flash",
-    ),
-    PathSpec(
-        "fast_fp16_window_flash_compiled_graph",
-        "float16",
-        "cast",
-        compile=True,
-        window=True,
-        sdpa="flash",
-    ),
-    PathSpec("fast_fp16_fold_compiled_graph", "float16", "cast", compile=True, fold=True),
-    PathSpec("fast_bf16_fold_compiled_graph", "bfloat16", "cast", compile=True, fold=True),
+    PathSpec("fast_bf16_window_compiled_graph", "bf16", compile=True),
+    PathSpec("fast_fp16_window_compiled_graph", "fp16", compile=True),
+    PathSpec("fast_bf16_window_flash_compiled_graph", "bf16", compile=True, sdpa="flash"),
+    PathSpec("fast_fp16_window_flash_compiled_graph", "fp16", compile=True, sdpa="flash"),
 )
 ORT_PATHS = ("onnxruntime_cpu", "onnxruntime_cuda")
 ALL_PATHS = ("eager_fp32", *(p.name for p in FAST_PATHS + COMPILED_PATHS), *ORT_PATHS, "tensorrt")
 SDPA_CANDIDATES = {
-    "float32": ("auto", "efficient", "math"),
-    "bfloat16": ("auto", "flash", "efficient", "cudnn"),
-    "float16": ("auto", "flash", "efficient", "cudnn"),
+    "fp32": ("auto", "efficient", "math"),
+    "tf32": ("auto", "efficient", "math"),
+    "bf16": ("auto", "flash", "efficient", "cudnn"),
+    "fp16": ("auto", "flash", "efficient", "cudnn"),
 }
 
 
@@ -321,13 +303,17 @@ def _run_fast(
     n = inputs.count
     started = time.perf_counter()
     fast = FastLMDM(base, spec, device, compile_mode=compile_mode)
+    dtype = str(fast.input_dtype).removeprefix("torch.")
     settings: dict[str, Any] = {
         **asdict(spec),
-        "weights": {"cast": spec.dtype, "autocast": "float32", "fp32": "float32"}[spec.mode],
-        "time_mlp": "float32" if spec.mode == "cast" else None,
+        "dtype": dtype,
+        "mode": fast.mode,
+        "window_constants": True,
+        "tf32": spec.precision == "tf32",
+        "weights": dtype,
+        "time_mlp": "float32" if fast.mode == "cast" else None,
         "guidance_and_ddim_state": "float32",
         "graph": "one CUDA graph per T holding the whole DDIM loop (DeviceDDIM), replayed",
-        "autocast_cache": False if spec.mode == "autocast" else None,
         "compile_mode": compile_mode if spec.compile else None,
     }
     settings = {k: v for k, v in settings.items() if v is not None}
@@ -338,9 +324,9 @@ def _run_fast(
     sweep: dict[str, Any] = {}
     best: tuple[float, str, Timing, list[Tensor]] | None = None
     # compiled paths: one compile (20-30 s) per candidate would be too dear, so the spec names
-    # the backend; fold paths: their unequal q/k and v widths rule most backends out
-    sweep_sdpa = sweep_sdpa and not spec.compile and not spec.fold
-    candidates = SDPA_CANDIDATES[spec.dtype] if sweep_sdpa else (spec.sdpa,)
+    # the backend
+    sweep_sdpa = sweep_sdpa and not spec.compile
+    candidates = SDPA_CANDIDATES[spec.precision] if sweep_sdpa else (spec.sdpa,)
     for backend in candidates:
         fast.sdpa = backend
         try:

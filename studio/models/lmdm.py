@@ -9,7 +9,13 @@ why ``rotary.freqs`` appears under 11 keys.
 :meth:`LMDM.forward` is one DDIM step's network call as exported to ONNX
 (``x, cond_frame, cond, time_cond -> pred_noise, x_start``), classifier-free
 guidance included. :meth:`LMDM.ddim_sample` runs the reference sampler through
-:mod:`studio.models.diffusion`, replayable from given noises.
+:mod:`studio.models.diffusion`, replayable from given noises. :func:`guide` is the
+guidance combination every LMDM path calls (this forward, the runtime's engines through
+it, and the fast window step of :mod:`studio.motion.lmdm_hoist`).
+
+The step runs in the dtype of the module's weights: a half-type copy (the runtime's
+precision policy) gets its inputs cast to that type, while guidance and the noise
+prediction are combined in fp32; in fp32 every cast is skipped (nothing extra is traced).
 
 Op order follows the reference exactly: rotary on the full token vectors before
 the attention in-projection (queries and keys only), pre-LN blocks, exact GELU,
@@ -44,7 +50,9 @@ __all__ = [
     "OUTPUT_NAMES",
     "REDUCED_KWARGS",
     "RELEASED_COND_DIM",
+    "cast_to",
     "cond_dim_from_state_dict",
+    "guide",
 ]
 
 INPUT_NAMES = ("x", "cond_frame", "cond", "time_cond")
@@ -82,6 +90,17 @@ def cond_dim_from_state_dict(state_dict: Mapping[str, Any]) -> int:
     if weight.dim() != 2:
         raise ValueError(f"{_COND_WEIGHT_KEY} must be 2-D, got {list(weight.shape)}")
     return int(weight.shape[1])
+
+
+def cast_to(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t`` in ``dtype``; ``t`` itself when it already is (so no cast is traced or compiled)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def guide(uncond: Tensor, conditioned: Tensor) -> Tensor:
+    """Classifier-free guidance, combined in fp32: uncond + (cond - uncond) * GUIDANCE_WEIGHT."""
+    uncond, conditioned = cast_to(uncond, torch.float32), cast_to(conditioned, torch.float32)
+    return uncond + (conditioned - uncond) * GUIDANCE_WEIGHT
 
 
 def _refresh_after_load(module: RotaryEmbedding, _incompatible: Any) -> None:
@@ -392,13 +411,21 @@ class LMDM(nn.Module):
     # --- the step interface ---------------------------------------------------------
 
     def guided_x0(self, x: Tensor, cond_frame: Tensor, cond: Tensor, time_cond: Tensor) -> Tensor:
-        """Classifier-free guided x0: uncond + (cond - uncond) * GUIDANCE_WEIGHT."""
+        """Classifier-free guided x0 in fp32 (:func:`guide`).
+
+        The network runs in its weights' dtype: ``x``, ``cond_frame`` and ``cond`` are cast
+        to it, and the time, null and condition terms to the motion tokens' dtype (which
+        autocast may lower while the weights stay fp32). In fp32 no cast happens.
+        """
         time_cond = self._check_inputs(x, cond_frame, cond, time_cond)
         batch = x.shape[0]
-        tokens = self.embed_motion(x, cond_frame)
-        t_vec, time_tokens = self.time_embedding(time_cond)
-        null_tokens, null_hidden = self.null_condition(batch)
-        cond_tokens, cond_hidden = self.encode_condition(cond)
+        dtype = self.input_projection.weight.dtype
+        tokens = self.embed_motion(cast_to(x, dtype), cast_to(cond_frame, dtype))
+        dt = tokens.dtype
+        t_vec, time_tokens = [cast_to(t, dt) for t in self.time_embedding(time_cond)]
+        null_tokens, null_hidden = [cast_to(t, dt) for t in self.null_condition(batch)]
+        encoded = self.encode_condition(cast_to(cond, dtype))
+        cond_tokens, cond_hidden = [cast_to(t, dt) for t in encoded]
         if self.batch_guidance:
             both = self.decode(
                 torch.cat((tokens, tokens)),
@@ -407,22 +434,24 @@ class LMDM(nn.Module):
                 torch.cat((null_tokens, cond_tokens)),
                 torch.cat((null_hidden, cond_hidden)),
             )
-            uncond, conditioned = both[:batch], both[batch:]
-        else:
-            uncond = self.decode(tokens, t_vec, time_tokens, null_tokens, null_hidden)
-            conditioned = self.decode(tokens, t_vec, time_tokens, cond_tokens, cond_hidden)
-        return uncond + (conditioned - uncond) * GUIDANCE_WEIGHT
+            return guide(both[:batch], both[batch:])
+        uncond = self.decode(tokens, t_vec, time_tokens, null_tokens, null_hidden)
+        conditioned = self.decode(tokens, t_vec, time_tokens, cond_tokens, cond_hidden)
+        return guide(uncond, conditioned)
 
     def forward(
         self, x: Tensor, cond_frame: Tensor, cond: Tensor, time_cond: Tensor
     ) -> tuple[Tensor, Tensor]:
-        """One DDIM step's network call: (pred_noise, x_start), each [B, 80, 265].
+        """One DDIM step's network call: (pred_noise, x_start), each [B, 80, 265] fp32.
 
-        x [B, 80, 265], cond_frame [B, 265], cond [B, 80, C], time_cond [B] int64.
+        x [B, 80, 265], cond_frame [B, 265], cond [B, 80, C], time_cond [B] int64. The noise
+        prediction reads ``x`` in fp32: give it in fp32 to a half-type copy as well.
         """
         time_cond = self._check_inputs(x, cond_frame, cond, time_cond)
         x_start = self.guided_x0(x, cond_frame, cond, time_cond)
-        pred_noise = predict_noise_from_start(x, time_cond, x_start, self.noise_tables)
+        fp32 = torch.float32
+        tables = cast_to(self.noise_tables, fp32)
+        pred_noise = predict_noise_from_start(cast_to(x, fp32), time_cond, x_start, tables)
         return pred_noise, x_start
 
     def _check_inputs(

@@ -1,4 +1,6 @@
-"""LMDM's per-window constants, computed once for every DDIM step of a window.
+"""LMDM's window step: the per-window constants, computed once for every DDIM step of a
+window, and the guided step that uses them (the numerics of the product's fast path; running
+it under a precision, compiled and captured, is :mod:`studio.motion.fast_lmdm`).
 
 Within a window only the noisy motion changes from one step to the next. What depends on the
 step's time and the branch's condition alone, and not on the motion, is computed for all T
@@ -11,25 +13,26 @@ in one matmul: 50 matmuls a step instead of 98 (time embedding and condition enc
 out of the loop). The constants themselves take 3 matmuls a window, every layer's
 projections stacked (:class:`StackedProjections`).
 
-The arithmetic is :meth:`LMDM.guided_x0` with batched guidance, regrouped; the results agree
-to float rounding (tested against it).
+The arithmetic is :meth:`LMDM.guided_x0` with batched guidance, regrouped, and the guidance
+is its :func:`~studio.models.lmdm.guide`; the results agree to float rounding (tested
+against it).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from studio.layout import GUIDANCE_WEIGHT, MOTION_DIM
-from studio.models.lmdm import LMDM, DecoderLayer
+from studio.layout import MOTION_DIM
+from studio.models.lmdm import LMDM, DecoderLayer, guide
 from studio.runtime.base import sdpa_backend
 
 # Width multiple of aligned half-type kernels (16 bytes): the 265-wide motion would otherwise
-# put the input projection on an unaligned GEMM, and the fold's keys on the slow SDPA kernel.
+# put the input projection and the final layer on unaligned GEMMs.
 ALIGN = 8
 
 
@@ -40,16 +43,12 @@ def aligned_width(width: int, multiple: int = ALIGN) -> int:
 
 __all__ = [
     "ALIGN",
-    "STEP_FIELDS",
     "StackedProjections",
     "WindowConstants",
     "aligned_width",
     "constants_of_condition",
-    "embed_step_motion",
-    "guided_output",
     "guided_x0_step",
     "stacked_projections",
-    "step_slices",
     "window_constants",
 ]
 
@@ -77,22 +76,13 @@ class WindowConstants:
     def at(self, step: int) -> WindowConstants:
         """Step ``step``'s constants alone (views, leading axis 1): call the step function with
         index 0, so that a compiled step is traced once for every step of the window."""
-        return replace(self, **step_slices(self, step))
 
+        def cut(value: Any) -> Any:
+            if isinstance(value, Tensor):
+                return value[step : step + 1]
+            return type(value)(cut(v) for v in value)
 
-def step_slices(consts: Any, step: int) -> dict[str, Any]:
-    """The step-indexed fields of a constants dataclass (lists of tensors or of tuples of
-    tensors with a leading step axis) sliced to ``step:step+1``."""
-
-    def cut(value: Any) -> Any:
-        if isinstance(value, Tensor):
-            return value[step : step + 1]
-        return type(value)(cut(v) for v in value)
-
-    return {f.name: cut(getattr(consts, f.name)) for f in fields(consts) if f.name in STEP_FIELDS}
-
-
-STEP_FIELDS = ("films", "keys", "values")
+        return replace(self, films=cut(self.films), keys=cut(self.keys), values=cut(self.values))
 
 
 def _split_heads(t: Tensor, heads: int) -> Tensor:
@@ -210,11 +200,19 @@ def window_constants(
 
 
 def constants_of_condition(
-    model: LMDM, cond_frame: Tensor, cond: Tensor, times: Tensor
+    model: LMDM,
+    cond_frame: Tensor,
+    cond: Tensor,
+    times: Tensor,
+    stacked: StackedProjections | None = None,
+    sdpa: str = "auto",
 ) -> WindowConstants:
     """:func:`window_constants` of a window's raw condition: ``cond_frame`` [1, 265], ``cond``
-    [1, S, C] and the T timesteps ``times`` [T] (null and conditional branches)."""
-    tokens, hidden = model.encode_condition(cond)
+    [1, S, C] and the T timesteps ``times`` [T] (null and conditional branches): everything a
+    window computes once, the condition encoder and the time embeddings included. ``sdpa``
+    names the condition encoder's attention backend, as in :func:`guided_x0_step`."""
+    with sdpa_backend(sdpa):
+        tokens, hidden = model.encode_condition(cond)
     null_tokens, null_hidden = model.null_condition(1)
     t_vecs, t_tokens = model.time_embedding(times)
     return window_constants(
@@ -224,6 +222,7 @@ def constants_of_condition(
         torch.cat((null_hidden, hidden)),
         t_vecs,
         t_tokens,
+        stacked,
     )
 
 
@@ -250,7 +249,7 @@ def _layer_step(layer: DecoderLayer, x: Tensor, film: tuple[Tensor, ...], k: Ten
     return x + (scale3 * h + shift3)
 
 
-def embed_step_motion(x: Tensor, stacked: StackedProjections, input_bias: Tensor) -> Tensor:
+def _embed_step_motion(x: Tensor, stacked: StackedProjections, input_bias: Tensor) -> Tensor:
     """Input tokens [2, S, d] (both branches) of the noisy motion x [1, S, 265]: the aligned
     motion half of the input projection plus the window's ``input_bias``."""
     weight = stacked.motion_weight
@@ -258,12 +257,11 @@ def embed_step_motion(x: Tensor, stacked: StackedProjections, input_bias: Tensor
     return tokens.expand(2, -1, -1)
 
 
-def guided_output(h: Tensor, stacked: StackedProjections) -> Tensor:
-    """The final layer (aligned) of both branches' tokens [2, S, d], guided, in fp32: x0
-    [1, S, 265]."""
-    both = F.linear(h, stacked.final_weight, stacked.final_bias)[..., :MOTION_DIM].float()
-    uncond, conditioned = both[:1], both[1:]
-    return uncond + (conditioned - uncond) * GUIDANCE_WEIGHT
+def _guided_output(h: Tensor, stacked: StackedProjections) -> Tensor:
+    """The final layer (aligned) of both branches' tokens [2, S, d] (null first), guided in
+    fp32 (:func:`~studio.models.lmdm.guide`): x0 [1, S, 265]."""
+    both = F.linear(h, stacked.final_weight, stacked.final_bias)[..., :MOTION_DIM]
+    return guide(both[:1], both[1:])
 
 
 def guided_x0_step(
@@ -273,8 +271,8 @@ def guided_x0_step(
     so a captured graph holds fixed views of the constants). ``sdpa`` names the attention
     backend inside the function, where a compiled step sees (and guards) it."""
     with sdpa_backend(sdpa):
-        h = embed_step_motion(x, consts.projections, consts.input_bias)
+        h = _embed_step_motion(x, consts.projections, consts.input_bias)
         for i, layer in enumerate(model.seqTransDecoder.stack):
             film = tuple(f[step] for f in consts.films[i])
             h = _layer_step(layer, h, film, consts.keys[i][step], consts.values[i][step])
-        return guided_output(h, consts.projections)
+        return _guided_output(h, consts.projections)

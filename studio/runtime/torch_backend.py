@@ -8,8 +8,9 @@ Precision policy (:class:`PrecisionAdapter`, also what the half-precision ONNX e
   (``alphas_cumprod``, ``noise_tables``) and its sinusoidal time MLP (timesteps up to 999 lose
   all precision in half types; its output is cast to the compute dtype). Operations in
   :data:`FP32_OPS` (``grid_sample``; on the CPU also 3-D average pooling, which has no half
-  kernels there) run in fp32 inside the half graph. LMDM's classifier-free guidance and its
-  noise prediction are combined in fp32.
+  kernels there) run in fp32 inside the half graph. Inputs in :data:`FP32_INPUTS` are passed
+  in fp32 (LMDM's noisy motion: the network's own step casts it for its layers and reads it
+  in fp32 for the noise prediction, with the guidance combined in fp32 as well).
 - ``mode="autocast"``: fp32 weights under ``torch.autocast(cache_enabled=False)`` (the cache
   must be off for CUDA-graph capture); autocast keeps grid sampling in fp32 by itself.
 - Default: ``cast``, except the warp network, whose keypoint grids are more accurate under
@@ -33,7 +34,14 @@ from torch.overrides import TorchFunctionMode
 
 from studio.runtime.base import HALF_DTYPES, EngineBase, TensorSpec, capture_cuda_graph, math_mode
 
-__all__ = ["FP32_OPS", "KEEP_FP32", "PrecisionAdapter", "TorchEngine", "default_mode"]
+__all__ = [
+    "FP32_INPUTS",
+    "FP32_OPS",
+    "KEEP_FP32",
+    "PrecisionAdapter",
+    "TorchEngine",
+    "default_mode",
+]
 
 MODES = ("fp32", "cast", "autocast")
 
@@ -41,6 +49,8 @@ MODES = ("fp32", "cast", "autocast")
 KEEP_FP32: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "lmdm": (("time_mlp",), ("alphas_cumprod", "noise_tables")),
 }
+# Inputs passed in fp32 in every mode: the network casts them for its layers itself.
+FP32_INPUTS: dict[str, tuple[str, ...]] = {"lmdm": ("x",)}
 
 
 def _fp32_ops(device: torch.device) -> tuple[Callable[..., Any], ...]:
@@ -177,7 +187,8 @@ class PrecisionAdapter(nn.Module):
         if channels_last:
             _to_channels_last(module)
         self.inner = module
-        self.is_lmdm = network == "lmdm"
+        kept = FP32_INPUTS.get(network, ())
+        self._fp32_at = frozenset(i for i, n in enumerate(self.INPUT_NAMES) if n in kept)
         self.islands = _fp32_ops(dev)
 
     @staticmethod
@@ -217,45 +228,13 @@ class PrecisionAdapter(nn.Module):
         return t.to(self.compute_dtype) if self.mode == "cast" else t.float()
 
     def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
-        if self.is_lmdm:
-            outs = self._lmdm(*inputs)
-        else:
-            args = [self._compute(t) for t in inputs]
-            with self.policy():
-                outs = _as_tuple(self.inner(*args))
-        return tuple(o.to(self.io_dtype) if o.is_floating_point() else o for o in outs)
-
-    def _lmdm(
-        self, x: Tensor, cond_frame: Tensor, cond: Tensor, time_cond: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        """The guided step with guidance and noise prediction in fp32 (batched guidance)."""
-        from studio.layout import GUIDANCE_WEIGHT
-        from studio.models.diffusion import predict_noise_from_start
-
-        m = self.inner
-        time_cond = time_cond.long()
-        if self.mode == "fp32":
-            pred_noise, x_start = m(x.float(), cond_frame.float(), cond.float(), time_cond)
-            return pred_noise, x_start
-        b = x.shape[0]
+        args = [
+            t.float() if i in self._fp32_at and t.is_floating_point() else self._compute(t)
+            for i, t in enumerate(inputs)
+        ]
         with self.policy():
-            tokens = m.embed_motion(self._compute(x), self._compute(cond_frame))
-            t_vec, time_tokens = m.time_embedding(time_cond)
-            null_tokens, null_hidden = m.null_condition(b)
-            cond_tokens, cond_hidden = m.encode_condition(self._compute(cond))
-            dt = tokens.dtype
-            both = m.decode(
-                torch.cat((tokens, tokens)),
-                torch.cat((t_vec, t_vec)).to(dt),
-                torch.cat((time_tokens, time_tokens)).to(dt),
-                torch.cat((null_tokens.to(dt), cond_tokens.to(dt))),
-                torch.cat((null_hidden.to(dt), cond_hidden.to(dt))),
-            )
-        both = both.float()
-        uncond, conditioned = both[:b], both[b:]
-        x0 = uncond + (conditioned - uncond) * GUIDANCE_WEIGHT
-        pred_noise = predict_noise_from_start(x.float(), time_cond, x0, m.noise_tables.float())
-        return pred_noise, x0
+            outs = _as_tuple(self.inner(*args))
+        return tuple(o.to(self.io_dtype) if o.is_floating_point() else o for o in outs)
 
 
 def _reusable(
