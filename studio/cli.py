@@ -144,6 +144,9 @@ def _ditto_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from studio.runtime.compile_cli import add_arguments as _compile_arguments
+    from studio.runtime.compile_cli import add_folder_options
+
     parser = _Parser(prog="studio", description="Talking-head preview studio.")
     parser.add_argument("--version", action="version", version=f"studio {__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
@@ -194,13 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         "with Ditto's names, I/O names and static shapes (one self-contained file each), "
         "and check each against the PyTorch module in ONNX Runtime.",
     )
-    e.add_argument(
-        "--checkpoints",
-        required=True,
-        metavar="DIR",
-        help="Ditto's checkpoint folder (holding ditto_pytorch/)",
-    )
-    e.add_argument("--out", required=True, metavar="DIR", help="folder for the .onnx files")
+    add_folder_options(e, "ditto_pytorch/", ".onnx files")
     e.add_argument(
         "--networks",
         metavar="A,B",
@@ -225,8 +222,6 @@ def build_parser() -> argparse.ArgumentParser:
         "rebuilds stale engines (other GPU, TensorRT version, precision or ONNX) instead of "
         "failing. Needs tensorrt (pip install 'talkinghead-studio[trt]').",
     )
-    from studio.runtime.compile_cli import add_arguments as _compile_arguments
-
     _compile_arguments(c)
 
     g = sub.add_parser(

@@ -18,6 +18,7 @@ import glob
 import importlib
 import platform
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from studio import __version__
@@ -65,32 +66,29 @@ def _torch() -> dict[str, Any]:
     return info
 
 
-def _onnxruntime() -> dict[str, Any]:
+def _backend(module: str, hint: str, report: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+    """``report(module)`` of an installed backend, or why it is not usable and how to install it."""
     try:
-        import onnxruntime as ort
-    except Exception as e:  # noqa: BLE001
-        return {
-            "available": False,
-            "reason": f"not installed ({e.__class__.__name__}); "
-            "pip install 'talkinghead-studio[onnx]'",
-        }
-    return {
-        "available": True,
-        "version": ort.__version__,
-        "providers": list(ort.get_available_providers()),
-    }
+        mod = importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - any import failure means "not usable"
+        return {"available": False, "reason": f"not installed ({e.__class__.__name__}); {hint}"}
+    return {"available": True, **report(mod)}
+
+
+def _onnxruntime() -> dict[str, Any]:
+    return _backend(
+        "onnxruntime",
+        "pip install 'talkinghead-studio[onnx]'",
+        lambda ort: {"version": ort.__version__, "providers": list(ort.get_available_providers())},
+    )
 
 
 def _tensorrt() -> dict[str, Any]:
-    try:
-        import tensorrt as trt
-    except Exception as e:  # noqa: BLE001
-        return {
-            "available": False,
-            "reason": f"not installed ({e.__class__.__name__}); "
-            "pip install 'talkinghead-studio[trt]' on a machine with an NVIDIA GPU",
-        }
-    return {"available": True, "version": trt.__version__}
+    return _backend(
+        "tensorrt",
+        "pip install 'talkinghead-studio[trt]' on a machine with an NVIDIA GPU",
+        lambda trt: {"version": trt.__version__},
+    )
 
 
 def _nvidia_encoder() -> dict[str, Any]:

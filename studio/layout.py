@@ -17,6 +17,7 @@ Motion vector (one frame, float32):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -206,15 +207,25 @@ def with_pose_degrees(motion: np.ndarray, degrees: np.ndarray) -> np.ndarray:
     return out
 
 
+def rotation_from_radians(xp: Any, pitch: Any, yaw: Any, roll: Any) -> Any:
+    """[N] angles in radians -> [N, 3, 3] R = Rz(roll) @ Ry(yaw) @ Rx(pitch) (LivePortrait).
+
+    ``xp`` is the array module of the angles, numpy or torch: both name ``cos``, ``sin``,
+    ``stack``, ``ones_like`` and ``zeros_like`` alike, so the two agree to the operation.
+    """
+    cp, sp, cy, sy = xp.cos(pitch), xp.sin(pitch), xp.cos(yaw), xp.sin(yaw)
+    cr, sr = xp.cos(roll), xp.sin(roll)
+    one, zero = xp.ones_like(pitch), xp.zeros_like(pitch)
+    rx = xp.stack([one, zero, zero, zero, cp, -sp, zero, sp, cp], -1).reshape(-1, 3, 3)
+    ry = xp.stack([cy, zero, sy, zero, one, zero, -sy, zero, cy], -1).reshape(-1, 3, 3)
+    rz = xp.stack([cr, -sr, zero, sr, cr, zero, zero, zero, one], -1).reshape(-1, 3, 3)
+    return rz @ ry @ rx
+
+
 def rotation_matrices(pitch: np.ndarray, yaw: np.ndarray, roll: np.ndarray) -> np.ndarray:
     """[N] angles in degrees -> [N, 3, 3] R = Rz(roll) @ Ry(yaw) @ Rx(pitch) (LivePortrait)."""
     p, y, r = (np.deg2rad(np.asarray(a, dtype=np.float64)) for a in (pitch, yaw, roll))
-    cp, sp, cy, sy, cr, sr = np.cos(p), np.sin(p), np.cos(y), np.sin(y), np.cos(r), np.sin(r)
-    one, zero = np.ones_like(p), np.zeros_like(p)
-    rx = np.stack([one, zero, zero, zero, cp, -sp, zero, sp, cp], -1).reshape(-1, 3, 3)
-    ry = np.stack([cy, zero, sy, zero, one, zero, -sy, zero, cy], -1).reshape(-1, 3, 3)
-    rz = np.stack([cr, -sr, zero, sr, cr, zero, zero, zero, one], -1).reshape(-1, 3, 3)
-    return rz @ ry @ rx
+    return rotation_from_radians(np, p, y, r)
 
 
 def transform_keypoints(

@@ -21,7 +21,6 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from types import TracebackType
 from typing import IO, Any
 
 __all__ = ["LABELS", "Progress", "StageProgress", "format_seconds", "show_notices"]
@@ -129,12 +128,7 @@ class StageProgress:
     def __enter__(self) -> StageProgress:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         self.close(finished=exc_type is None)
 
     # - internals -

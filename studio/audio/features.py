@@ -20,7 +20,6 @@ giving ``b`` features per chunk.
 
 from __future__ import annotations
 
-import functools
 import os
 import warnings
 from collections.abc import Iterator, Sequence
@@ -36,7 +35,7 @@ from studio.audio.hubert_signature import (
     check_encoding,
     check_signature,
 )
-from studio.errors import InputError, StudioError
+from studio.errors import InputError
 from studio.layout import (
     FPS,
     HUBERT_CHUNK,
@@ -44,6 +43,15 @@ from studio.layout import (
     HUBERT_DIM,
     SAMPLE_RATE,
     SAMPLES_PER_FRAME,
+)
+from studio.runtime.onnx_sessions import open_session, providers_for
+
+_NO_ONNXRUNTIME = (
+    "HuBERT features need onnxruntime; install it with pip install 'talkinghead-studio[onnx]'."
+)
+_UNREADABLE = (
+    "HuBERT model '{path}' could not be loaded by ONNX Runtime ({reason}); "
+    "it is not a readable ONNX file (re-download hubert_streaming_fix_kv.onnx)."
 )
 
 
@@ -264,21 +272,7 @@ def _check_samples(x: Any) -> np.ndarray:
 
 def default_providers() -> tuple[str, ...]:
     """CUDA then CPU when ONNX Runtime offers CUDA, else CPU only."""
-    ort = _onnxruntime()
-    if "CUDAExecutionProvider" in ort.get_available_providers():
-        return ("CUDAExecutionProvider", "CPUExecutionProvider")
-    return ("CPUExecutionProvider",)
-
-
-def _onnxruntime() -> Any:
-    try:
-        import onnxruntime
-    except ImportError:
-        raise StudioError(
-            "HuBERT features need onnxruntime; install it with "
-            "pip install 'talkinghead-studio[onnx]'."
-        ) from None
-    return onnxruntime
+    return providers_for("cuda", _NO_ONNXRUNTIME)
 
 
 def _check_path(path: Path) -> None:
@@ -290,21 +284,5 @@ def _check_path(path: Path) -> None:
 
 def _session_for(path: Path, providers: tuple[str, ...] | None) -> Any:
     _check_path(path)
-    st = path.stat()
-    return _cached_session(str(path.resolve()), st.st_mtime_ns, st.st_size, providers)
-
-
-@functools.lru_cache(maxsize=8)
-def _cached_session(
-    path: str, _mtime_ns: int, _size: int, providers: tuple[str, ...] | None
-) -> Any:
-    ort = _onnxruntime()
     chosen = providers if providers is not None else default_providers()
-    try:
-        return ort.InferenceSession(path, providers=list(chosen))
-    except Exception as e:  # ORT raises several pybind types for bad files
-        reason = " ".join(str(e).split())[:160] or type(e).__name__
-        raise InputError(
-            f"HuBERT model '{path}' could not be loaded by ONNX Runtime ({reason}); "
-            "it is not a readable ONNX file (re-download hubert_streaming_fix_kv.onnx)."
-        ) from None
+    return open_session(path, chosen, _NO_ONNXRUNTIME, _UNREADABLE)

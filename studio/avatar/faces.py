@@ -48,8 +48,9 @@ from studio.avatar.crop import (
     transform_points,
     warp_affine,
 )
-from studio.errors import InputError, StudioError
+from studio.errors import InputError
 from studio.models.checkpoints import S_DET, S_LMK106, S_LMK203
+from studio.runtime import onnx_sessions
 
 __all__ = [
     "DET10G_INPUT",
@@ -103,48 +104,27 @@ LMK203_VY = -0.1
 # --- sessions ------------------------------------------------------------------------------------
 
 
-def _onnxruntime() -> Any:
-    try:
-        import onnxruntime
-    except ImportError:
-        raise StudioError(
-            "avatar registration needs onnxruntime for the face models; install it with "
-            "pip install 'talkinghead-studio[onnx]'"
-        ) from None
-    return onnxruntime
+_NO_ONNXRUNTIME = (
+    "avatar registration needs onnxruntime for the face models; install it with "
+    "pip install 'talkinghead-studio[onnx]'"
+)
 
 
 def providers_for(device: Any = "cpu") -> tuple[str, ...]:
     """ONNX Runtime providers for a torch device: CUDA first when asked for and available."""
-    ort = _onnxruntime()
-    kind = getattr(device, "type", str(device).split(":")[0])
-    if kind == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
-        return ("CUDAExecutionProvider", "CPUExecutionProvider")
-    return ("CPUExecutionProvider",)
+    return onnx_sessions.providers_for(device, _NO_ONNXRUNTIME)
 
 
 def _session(path: Path, stage: str, providers: Sequence[str] | None) -> Any:
     p = Path(path).expanduser()
     if not p.is_file():
         raise InputError(f"{p} does not exist (stage: {stage}): check the checkpoint folder")
-    st = p.stat()
     chosen = tuple(providers) if providers is not None else providers_for("cpu")
-    return _cached_session(str(p.resolve()), st.st_mtime_ns, st.st_size, chosen, stage)
-
-
-@functools.lru_cache(maxsize=16)
-def _cached_session(
-    path: str, _mtime_ns: int, _size: int, providers: tuple[str, ...], stage: str
-) -> Any:
-    ort = _onnxruntime()
-    try:
-        return ort.InferenceSession(path, providers=list(providers))
-    except Exception as e:  # ORT raises several pybind types for bad files
-        reason = " ".join(str(e).split())[:160] or type(e).__name__
-        raise InputError(
-            f"{path} could not be loaded by ONNX Runtime ({reason}) (stage: {stage}): it is "
-            "not a readable ONNX file; re-download it"
-        ) from None
+    unreadable = (
+        f"{{path}} could not be loaded by ONNX Runtime ({{reason}}) (stage: {stage}): it is "
+        "not a readable ONNX file; re-download it"
+    )
+    return onnx_sessions.open_session(p, chosen, _NO_ONNXRUNTIME, unreadable)
 
 
 def _dims(arg: Any) -> list[Any]:
@@ -152,40 +132,67 @@ def _dims(arg: Any) -> list[Any]:
 
 
 class _Runner:
-    """A session plus the file name and stage every error message carries."""
+    """A session plus the file name and stage every error message carries.
+
+    The constructor checks what every face model has, one NCHW float input named one of
+    ``input_names`` (``side`` x ``side`` unless None), then hands the outputs to
+    :meth:`_check_outputs`; ``expected`` (what a fitting file has) ends every error message.
+    """
 
     what = "model"
     stage = ""
+    input_names: tuple[str, ...] = ()
+    side: int | None = None
+    expected = ""
 
-    def __init__(self, path: str | os.PathLike[str], providers: Sequence[str] | None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], providers: Sequence[str] | None = None
+    ) -> None:
         self.path = Path(path).expanduser()
         self.session = _session(self.path, self.stage, providers)
+        self.input_name = self._check_input()
+        self._check_outputs(self.session.get_outputs())
 
-    def _fail(self, found: str, expected: str) -> InputError:
+    def _check_outputs(self, outputs: Sequence[Any]) -> None:
+        """Check the session's outputs and keep the names the runner reads."""
+        raise NotImplementedError
+
+    def _fail(self, found: str, expected: str | None = None) -> InputError:
         return InputError(
             f"{self.path} does not fit the {self.what} (stage: {self.stage}): {found}; "
-            f"expected {expected}"
+            f"expected {expected or self.expected}"
         )
 
-    def _check_input(self, names: Sequence[str], side: int | None, what: str) -> str:
-        """The single NCHW float input; its name must be one of ``names``."""
+    def _check_input(self) -> str:
+        """The single NCHW float input; its name must be one of ``input_names``."""
         inputs = self.session.get_inputs()
         if len(inputs) != 1:
             listed = ", ".join(f"'{i.name}'" for i in inputs) or "none"
-            raise self._fail(f"it has inputs {listed}", what)
+            raise self._fail(f"it has inputs {listed}")
         inp = inputs[0]
         dims = _dims(inp)
-        if inp.name not in names:
-            raise self._fail(f"its input is named '{inp.name}'", what)
+        if inp.name not in self.input_names:
+            raise self._fail(f"its input is named '{inp.name}'")
         if inp.type != "tensor(float)" or len(dims) != 4:
-            raise self._fail(f"input '{inp.name}' is {inp.type} shaped {dims}", what)
+            raise self._fail(f"input '{inp.name}' is {inp.type} shaped {dims}")
         b, c, h, w = dims
         bad = (isinstance(b, int) and b != 1) or (isinstance(c, int) and c != 3)
-        if side is not None:
-            bad |= any(isinstance(d, int) and d != side for d in (h, w))
+        if self.side is not None:
+            bad |= any(isinstance(d, int) and d != self.side for d in (h, w))
         if bad:
-            raise self._fail(f"input '{inp.name}' is shaped {dims}", what)
+            raise self._fail(f"input '{inp.name}' is shaped {dims}")
         return inp.name
+
+    def _check_points(self, out: Any, points: int, *, exact: bool, what: str = "output") -> str:
+        """The name of ``out`` once it is a float output of ``2 * points`` values per image
+        (at least that many unless ``exact``); dynamic dimensions pass."""
+        dims = _dims(out)
+        size = int(np.prod(dims[1:])) if all(isinstance(d, int) for d in dims[1:]) else None
+        want = 2 * points
+        fits = size is None or (size == want if exact else size >= want)
+        if out.type != "tensor(float)" or not fits:
+            raise self._fail(f"{what} '{out.name}' is {out.type} shaped {dims}")
+        return out.name
 
     @property
     def providers(self) -> list[str]:
@@ -262,18 +269,17 @@ class FaceDetector(_Runner):
 
     what = "SCRFD face detector (det_10g.onnx)"
     stage = S_DET
+    input_names = (DET10G_INPUT, DET_REEXPORT_INPUT)
+    side = DET_SIZE
+    expected = (
+        f"one input '{DET10G_INPUT}' float32 [1, 3, H, W] and nine 2-D outputs: scores "
+        "[N, 1], boxes [N, 4] and keypoints [N, 10] at strides 8, 16 and 32"
+    )
 
-    def __init__(self, path: str | os.PathLike[str], providers: Sequence[str] | None = None):
-        super().__init__(path, providers)
-        expected = (
-            f"one input '{DET10G_INPUT}' float32 [1, 3, H, W] and nine 2-D outputs: scores "
-            "[N, 1], boxes [N, 4] and keypoints [N, 10] at strides 8, 16 and 32"
-        )
-        self.input_name = self._check_input((DET10G_INPUT, DET_REEXPORT_INPUT), DET_SIZE, expected)
-        outputs = self.session.get_outputs()
+    def _check_outputs(self, outputs: Sequence[Any]) -> None:
         names = [o.name for o in outputs]
         if len(outputs) != 9:
-            raise self._fail(f"it has {len(outputs)} outputs", expected)
+            raise self._fail(f"it has {len(outputs)} outputs")
         if set(names) == set(DET10G_OUTPUTS):
             names = list(DET10G_OUTPUTS)
         elif set(names) == set(DET_REEXPORT_OUTPUTS):
@@ -285,9 +291,7 @@ class FaceDetector(_Runner):
             if len(dims) == 3 and not (isinstance(dims[0], int) and dims[0] != 1):
                 dims = dims[1:]
             if len(dims) != 2 or (isinstance(dims[1], int) and dims[1] != width):
-                raise self._fail(
-                    f"output '{name}' (#{k}) is shaped {_dims(by_name[name])}", expected
-                )
+                raise self._fail(f"output '{name}' (#{k}) is shaped {_dims(by_name[name])}")
         self.output_names = names
 
     def raw(self, blob: np.ndarray) -> list[np.ndarray]:
@@ -336,23 +340,19 @@ class Landmark106(_Runner):
 
     what = "106-point landmark model (2d106det.onnx)"
     stage = S_LMK106
+    input_names = (LMK106_INPUT,)
+    side = LMK106_SIZE
+    expected = (
+        f"one input '{LMK106_INPUT}' float32 [1, 3, {LMK106_SIZE}, {LMK106_SIZE}] and an "
+        f"output '{LMK106_OUTPUT}' [1, {2 * LMK106_POINTS}]"
+    )
 
-    def __init__(self, path: str | os.PathLike[str], providers: Sequence[str] | None = None):
-        super().__init__(path, providers)
-        expected = (
-            f"one input '{LMK106_INPUT}' float32 [1, 3, {LMK106_SIZE}, {LMK106_SIZE}] and an "
-            f"output '{LMK106_OUTPUT}' [1, {2 * LMK106_POINTS}]"
-        )
-        self.input_name = self._check_input((LMK106_INPUT,), LMK106_SIZE, expected)
-        outputs = {o.name: o for o in self.session.get_outputs()}
-        out = outputs.get(LMK106_OUTPUT) or next(iter(outputs.values()), None)
+    def _check_outputs(self, outputs: Sequence[Any]) -> None:
+        by_name = {o.name: o for o in outputs}
+        out = by_name.get(LMK106_OUTPUT) or next(iter(by_name.values()), None)
         if out is None:
-            raise self._fail("it has no outputs", expected)
-        dims = _dims(out)
-        size = int(np.prod(dims[1:])) if all(isinstance(d, int) for d in dims[1:]) else None
-        if out.type != "tensor(float)" or (size is not None and size < 2 * LMK106_POINTS):
-            raise self._fail(f"output '{out.name}' is {out.type} shaped {dims}", expected)
-        self.output_name = out.name
+            raise self._fail("it has no outputs")
+        self.output_name = self._check_points(out, LMK106_POINTS, exact=False)
 
     def crop(self, image_rgb: np.ndarray, box: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The 192 px crop the model sees (RGB) and its original -> crop matrix."""
@@ -376,16 +376,15 @@ class Landmark203(_Runner):
 
     what = "203-point landmark model (landmark203.onnx)"
     stage = S_LMK203
+    input_names = (LMK203_INPUT,)
+    side = LMK203_SIZE
+    expected = (
+        f"one input '{LMK203_INPUT}' float32 [1, 3, {LMK203_SIZE}, {LMK203_SIZE}] and "
+        f"three outputs {', '.join(LMK203_OUTPUTS)} with the points ([1, "
+        f"{2 * LMK203_POINTS}]) third, or one output '{LMK203_REEXPORT_OUTPUT}'"
+    )
 
-    def __init__(self, path: str | os.PathLike[str], providers: Sequence[str] | None = None):
-        super().__init__(path, providers)
-        expected = (
-            f"one input '{LMK203_INPUT}' float32 [1, 3, {LMK203_SIZE}, {LMK203_SIZE}] and "
-            f"three outputs {', '.join(LMK203_OUTPUTS)} with the points ([1, "
-            f"{2 * LMK203_POINTS}]) third, or one output '{LMK203_REEXPORT_OUTPUT}'"
-        )
-        self.input_name = self._check_input((LMK203_INPUT,), LMK203_SIZE, expected)
-        outputs = self.session.get_outputs()
+    def _check_outputs(self, outputs: Sequence[Any]) -> None:
         by_name = {o.name: o for o in outputs}
         if LMK203_REEXPORT_OUTPUT in by_name:
             out = by_name[LMK203_REEXPORT_OUTPUT]
@@ -393,14 +392,10 @@ class Landmark203(_Runner):
             out = outputs[LMK203_PTS_INDEX]
         else:
             listed = ", ".join(f"'{n}'" for n in by_name) or "none"
-            raise self._fail(f"it has outputs {listed}", expected)
-        dims = _dims(out)
-        size = int(np.prod(dims[1:])) if all(isinstance(d, int) for d in dims[1:]) else None
-        if out.type != "tensor(float)" or (size is not None and size != 2 * LMK203_POINTS):
-            raise self._fail(
-                f"its points output '{out.name}' is {out.type} shaped {dims}", expected
-            )
-        self.output_name = out.name
+            raise self._fail(f"it has outputs {listed}")
+        self.output_name = self._check_points(
+            out, LMK203_POINTS, exact=True, what="its points output"
+        )
 
     def geometry(self, coarse: np.ndarray) -> CropGeometry:
         """The 224 px crop around coarse (106 or earlier 203) landmarks."""

@@ -24,7 +24,6 @@ import time
 from collections.abc import Iterable
 from fractions import Fraction
 from pathlib import Path
-from types import TracebackType
 
 import av
 import av.error
@@ -163,12 +162,8 @@ class VideoWriter:
                 self.encode_seconds += time.perf_counter() - t0
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        """Commit the file when the block ended normally, else discard it."""
         with self._lock:
             if self._state != "open":
                 return None

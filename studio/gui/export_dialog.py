@@ -11,7 +11,6 @@ from pathlib import Path
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
-    QComboBox,
     QDialog,
     QDialogButtonBox,
     QFileDialog,
@@ -22,12 +21,11 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QProgressBar,
     QPushButton,
-    QSpinBox,
     QVBoxLayout,
 )
 
 from studio.files import unused_name
-from studio.gui.widgets.controls import SIZES
+from studio.gui.widgets.controls import SIZES, combo_box, size_label, spin_box
 from studio.settings import PRESETS
 
 
@@ -55,9 +53,7 @@ class ExportDialog(QDialog):
         row = QHBoxLayout()
         row.addWidget(self.path, 1)
         row.addWidget(browse)
-        self.size = QComboBox()
-        for s in sorted(set(SIZES) | {size}):
-            self.size.addItem(f"{s} × {s}", s)
+        self.size = combo_box((size_label(s), s) for s in sorted(set(SIZES) | {size}))
         self.size.setCurrentIndex(self.size.findData(size))
         if full_frame_hw is not None:
             h, w = full_frame_hw
@@ -71,20 +67,16 @@ class ExportDialog(QDialog):
             self.size_note = QLabel("Square output side. With Ditto it applies to crop frames.")
         self.size_note.setWordWrap(True)
         self.size_note.setObjectName("size_note")
-        self.crf = QSpinBox()
-        self.crf.setRange(0, 51)
+        self.crf = spin_box(
+            0, 51, "H.264 constant rate factor: lower is better quality, 18 is visually lossless"
+        )
         self.crf.setValue(crf)
-        self.crf.setToolTip(
-            "H.264 constant rate factor: lower is better quality, 18 is visually lossless"
-        )
-        self.preset = QComboBox()
-        for p in PRESETS:
-            self.preset.addItem(p, p)
-        self.preset.setCurrentIndex(max(0, self.preset.findData(preset)))
-        self.preset.setToolTip(
+        self.preset = combo_box(
+            ((p, p) for p in PRESETS),
             "x264 speed preset: faster presets encode sooner at the same quality (CRF) but make "
-            "larger files; on a fast GPU, 'veryfast' keeps the encoder from setting the pace"
+            "larger files; on a fast GPU, 'veryfast' keeps the encoder from setting the pace",
         )
+        self.preset.setCurrentIndex(max(0, self.preset.findData(preset)))
         self.progress = QProgressBar()
         self.progress.setRange(0, 100)
         self.progress.setValue(0)

@@ -30,27 +30,19 @@ def apply(app: QApplication) -> None:
     """Fusion style with a dark palette; pyqtgraph in the same colours, row-major images."""
     app.setStyle("Fusion")
     pal = QPalette()
-    for role, colour in [
-        (QPalette.ColorRole.Window, PANEL),
-        (QPalette.ColorRole.WindowText, TEXT),
-        (QPalette.ColorRole.Base, BASE),
-        (QPalette.ColorRole.AlternateBase, PANEL),
-        (QPalette.ColorRole.ToolTipBase, PANEL),
-        (QPalette.ColorRole.ToolTipText, TEXT),
-        (QPalette.ColorRole.Text, TEXT),
-        (QPalette.ColorRole.Button, PANEL),
-        (QPalette.ColorRole.ButtonText, TEXT),
-        (QPalette.ColorRole.Highlight, ACCENT),
-        (QPalette.ColorRole.HighlightedText, BASE),
-        (QPalette.ColorRole.PlaceholderText, MUTED),
-    ]:
-        pal.setColor(role, QColor(colour))
-    for role in (
-        QPalette.ColorRole.Text,
-        QPalette.ColorRole.ButtonText,
-        QPalette.ColorRole.WindowText,
-    ):
-        pal.setColor(QPalette.ColorGroup.Disabled, role, QColor("#5c6370"))
+    role = QPalette.ColorRole
+    roles_by_colour = {
+        PANEL: (role.Window, role.AlternateBase, role.ToolTipBase, role.Button),
+        TEXT: (role.WindowText, role.ToolTipText, role.Text, role.ButtonText),
+        BASE: (role.Base, role.HighlightedText),
+        ACCENT: (role.Highlight,),
+        MUTED: (role.PlaceholderText,),
+    }
+    for colour, roles in roles_by_colour.items():
+        for r in roles:
+            pal.setColor(r, QColor(colour))
+    for r in (role.Text, role.ButtonText, role.WindowText):
+        pal.setColor(QPalette.ColorGroup.Disabled, r, QColor("#5c6370"))
     app.setPalette(pal)
     app.setStyleSheet(
         "QGroupBox { font-weight: 600; border: 1px solid #323844; border-radius: 6px;"

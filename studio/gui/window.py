@@ -63,6 +63,9 @@ from studio.settings import MAX_SIZE, RenderSettings
 
 AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".oga", ".mp3", ".aiff", ".aif", ".au", ".caf"}
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff"}
+AUDIO_FILTER = "Audio (*.wav *.flac *.ogg *.mp3 *.aiff *.au);;All files (*)"
+IMAGE_FILTER = "Images (*.png *.jpg *.jpeg *.bmp *.webp);;All files (*)"
+PRESET_FILTER = "Presets (*.json)"
 MAX_RECENT = 8
 DEBOUNCE_MS = 60
 NEEDS_AVATAR = "Open an avatar image first (File → Open Avatar…)"
@@ -866,30 +869,23 @@ class MainWindow(QMainWindow):
         else:
             self.show_error(f"{p.name}: not an audio file or an image the studio can open.")
 
+    def _ask_open(self, title: str, filters: str) -> str:
+        """A file the user picks to open, starting in the home folder ("" when cancelled)."""
+        path, _ = QFileDialog.getOpenFileName(self, title, str(Path.home()), filters)
+        return path
+
     def open_audio_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(
-            self,
-            "Open audio",
-            str(Path.home()),
-            "Audio (*.wav *.flac *.ogg *.mp3 *.aiff *.au);;All files (*)",
-        )
+        path = self._ask_open("Open audio", AUDIO_FILTER)
         if path:
             self.open_audio(path)
 
     def open_avatar_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(
-            self,
-            "Open avatar",
-            str(Path.home()),
-            "Images (*.png *.jpg *.jpeg *.bmp *.webp);;All files (*)",
-        )
+        path = self._ask_open("Open avatar", IMAGE_FILTER)
         if path:
             self._set_avatar(path)
 
     def load_preset_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(
-            self, "Load preset", str(Path.home()), "Presets (*.json)"
-        )
+        path = self._ask_open("Load preset", PRESET_FILTER)
         if path:
             self.load_preset(path)
 
@@ -903,9 +899,7 @@ class MainWindow(QMainWindow):
         self.request_motion()
 
     def save_preset_dialog(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(
-            self, "Save preset", str(Path.home()), "Presets (*.json)"
-        )
+        path, _ = QFileDialog.getSaveFileName(self, "Save preset", str(Path.home()), PRESET_FILTER)
         if path:
             self.save_preset(path if path.endswith(".json") else path + ".json")
 

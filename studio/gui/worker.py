@@ -18,11 +18,12 @@ import os
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from PySide6.QtCore import QObject, QThread, Signal, Slot
+from PySide6.QtCore import QObject, QThread, Signal, SignalInstance, Slot
 
 from studio.audio.io import Audio, load_audio
 from studio.engines.base import EngineRequest
@@ -47,7 +48,7 @@ from studio.settings import RenderSettings
 
 PREVIEW_BATCH = 4  # keyframes per render call: small, so a cancel lands within ~50 ms
 FRAME_CHUNK = 6  # frames per signal: keeps the GUI's event queue short while rendering
-
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,28 @@ class CheckpointCheck:
 
 def _details() -> str:
     return traceback.format_exc(limit=8)
+
+
+def _attempt(
+    job: Callable[[], T],
+    failure: Callable[[Exception], str],
+    generation: int,
+    failed: SignalInstance,
+    cancelled: SignalInstance | None = None,
+) -> T | None:
+    """``job()``, or None once the reason it did not finish is sent: ``cancelled`` for a
+    cancel (where given), ``failed`` with a StudioError's one line or, for anything else,
+    ``failure(e)`` and the traceback (shown in a dialog: the app stays usable)."""
+    try:
+        return job()
+    except Exception as e:  # noqa: BLE001 - every failure is reported, none ends the thread
+        if isinstance(e, Cancelled) and cancelled is not None:
+            cancelled.emit(generation)
+        elif isinstance(e, StudioError):
+            failed.emit(generation, str(e), "")
+        else:
+            failed.emit(generation, failure(e), _details())
+    return None
 
 
 class Cancellation:
@@ -280,39 +303,43 @@ class MotionWorker(QObject):
             return
         gen = job.generation
         s = job.settings
-        try:
-            base, info = self._open(job)
-        except Cancelled:
-            self.engineCancelled.emit(gen)
+        opened = _attempt(
+            lambda: self._open(job),
+            lambda e: f"The {capabilities(s.backend).label} engine could not start: {e}",
+            gen,
+            self.engineFailed,
+            self.engineCancelled,
+        )
+        if opened is None:
             return
-        except StudioError as e:
-            self.engineFailed.emit(gen, str(e), "")
-            return
-        except Exception as e:  # noqa: BLE001 - shown in a dialog, the app stays usable
-            label = capabilities(s.backend).label
-            self.engineFailed.emit(gen, f"The {label} engine could not start: {e}", _details())
-            return
+        base, info = opened
         engine = base.with_settings(s)
         engine.progress = lambda stage, d, n: self.motionProgress.emit(gen, stage, d, n)
         ident = (info.serial, engine.motion_key(s))
         if self.cancellation.is_cancelled(gen):
             return
-        try:
-            audio = self._load(job.audio_path)
-            self.audioLoaded.emit(gen, audio)
-            key = (id(audio), s.seed, ident)
-            if key not in self._motion:
-                self.generate_calls += 1
-                self._motion = {key: generate(engine, audio, s.seed)}
-            phon, raw, timings = self._motion[key]
-            if self.cancellation.is_cancelled(gen):
-                return
-            result = postprocess(audio, phon, raw, s, timings)
-            self.motionReady.emit(gen, result, engine)
-        except StudioError as e:
-            self.failed.emit(gen, str(e), "")
-        except Exception as e:  # noqa: BLE001 - shown in a dialog, the app stays usable
-            self.failed.emit(gen, f"Motion failed: {e}", _details())
+        _attempt(
+            lambda: self._motion_for(gen, job, engine, ident),
+            lambda e: f"Motion failed: {e}",
+            gen,
+            self.failed,
+        )
+
+    def _motion_for(self, gen: int, job: MotionJob, engine: Any, ident: tuple) -> None:
+        """Load the audio, generate its motion (kept per audio, seed and engine) and send the
+        post-processed result, unless cancelled by then."""
+        s = job.settings
+        audio = self._load(job.audio_path)
+        self.audioLoaded.emit(gen, audio)
+        key = (id(audio), s.seed, ident)
+        if key not in self._motion:
+            self.generate_calls += 1
+            self._motion = {key: generate(engine, audio, s.seed)}
+        phon, raw, timings = self._motion[key]
+        if self.cancellation.is_cancelled(gen):
+            return
+        result = postprocess(audio, phon, raw, s, timings)
+        self.motionReady.emit(gen, result, engine)
 
 
 def describe_renderer(engine: Any, renderer: Any) -> dict[str, Any]:
@@ -338,6 +365,12 @@ class RenderWorker(QObject):
         self._renderer_cache: tuple[tuple, Any, Any] | None = None  # key, engine, renderer
         self._export_cancel = threading.Event()
 
+    def _reported(self, generation: int, what: str, job: Callable[[], T]) -> T | None:
+        """``job()``, or None once its cancel or failure (``"<what> failed: ..."``) is sent."""
+        return _attempt(
+            job, lambda e: f"{what} failed: {e}", generation, self.failed, self.cancelled
+        )
+
     def _renderer(self, engine: Any, settings: RenderSettings) -> Any:
         """The engine's renderer for ``settings``: kept while what it depends on is unchanged."""
         key = (id(engine), engine.renderer_key(settings))
@@ -360,33 +393,12 @@ class RenderWorker(QObject):
             return
         stats: dict = {}
         t0 = time.perf_counter()
-        try:
-            renderer = self._renderer(engine, settings)
-            frames = iter_frames(
-                result,
-                renderer,
-                batch=PREVIEW_BATCH,
-                cancel=lambda: self.cancellation.is_cancelled(generation),
-                progress=lambda s, d, n: self.progress.emit(generation, s, d, n),
-                stats=stats,
-            )
-            chunk: list = []
-            start = 0
-            for img in frames:
-                chunk.append(img)
-                if len(chunk) == FRAME_CHUNK:
-                    self.framesReady.emit(generation, start, chunk)
-                    start, chunk = start + len(chunk), []
-            if chunk:
-                self.framesReady.emit(generation, start, chunk)
-        except Cancelled:
-            self.cancelled.emit(generation)
-            return
-        except StudioError as e:
-            self.failed.emit(generation, str(e), "")
-            return
-        except Exception as e:  # noqa: BLE001
-            self.failed.emit(generation, f"Rendering failed: {e}", _details())
+        renderer = self._reported(
+            generation,
+            "Rendering",
+            lambda: self._preview(generation, result, engine, settings, stats),
+        )
+        if renderer is None:
             return
         wall = time.perf_counter() - t0
         h, w = frame_shape(renderer)
@@ -403,6 +415,35 @@ class RenderWorker(QObject):
             },
         )
 
+    def _preview(
+        self,
+        generation: int,
+        result: MotionResult,
+        engine: Any,
+        settings: RenderSettings,
+        stats: dict,
+    ) -> Any:
+        """Render the preview frames, sent in chunks of FRAME_CHUNK; the renderer used."""
+        renderer = self._renderer(engine, settings)
+        frames = iter_frames(
+            result,
+            renderer,
+            batch=PREVIEW_BATCH,
+            cancel=lambda: self.cancellation.is_cancelled(generation),
+            progress=lambda s, d, n: self.progress.emit(generation, s, d, n),
+            stats=stats,
+        )
+        chunk: list = []
+        start = 0
+        for img in frames:
+            chunk.append(img)
+            if len(chunk) == FRAME_CHUNK:
+                self.framesReady.emit(generation, start, chunk)
+                start, chunk = start + len(chunk), []
+        if chunk:
+            self.framesReady.emit(generation, start, chunk)
+        return renderer
+
     def cancel_export(self) -> None:
         """Stop a running export (callable from any thread); nothing is left on disk."""
         self._export_cancel.set()
@@ -410,34 +451,29 @@ class RenderWorker(QObject):
     @Slot(object)
     def export(self, job: ExportJob) -> None:
         self._export_cancel.clear()
+        report = self._reported(self.EXPORT_GENERATION, "Export", lambda: self._export(job))
+        if report is not None:
+            self.exportDone.emit(job.path, report)
+
+    def _export(self, job: ExportJob) -> dict:
+        """Post-process the motion with the export's settings and write the MP4; the report."""
         gen = self.EXPORT_GENERATION
-        try:
-            result = postprocess(
-                job.result.audio,
-                job.result.phon,
-                job.result.raw,
-                job.settings,
-                job.result.timings_ms,
-            )
-            report = render_video(
-                result,
-                self._renderer(job.engine, job.settings),
-                job.path,
-                job.settings,
-                cancel=self._export_cancel.is_set,
-                progress=lambda s, d, n: self.progress.emit(gen, "export", d, n),
-                known=job.known,
-            )
-        except Cancelled:
-            self.cancelled.emit(gen)
-            return
-        except StudioError as e:
-            self.failed.emit(gen, str(e), "")
-            return
-        except Exception as e:  # noqa: BLE001
-            self.failed.emit(gen, f"Export failed: {e}", _details())
-            return
-        self.exportDone.emit(job.path, report)
+        result = postprocess(
+            job.result.audio,
+            job.result.phon,
+            job.result.raw,
+            job.settings,
+            job.result.timings_ms,
+        )
+        return render_video(
+            result,
+            self._renderer(job.engine, job.settings),
+            job.path,
+            job.settings,
+            cancel=self._export_cancel.is_set,
+            progress=lambda s, d, n: self.progress.emit(gen, "export", d, n),
+            known=job.known,
+        )
 
 
 def start_in_thread(worker: QObject, name: str) -> QThread:

@@ -37,6 +37,7 @@ __all__ = [
     "REGISTRY",
     "NETWORK_NAMES",
     "IOSpec",
+    "NamedIO",
     "NetworkSpec",
     "load_checkpoint",
     "load_network",
@@ -55,6 +56,22 @@ _ZIP_MAGIC = b"PK\x03\x04"
 _SHOWN_KEYS = 4  # how many offending keys an error message lists
 
 
+class NamedIO:
+    """``input_names`` and ``output_names`` of anything with named ``inputs`` and ``outputs``
+    (a network of the registry, a runtime engine)."""
+
+    inputs: tuple[Any, ...]
+    outputs: tuple[Any, ...]
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.inputs)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.outputs)
+
+
 @dataclass(frozen=True)
 class IOSpec:
     """One ONNX input or output of the released graph: name, static shape, dtype."""
@@ -65,7 +82,7 @@ class IOSpec:
 
 
 @dataclass(frozen=True)
-class NetworkSpec:
+class NetworkSpec(NamedIO):
     """What the studio knows about one of Ditto's networks.
 
     ``module_path``/``class_name`` locate the torch module (imported on first use, so importing
@@ -97,14 +114,6 @@ class NetworkSpec:
     def reduced_kwargs(self) -> dict[str, Any]:
         """Constructor keywords of the narrow variant (same keys, small shapes)."""
         return dict(self.module.REDUCED_KWARGS)
-
-    @property
-    def input_names(self) -> tuple[str, ...]:
-        return tuple(s.name for s in self.inputs)
-
-    @property
-    def output_names(self) -> tuple[str, ...]:
-        return tuple(s.name for s in self.outputs)
 
     def presets(self) -> dict[str, dict[str, Any]]:
         """The configurations :func:`load_network` recognises, released first."""

@@ -48,7 +48,27 @@ def kp_to_gaussian(
     return torch.exp(-0.5 * (diff**2).sum(-1) / variance)
 
 
-class SameBlock2d(nn.Module):
+class _ConvNorm(nn.Module):
+    """A conv (``conv``) and the affine BatchNorm after it (``norm``): the checkpoint's names.
+
+    Subclasses pick the dimension through ``conv_type``/``norm_type`` and add the activation
+    and resampling in ``forward``.
+    """
+
+    conv_type: type[nn.Module] = nn.Conv2d
+    norm_type: type[nn.Module] = nn.BatchNorm2d
+
+    def __init__(
+        self, in_features: int, out_features: int, kernel_size: int = 3, padding: int = 1
+    ) -> None:
+        super().__init__()
+        self.conv = self.conv_type(
+            in_features, out_features, kernel_size=kernel_size, padding=padding
+        )
+        self.norm = self.norm_type(out_features, affine=True)
+
+
+class SameBlock2d(_ConvNorm):
     """Conv2d + BatchNorm2d + ReLU (or LeakyReLU 0.01), resolution preserved."""
 
     def __init__(
@@ -59,9 +79,7 @@ class SameBlock2d(nn.Module):
         padding: int = 1,
         lrelu: bool = False,
     ) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(in_features, out_features, kernel_size=kernel_size, padding=padding)
-        self.norm = nn.BatchNorm2d(out_features, affine=True)
+        super().__init__(in_features, out_features, kernel_size, padding)
         self.lrelu = lrelu
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -69,15 +87,8 @@ class SameBlock2d(nn.Module):
         return F.leaky_relu(out, LEAKY_SLOPE) if self.lrelu else F.relu(out)
 
 
-class DownBlock2d(nn.Module):
+class DownBlock2d(_ConvNorm):
     """Conv2d + BatchNorm2d + ReLU, then 2x2 average pooling (halves H and W)."""
-
-    def __init__(
-        self, in_features: int, out_features: int, kernel_size: int = 3, padding: int = 1
-    ) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(in_features, out_features, kernel_size=kernel_size, padding=padding)
-        self.norm = nn.BatchNorm2d(out_features, affine=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.avg_pool2d(F.relu(self.norm(self.conv(x))), kernel_size=2)
@@ -102,29 +113,21 @@ class ResBlock3d(nn.Module):
         return out + x
 
 
-class DownBlock3d(nn.Module):
+class DownBlock3d(_ConvNorm):
     """Conv3d + BatchNorm3d + ReLU, then (1, 2, 2) average pooling (depth kept)."""
 
-    def __init__(
-        self, in_features: int, out_features: int, kernel_size: int = 3, padding: int = 1
-    ) -> None:
-        super().__init__()
-        self.conv = nn.Conv3d(in_features, out_features, kernel_size=kernel_size, padding=padding)
-        self.norm = nn.BatchNorm3d(out_features, affine=True)
+    conv_type = nn.Conv3d
+    norm_type = nn.BatchNorm3d
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.avg_pool3d(F.relu(self.norm(self.conv(x))), kernel_size=(1, 2, 2))
 
 
-class UpBlock3d(nn.Module):
+class UpBlock3d(_ConvNorm):
     """Nearest (1, 2, 2) upsampling, then Conv3d + BatchNorm3d + ReLU."""
 
-    def __init__(
-        self, in_features: int, out_features: int, kernel_size: int = 3, padding: int = 1
-    ) -> None:
-        super().__init__()
-        self.conv = nn.Conv3d(in_features, out_features, kernel_size=kernel_size, padding=padding)
-        self.norm = nn.BatchNorm3d(out_features, affine=True)
+    conv_type = nn.Conv3d
+    norm_type = nn.BatchNorm3d
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.interpolate(x, scale_factor=(1.0, 2.0, 2.0), mode="nearest")

@@ -30,6 +30,17 @@ CONTAINER_KEY = "retarget_shoulder"
 DDP_PREFIX = "module."
 
 
+def mlp(input_size: int, hidden_sizes: Sequence[int], output_size: int) -> nn.Sequential:
+    """LivePortrait's retargeting MLP: Linear/ReLU pairs, then a Linear (keys ``0``, ``2``, ..)."""
+    layers: list[nn.Module] = []
+    width = input_size
+    for h in hidden_sizes:
+        layers += [nn.Linear(width, h), nn.ReLU()]
+        width = h
+    layers.append(nn.Linear(width, output_size))
+    return nn.Sequential(*layers)
+
+
 class StitchNetwork(nn.Module):
     """MLP on concat(x_s, x_d) -> delta [B, 3*K+2]; returns x_d + delta applied as in LivePortrait.
 
@@ -52,13 +63,7 @@ class StitchNetwork(nn.Module):
                 f"and output {output_size} must be 3*K + 2"
             )
         self.num_kp = input_size // (2 * KP_DIMS)
-        layers: list[nn.Module] = []
-        width = input_size
-        for h in hidden_sizes:
-            layers += [nn.Linear(width, h), nn.ReLU()]
-            width = h
-        layers.append(nn.Linear(width, output_size))
-        self.mlp = nn.Sequential(*layers)
+        self.mlp = mlp(input_size, hidden_sizes, output_size)
 
     def delta(self, kp_source: Tensor, kp_driving: Tensor) -> Tensor:
         """The raw MLP output [B, 3*K+2] for keypoints [B, K, 3]."""

@@ -58,6 +58,7 @@ from studio.layout import (
     SCALE,
     YAW,
     T,
+    rotation_from_radians,
 )
 
 ArrayLike = Tensor | np.ndarray | float | Sequence[float]
@@ -320,12 +321,7 @@ def bins_to_degrees_tensor(logits: Tensor, centers: Tensor | None = None) -> Ten
 def rotation_matrices_tensor(pitch: Tensor, yaw: Tensor, roll: Tensor) -> Tensor:
     """[N] degrees -> [N, 3, 3] R = Rz(roll) @ Ry(yaw) @ Rx(pitch) (layout.rotation_matrices)."""
     p, y, r = (torch.deg2rad(a) for a in (pitch, yaw, roll))
-    cp, sp, cy, sy, cr, sr = p.cos(), p.sin(), y.cos(), y.sin(), r.cos(), r.sin()
-    one, zero = torch.ones_like(p), torch.zeros_like(p)
-    rx = torch.stack([one, zero, zero, zero, cp, -sp, zero, sp, cp], -1).reshape(-1, 3, 3)
-    ry = torch.stack([cy, zero, sy, zero, one, zero, -sy, zero, cy], -1).reshape(-1, 3, 3)
-    rz = torch.stack([cr, -sr, zero, sr, cr, zero, zero, zero, one], -1).reshape(-1, 3, 3)
-    return rz @ ry @ rx
+    return rotation_from_radians(torch, p, y, r)
 
 
 def transform_keypoints_tensor(

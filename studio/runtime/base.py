@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from studio.errors import InputError, StudioError
+from studio.models import NamedIO
 
 HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -118,7 +119,7 @@ class Engine(Protocol):
         ...
 
 
-class EngineBase:
+class EngineBase(NamedIO):
     """Shared plumbing: I/O specs, feed validation, static input buffers, description."""
 
     backend = "base"
@@ -137,14 +138,6 @@ class EngineBase:
         self.inputs = inputs
         self.outputs = outputs
         self.static_inputs: dict[str, Tensor] | None = None  # set once captured
-
-    @property
-    def input_names(self) -> tuple[str, ...]:
-        return tuple(s.name for s in self.inputs)
-
-    @property
-    def output_names(self) -> tuple[str, ...]:
-        return tuple(s.name for s in self.outputs)
 
     @property
     def batch(self) -> int:

@@ -26,18 +26,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "add_folder_options", "run"]
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of `studio compile`."""
+def add_folder_options(p: argparse.ArgumentParser, holding: str, written: str) -> None:
+    """The folders `studio compile` and `studio export-onnx` both require: the checkpoint
+    folder (``holding`` these) and the output folder (for the ``written`` files)."""
     p.add_argument(
         "--checkpoints",
         required=True,
         metavar="DIR",
-        help="Ditto's checkpoint folder (holding ditto_pytorch/ and/or ditto_onnx/)",
+        help=f"Ditto's checkpoint folder (holding {holding})",
     )
-    p.add_argument("--out", required=True, metavar="DIR", help="folder for the engines")
+    p.add_argument("--out", required=True, metavar="DIR", help=f"folder for the {written}")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of `studio compile`."""
+    add_folder_options(p, "ditto_pytorch/ and/or ditto_onnx/", "engines")
     p.add_argument(
         "--precision",
         metavar="SPEC",

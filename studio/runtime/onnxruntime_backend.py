@@ -36,7 +36,7 @@ from torch import Tensor
 
 from studio.errors import InputError
 from studio.runtime.base import BackendUnavailable, EngineBase, TensorSpec, torch_dtype
-from studio.runtime.precision import INSTALL_HINTS
+from studio.runtime.precision import import_backend
 
 __all__ = ["OrtEngine", "cuda_provider_options", "element_type", "import_onnxruntime"]
 
@@ -78,14 +78,8 @@ def cuda_provider_options(device_index: int, stream_handle: int, tf32: bool) -> 
 
 
 def import_onnxruntime() -> Any:
-    try:
-        import onnxruntime as ort
-    except Exception as e:  # noqa: BLE001 - any import failure means "not usable"
-        raise BackendUnavailable(
-            f"onnxruntime is not importable ({type(e).__name__}: {e}): "
-            f"{INSTALL_HINTS['onnxruntime']}"
-        ) from None
-    return ort
+    """The ``onnxruntime`` module; BackendUnavailable with the install hint when it is missing."""
+    return import_backend("onnxruntime")
 
 
 def _dims(shape: Any) -> tuple[int, ...]:

@@ -11,6 +11,7 @@ providers) without importing any backend's engine code.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 
 from studio.errors import OptionError
+from studio.runtime.base import BackendUnavailable
 from studio.runtime.names import RUNTIMES
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
@@ -57,6 +59,17 @@ INSTALL_HINTS = {
 
 
 # --- what runs here -------------------------------------------------------------------------------
+
+
+def import_backend(module: str) -> Any:
+    """The backend's module (``onnxruntime``, ``tensorrt``), imported now; BackendUnavailable
+    with the install hint when it does not import."""
+    try:
+        return importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - any import failure means "not usable"
+        raise BackendUnavailable(
+            f"{module} is not importable ({type(e).__name__}: {e}): {INSTALL_HINTS[module]}"
+        ) from None
 
 
 def _has_module(name: str) -> bool:

@@ -8,7 +8,9 @@ frame mode, pose deltas).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
+from typing import TypeVar
 
 from PySide6.QtCore import Signal
 from PySide6.QtGui import QStandardItemModel
@@ -57,6 +59,61 @@ NOT_USED = "not used by the {label} engine"
 DEFAULT_BACKEND = RenderSettings().backend
 
 
+def spin_box(low: int, high: int, tip: str, step: int = 1) -> QSpinBox:
+    """An integer box from ``low`` to ``high`` with its tooltip."""
+    box = QSpinBox()
+    box.setRange(low, high)
+    box.setSingleStep(step)
+    box.setToolTip(tip)
+    return box
+
+
+def number_box(
+    low: float, high: float, tip: str, step: float, suffix: str = "", decimals: int = 2
+) -> QDoubleSpinBox:
+    """A decimal box from ``low`` to ``high``, with its step, unit suffix and tooltip."""
+    box = QDoubleSpinBox()
+    box.setDecimals(decimals)
+    box.setRange(low, high)
+    box.setSingleStep(step)
+    box.setSuffix(suffix)
+    box.setToolTip(tip)
+    return box
+
+
+def combo_box(items: Iterable[tuple[str, object]], tip: str = "") -> QComboBox:
+    """A menu of (label, data) items with its tooltip."""
+    combo = QComboBox()
+    for label, data in items:
+        combo.addItem(label, data)
+    combo.setToolTip(tip)
+    return combo
+
+
+W = TypeVar("W", bound=QWidget)
+
+
+class FormGroup(QGroupBox):
+    """A titled box of form rows, each added with the widget it shows."""
+
+    def __init__(self, title: str) -> None:
+        super().__init__(title)
+        self._form = QFormLayout(self)
+
+    def row(self, label: str | None, widget: W) -> W:
+        """Add ``widget`` under ``label`` (None: a row of its own); the widget."""
+        if label is None:
+            self._form.addRow(widget)
+        else:
+            self._form.addRow(label, widget)
+        return widget
+
+
+def size_label(side: int) -> str:
+    """How a square output size is shown: ``512 × 512``."""
+    return f"{side} × {side}"
+
+
 def _disable_item(combo: QComboBox, index: int, tip: str) -> None:
     _set_item(combo, index, False, tip)
 
@@ -91,67 +148,68 @@ class ControlsPanel(QWidget):
         layout.setContentsMargins(6, 6, 6, 6)
         layout.setSpacing(8)
 
-        engine = QGroupBox("Engine")
-        f = QFormLayout(engine)
-        self.backend = QComboBox()
-        for i, (name, caps) in enumerate(self._caps.items()):
-            self.backend.addItem(caps.label, name)
+        engine = FormGroup("Engine")
+        self.backend = engine.row(
+            "Backend",
+            combo_box(
+                ((caps.label, name) for name, caps in self._caps.items()),
+                "the engine: the built-in demo, or Ditto's networks",
+            ),
+        )
+        for i, caps in enumerate(self._caps.values()):
             if caps.needs_checkpoints:
                 _disable_item(self.backend, i, NEEDS_CHECKPOINTS)
-        self.backend.setToolTip("the engine: the built-in demo, or Ditto's networks")
-        self.precision = QComboBox()
-        for p in PRECISIONS:
-            self.precision.addItem(p, p)
-        self.seed = QSpinBox()
-        self.seed.setRange(0, 2**31 - 1)
-        self.seed.setToolTip("seed of the motion generator")
-        f.addRow("Backend", self.backend)
-        f.addRow("Precision", self.precision)
-        f.addRow("Seed", self.seed)
+        self.precision = engine.row("Precision", combo_box((p, p) for p in PRECISIONS))
+        self.seed = engine.row("Seed", spin_box(0, 2**31 - 1, "seed of the motion generator"))
         layout.addWidget(engine)
 
-        options = QGroupBox("Engine options")
-        self.engine_box = options
-        f = QFormLayout(options)
-        self.emotion = QComboBox()
-        for i, name in enumerate(EMOTIONS):
-            self.emotion.addItem(f"{i} {name}", i)
-        self.emotion.setToolTip("emotion label of LMDM's condition (re-runs the motion)")
-        self.steps = QSpinBox()
-        self.steps.setRange(1, MAX_STEPS)
-        self.steps.setToolTip("LMDM DDIM sampling steps (re-runs the motion; fewer is faster)")
-        self.deltas: dict[str, QDoubleSpinBox] = {}
-        for axis in ("pitch", "yaw", "roll"):
-            box = QDoubleSpinBox()
-            box.setRange(-MAX_DELTA_DEG, MAX_DELTA_DEG)
-            box.setDecimals(1)
-            box.setSingleStep(1.0)
-            box.setSuffix(" °")
-            box.setToolTip(f"constant head {axis} added at stitching (re-renders only)")
-            self.deltas[axis] = box
-        self.frame = QComboBox()
-        self.frame.addItem("full image (paste-back)", "full")
-        self.frame.addItem("face crop (size × size)", "crop")
-        self.frame.setToolTip(
-            "full: the avatar image at its own resolution with the face pasted back; "
-            "crop: the 512² face render, resized to the output size"
+        options = self.engine_box = FormGroup("Engine options")
+        self.emotion = options.row(
+            "Emotion",
+            combo_box(
+                ((f"{i} {name}", i) for i, name in enumerate(EMOTIONS)),
+                "emotion label of LMDM's condition (re-runs the motion)",
+            ),
         )
-        f.addRow("Emotion", self.emotion)
-        f.addRow("Sampling steps", self.steps)
-        f.addRow("Δ pitch", self.deltas["pitch"])
-        f.addRow("Δ yaw", self.deltas["yaw"])
-        f.addRow("Δ roll", self.deltas["roll"])
-        self.runtime = QComboBox()
-        for name in RUNTIMES:
-            self.runtime.addItem(name, name)
-        self.runtime.setToolTip("engine backend of the warp network and decoder (re-renders)")
+        self.steps = options.row(
+            "Sampling steps",
+            spin_box(
+                1, MAX_STEPS, "LMDM DDIM sampling steps (re-runs the motion; fewer is faster)"
+            ),
+        )
+        self.deltas: dict[str, QDoubleSpinBox] = {
+            axis: options.row(
+                f"Δ {axis}",
+                number_box(
+                    -MAX_DELTA_DEG,
+                    MAX_DELTA_DEG,
+                    f"constant head {axis} added at stitching (re-renders only)",
+                    step=1.0,
+                    suffix=" °",
+                    decimals=1,
+                ),
+            )
+            for axis in ("pitch", "yaw", "roll")
+        }
+        self.frame = options.row(
+            "Frame",
+            combo_box(
+                (("full image (paste-back)", "full"), ("face crop (size × size)", "crop")),
+                "full: the avatar image at its own resolution with the face pasted back; "
+                "crop: the 512² face render, resized to the output size",
+            ),
+        )
+        self.runtime = options.row(
+            "Runtime",
+            combo_box(
+                ((name, name) for name in RUNTIMES),
+                "engine backend of the warp network and decoder (re-renders)",
+            ),
+        )
         self.set_runtimes({"torch": None})
-        self.compile = QCheckBox("Compile render networks")
+        self.compile = options.row("", QCheckBox("Compile render networks"))
         self.compile.setToolTip(COMPILE_NEEDS_CUDA)
         self.compile.setEnabled(False)
-        f.addRow("Frame", self.frame)
-        f.addRow("Runtime", self.runtime)
-        f.addRow("", self.compile)
         layout.addWidget(options)
         # the RenderSettings field each engine option edits: enabled where the engine reads it
         self._engine_options = {
@@ -162,75 +220,75 @@ class ControlsPanel(QWidget):
             "runtime": self.runtime,
         }
 
-        smooth = QGroupBox("Pose smoothing")
-        f = QFormLayout(smooth)
-        self.smooth = QCheckBox("Smooth head pose (C²)")
+        smooth = FormGroup("Pose smoothing")
+        self.smooth = smooth.row(None, QCheckBox("Smooth head pose (C²)"))
         self.smooth.setToolTip(
             "Savitzky–Golay over pitch, yaw, roll and t, then an "
             "acceleration limit; expression is never touched"
         )
-        self.window = QSpinBox()
-        self.window.setRange(3, 31)
-        self.window.setSingleStep(2)
-        self.window.setToolTip("Savitzky–Golay window in frames (odd)")
-        self.order = QSpinBox()
-        self.order.setRange(0, 6)
-        self.order.setToolTip("polynomial order of the local fit (below the window)")
-        self.accel = QDoubleSpinBox()
-        self.accel.setRange(0.01, 10.0)
-        self.accel.setDecimals(2)
-        self.accel.setSingleStep(0.05)
-        self.accel.setSuffix(" °/frame²")
-        self.accel.setToolTip("largest head-angle acceleration allowed after smoothing")
-        f.addRow(self.smooth)
-        f.addRow("Window", self.window)
-        f.addRow("Order", self.order)
-        f.addRow("Accel limit", self.accel)
+        self.window = smooth.row(
+            "Window", spin_box(3, 31, "Savitzky–Golay window in frames (odd)", step=2)
+        )
+        self.order = smooth.row(
+            "Order", spin_box(0, 6, "polynomial order of the local fit (below the window)")
+        )
+        self.accel = smooth.row(
+            "Accel limit",
+            number_box(
+                0.01,
+                10.0,
+                "largest head-angle acceleration allowed after smoothing",
+                step=0.05,
+                suffix=" °/frame²",
+            ),
+        )
         layout.addWidget(smooth)
 
-        cadence = QGroupBox("Cadence")
-        f = QFormLayout(cadence)
-        self.stride = QComboBox()
-        for label, value in (
-            ("auto (from speech)", "auto"),
-            ("every frame (1)", "1"),
-            ("every 2nd (2)", "2"),
-            ("every 3rd (3)", "3"),
-        ):
-            self.stride.addItem(label, value)
-        self.guard = QSpinBox()
-        self.guard.setRange(0, 6)
-        self.guard.setToolTip("frames around a plosive burst or onset kept at stride 1")
-        self.fast_flux = QDoubleSpinBox()
-        self.fast_flux.setRange(0.05, 1.0)
-        self.fast_flux.setSingleStep(0.05)
-        self.fast_flux.setToolTip("spectral flux above which articulation counts as fast")
-        self.calm_flux = QDoubleSpinBox()
-        self.calm_flux.setRange(0.0, 0.95)
-        self.calm_flux.setSingleStep(0.05)
-        self.calm_flux.setToolTip("flux below which a voiced sound counts as sustained")
-        self.pose_gap = QDoubleSpinBox()
-        self.pose_gap.setRange(0.1, 20.0)
-        self.pose_gap.setSingleStep(0.25)
-        self.pose_gap.setSuffix(" °")
-        self.pose_gap.setToolTip("most head rotation a blended gap may span (less ghosting)")
-        f.addRow("Stride", self.stride)
-        f.addRow("Plosive guard", self.guard)
-        f.addRow("Fast flux ≥", self.fast_flux)
-        f.addRow("Calm flux ≤", self.calm_flux)
-        f.addRow("Max gap turn", self.pose_gap)
+        cadence = FormGroup("Cadence")
+        self.stride = cadence.row(
+            "Stride",
+            combo_box(
+                (
+                    ("auto (from speech)", "auto"),
+                    ("every frame (1)", "1"),
+                    ("every 2nd (2)", "2"),
+                    ("every 3rd (3)", "3"),
+                )
+            ),
+        )
+        self.guard = cadence.row(
+            "Plosive guard",
+            spin_box(0, 6, "frames around a plosive burst or onset kept at stride 1"),
+        )
+        self.fast_flux = cadence.row(
+            "Fast flux ≥",
+            number_box(0.05, 1.0, "spectral flux above which articulation counts as fast", 0.05),
+        )
+        self.calm_flux = cadence.row(
+            "Calm flux ≤",
+            number_box(0.0, 0.95, "flux below which a voiced sound counts as sustained", 0.05),
+        )
+        self.pose_gap = cadence.row(
+            "Max gap turn",
+            number_box(
+                0.1,
+                20.0,
+                "most head rotation a blended gap may span (less ghosting)",
+                step=0.25,
+                suffix=" °",
+            ),
+        )
         layout.addWidget(cadence)
 
-        output = QGroupBox("Output")
-        f = QFormLayout(output)
-        self.size = QComboBox()
-        for s in SIZES:
-            self.size.addItem(f"{s} × {s}", s)
-        self.size.setToolTip(
-            "square output side (demo, and Ditto crop frames; Ditto full frames keep the "
-            "avatar image's size)"
+        output = FormGroup("Output")
+        self.size = output.row(
+            "Size",
+            combo_box(
+                ((size_label(s), s) for s in SIZES),
+                "square output side (demo, and Ditto crop frames; Ditto full frames keep the "
+                "avatar image's size)",
+            ),
         )
-        f.addRow("Size", self.size)
         layout.addWidget(output)
         layout.addStretch(1)
 
@@ -417,7 +475,7 @@ class ControlsPanel(QWidget):
             self.pose_gap.setValue(s.cadence.max_pose_gap_deg)
             idx = self.size.findData(s.size)
             if idx < 0:
-                self.size.addItem(f"{s.size} × {s.size}", s.size)
+                self.size.addItem(size_label(s.size), s.size)
                 idx = self.size.count() - 1
             self.size.setCurrentIndex(idx)
             self._crf, self._preset = s.crf, s.preset

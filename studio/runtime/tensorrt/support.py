@@ -44,7 +44,7 @@ import torch
 from studio.errors import OptionError
 from studio.runtime.base import BackendUnavailable
 from studio.runtime.engine_cache import file_sha256
-from studio.runtime.precision import INSTALL_HINTS
+from studio.runtime.precision import import_backend
 
 __all__ = [
     "DEFAULT_PROFILES",
@@ -72,14 +72,7 @@ DEFAULT_PROFILES: dict[str, dict[str, tuple[tuple[int, ...], ...]]] = {
 
 def import_tensorrt() -> Any:
     """The ``tensorrt`` module; BackendUnavailable with the install hint when it is missing."""
-    try:
-        import tensorrt as trt
-    except Exception as e:  # noqa: BLE001 - any import failure means "not usable"
-        raise BackendUnavailable(
-            f"tensorrt is not importable ({type(e).__name__}: {e}); install it with "
-            f"{INSTALL_HINTS['tensorrt']}"
-        ) from None
-    return trt
+    return import_backend("tensorrt")
 
 
 def tensorrt_version() -> str | None:
