@@ -15,7 +15,7 @@ from studio.export.video import VideoWriter
 from studio.export.yuv import rgb_to_yuv420p
 
 PORTRAIT = (
-    Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "ditto_example_portrait.png"
+    Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "ditto_example_portrait.png"
 )
 
 

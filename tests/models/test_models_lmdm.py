@@ -18,7 +18,7 @@ from studio.models import lmdm as L
 def _manifest_path() -> Path | None:
     name = "ditto_state_dicts.json"
     for root in (
-        Path(__file__).resolve().parents[2] / "shared" / "reference",
+        Path(__file__).resolve().parents[3] / "shared" / "reference",
         Path("/work/shared/reference"),
     ):
         if (root / name).is_file():

@@ -41,7 +41,7 @@ MODULES = {
 
 def _manifest_path() -> Path | None:
     name = Path("shared") / "reference" / "ditto_state_dicts.json"
-    for root in (Path(__file__).resolve().parents[2], Path("/work")):
+    for root in (Path(__file__).resolve().parents[3], Path("/work")):
         if (root / name).is_file():
             return root / name
     return None

@@ -16,7 +16,7 @@ from studio.motion.cadence import (
     sample_motion,
 )
 
-DEMO = Path(__file__).resolve().parents[1] / "resources" / "demo"
+DEMO = Path(__file__).resolve().parents[2] / "resources" / "demo"
 
 
 @pytest.fixture(scope="module")

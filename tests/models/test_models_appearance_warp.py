@@ -21,7 +21,7 @@ from studio.models.blocks import kp_to_gaussian, make_coordinate_grid
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 MANIFEST_CANDIDATES = (
-    Path(__file__).resolve().parents[2] / "shared" / "reference" / "ditto_state_dicts.json",
+    Path(__file__).resolve().parents[3] / "shared" / "reference" / "ditto_state_dicts.json",
     Path("/work/shared/reference/ditto_state_dicts.json"),
 )
 

@@ -173,7 +173,7 @@ def test_commit_of_a_checkout_and_of_an_archived_copy(tmp_path):
     runs' tree, often inside another, stale repository) the archived commit itself."""
     import subprocess
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     if not (root / BT.ARCHIVE_COMMIT).read_text().startswith("$Format"):
         pytest.skip("this tree is itself a git archive copy: its stamp is the commit")
     found = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True)
@@ -199,7 +199,7 @@ def test_the_fast_paths_are_the_window_paths_and_removed_ones_are_refused(capsys
     assert all("_window_" in p.name for p in fast)
     assert {p.precision for p in fast} == {"fp32", "tf32", "bf16", "fp16"}
     assert all(p.sdpa == "flash" for p in fast if "_flash_" in p.name)
-    script = (Path(__file__).resolve().parents[1] / "scripts" / "bench_gpu.sh").read_text()
+    script = (Path(__file__).resolve().parents[2] / "scripts" / "bench_gpu.sh").read_text()
     wanted = script.split("--suite lmdm", 1)[1].split("--paths", 1)[1].split()[0].split(",")
     assert set(wanted) <= set(B.ALL_PATHS)
     for gone in ("fast_fp16_fold_graph", "fast_bf16_graph", "fast_fp16_perstep_graph"):

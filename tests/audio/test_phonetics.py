@@ -14,11 +14,11 @@ from studio.audio import phonetics
 from studio.audio.phonetics import PhoneticFrames, analyze
 from studio.layout import FPS, SAMPLE_RATE, SAMPLES_PER_FRAME
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "resources" / "demo"
 FIXTURE_NAME = "ditto_example_speech_24k.wav"
 FIXTURE_DIRS = (
-    Path(__file__).resolve().parents[2] / "shared" / "fixtures",
+    Path(__file__).resolve().parents[3] / "shared" / "fixtures",
     Path("/work/shared/fixtures"),
 )
 

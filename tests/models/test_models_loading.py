@@ -36,7 +36,7 @@ from studio.models import checkpoints as ck
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 MANIFEST_CANDIDATES = (
-    Path(__file__).resolve().parents[2] / "shared" / "reference" / "ditto_state_dicts.json",
+    Path(__file__).resolve().parents[3] / "shared" / "reference" / "ditto_state_dicts.json",
     Path("/work/shared/reference/ditto_state_dicts.json"),
 )
 FULL_FROM_TREE = ["appearance_extractor", "motion_extractor", "decoder", "stitch_network", "lmdm"]
