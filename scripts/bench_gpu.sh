@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The GPU session in one command (about 9 minutes on an H200): the LMDM suite at T=4 with the
-# window and compiled paths (flash attention among them), then the render suite at B=32 with
-# the depth-split and channel-padded paths and both kernel profiles (as loaded, and with the
-# render engines' rewrites),
-# the 165-frame clip end to end, then the CUDA tests of the render engines. Results (logs,
+# The GPU session in one command (about 10 minutes on an H200): the LMDM suite at T=4 with the
+# window and compiled paths (flash attention among them), then the render suite on the
+# renderer's own engines (studio.engines.ditto.warp_decode.WarpDecodeEngines) at B=32: the
+# renderer's default with and without --compile (depth split + channel padding), the compiled
+# graphs without the rewrites and with the split alone, and both kernel profiles (as loaded,
+# and with the rewrites), the 165-frame clip end to end, then the CUDA tests of the render
+# engines and of the render suite. Results (logs,
 # JSON, Markdown, plots: about 10 files) go to $1; through the device tool, which returns at
 # most 8 files, give a folder under /tmp and tar it into $OUT afterwards. Runs with the
 # python3 that holds a CUDA torch; PYTHONPATH must reach the studio package (and PyAV,
@@ -20,10 +22,12 @@ run() {  # name, seconds, suite arguments...
 }
 run lmdm 120 --suite lmdm --device cuda --compile --no-onnx --steps 4 \
   --paths eager_fp32,fast_fp32_window_graph,fast_fp16_window_graph,fast_bf16_window_compiled_graph,fast_bf16_window_flash_compiled_graph,fast_fp16_window_flash_compiled_graph
-run render 210 --suite render --device cuda --batches 32 --precisions fp16 --compile \
-  --target-ms 150 --paths compiled_graph_fp16,compiled_graph_split_fp16,compiled_graph_split_padded_fp16
+run render 300 --suite render --device cuda --batches 32 --precisions fp16 --compile \
+  --target-ms 150 --paths graph_split_padded_fp16,compiled_graph_fp16,compiled_graph_split_fp16,compiled_graph_split_padded_fp16
 run pipeline 130 --suite pipeline --device cuda --compile --x264-preset veryfast --plots "$out"
-timeout 110 python3 -m pytest -q -p no:cacheprovider tests/test_warp_decode.py \
-  tests/test_depth_split.py tests/test_channel_pad.py tests/test_ditto_engine.py \
-  tests/test_runtime_engines.py >"$out/tests.log" 2>&1
+timeout 150 python3 -m pytest -q -p no:cacheprovider tests/engines/test_warp_decode.py \
+  tests/models/test_depth_split.py tests/models/test_channel_pad.py \
+  tests/engines/test_ditto_engine.py tests/runtime/test_runtime_engines.py \
+  tests/bench/test_bench_render.py::test_cuda_graph_and_rewritten_paths_time_the_engines \
+  >"$out/tests.log" 2>&1
 echo "tests: exit $? ($(tail -n 1 "$out/tests.log" | cut -c1-120))"

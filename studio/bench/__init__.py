@@ -5,8 +5,10 @@ Suites live in their own modules (:mod:`studio.bench.lmdm`, :mod:`studio.bench.r
 ``main(argv) -> int`` that parses its own options (``--device --json --markdown --plots
 --repeats --warmup`` in common) and writes its JSON and Markdown. They share the timing
 helpers of :mod:`studio.bench.timing` (warm-up, CUDA events on a GPU, ``perf_counter`` on the
-CPU, the median of repeats, rotating input sets, CUDA-graph capture) and the report helpers
-of :mod:`studio.bench.report`.
+CPU, the median of repeats, rotating input sets) and the report helpers of
+:mod:`studio.bench.report`, with the one writer of the suites' tails (common options,
+settings, plots, notes, the end of ``main``). The render suite times the renderer's own
+engines; CUDA graphs are the runtime's.
 
 :data:`SUITES` is the dispatch table (name -> module); ``--suite all`` runs every suite in
 turn and writes one JSON holding each suite's result and one Markdown concatenating them
@@ -29,7 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from studio.bench.report import check_output_targets, write_outputs
+from studio.bench.report import check_output_targets, suite_parser, write_outputs
 
 __all__ = ["ALL", "SUITES", "build_all_parser", "main", "run_all", "suite_main"]
 
@@ -40,6 +42,13 @@ SUITES: dict[str, str] = {
     "kinematics": "studio.bench.kinematics",
 }
 ALL = "all"
+ALL_HELP = {  # the common options, as --suite all reads them
+    "json": "write all results as one JSON",
+    "markdown": "write all tables as one Markdown file",
+    "plots": "every suite's PNG plots (needs matplotlib)",
+    "repeats": "passed to every suite",
+    "warmup": "passed to every suite",
+}
 DEFAULT_SUITE = "lmdm"
 USAGE = (
     f"usage: studio bench --suite {{{','.join((*SUITES, ALL))}}} [suite options]; "
@@ -95,16 +104,8 @@ def main(argv: Sequence[str]) -> int:
 
 def build_all_parser() -> argparse.ArgumentParser:
     """Options of ``--suite all``: common ones (passed to every suite) and per-suite extras."""
-    p = argparse.ArgumentParser(
-        prog="studio bench --suite all",
-        description="Every suite in turn; one JSON with each suite's result, one Markdown.",
-    )
-    p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda if seen")
-    p.add_argument("--json", metavar="OUT", help="write all results as one JSON")
-    p.add_argument("--markdown", metavar="OUT", help="write all tables as one Markdown file")
-    p.add_argument("--plots", metavar="DIR", help="every suite's PNG plots (needs matplotlib)")
-    p.add_argument("--repeats", type=int, default=None, help="passed to every suite")
-    p.add_argument("--warmup", type=int, default=None, help="passed to every suite")
+    desc = "Every suite in turn; one JSON with each suite's result, one Markdown."
+    p = suite_parser(ALL, desc, ALL_HELP)
     p.add_argument("--reduced", action="store_true", help="passed to the suites that have it")
     p.add_argument(
         "--suites",

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -30,7 +29,15 @@ import numpy as np
 
 from studio import layout
 from studio.audio.io import Audio, load_audio
-from studio.bench.report import fmt, table, write_outputs
+from studio.bench.report import (
+    fmt,
+    markdown_tail,
+    measured_on,
+    run_main,
+    suite_parser,
+    table,
+    write_plots,
+)
 from studio.bench.timing import device_facts, git_commit, measure, utc_now
 from studio.engines.demo.engine import DemoEngine, demo_audio_path
 from studio.errors import StudioError
@@ -59,6 +66,11 @@ PUBLISHED: dict[str, Any] = {
     "exp": "untouched",
     "smoothing_ms": 5.3,
     "clip_frames": 165,
+}
+HELP = {  # the common options, as this suite reads them
+    "device": "recorded; numpy",
+    "repeats": "timed runs per stage (default 20)",
+    "warmup": "untimed runs per stage (default 2)",
 }
 CAPTION = (
     "Our kinematics on **DemoEngine** motion (procedural, with per-frame pose jitter): the "
@@ -250,9 +262,8 @@ def to_markdown(result: dict[str, Any]) -> str:
         "",
         CAPTION,
         "",
-        f"Measured on {facts.get('name')}, {facts.get('date')}, commit `{facts.get('commit')}`"
-        + (f", command `{facts['command']}`" if facts.get("command") else "")
-        + f". Smoothing: Savitzky–Golay window {sm['window']}, order {sm['order']}, "
+        measured_on(facts)
+        + f" Smoothing: Savitzky–Golay window {sm['window']}, order {sm['order']}, "
         f"acceleration limit {sm['accel_limit_deg_per_frame2']} deg/frame²"
         + ("" if sm["enabled"] else " (**off**)")
         + f"; seed {cfg['seed']}; {cfg['fps']} fps. 'raw' is the cadence-sampled motion the "
@@ -347,43 +358,25 @@ def to_markdown(result: dict[str, Any]) -> str:
             for label, c in result["clips"].items()
         ],
     )
-    plots = result.get("plots")
-    if plots:
-        out += [""]
-        if plots.get("files"):
-            out += [f"![{Path(p).stem}]({Path(p).name})" for p in plots["files"]]
-        else:
-            out.append(f"Plots: {plots.get('skipped')}")
-    notes = result.get("notes") or []
-    if len(notes) > 1:
-        out += ["", *(f"- {n}" for n in notes[1:])]
+    out += markdown_tail(result, notes=(result.get("notes") or [])[1:])  # the first: CAPTION
     return "\n".join(out) + "\n"
 
 
 def save_plots(result: dict[str, Any], folder: str | Path) -> dict[str, Any]:
-    """Per clip: pose angles and jerk, raw vs smoothed, stride transitions marked (PNG).
+    """Per clip: pose angles and jerk, raw vs smoothed, stride transitions marked (PNG), through
+    :func:`studio.bench.report.write_plots`; its ``{"files": [...]}`` (or why none)."""
+    return write_plots(result, folder, lambda plots: _draw(result, plots))
 
-    Returns ``{"files": [...]}`` or ``{"files": [], "skipped": reason}``; also stored in
-    ``result["plots"]``. matplotlib is not a dependency: without it nothing is drawn.
-    """
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as e:
-        info: dict[str, Any] = {"files": [], "skipped": f"matplotlib is not installed ({e})"}
-        result["plots"] = info
-        return info
-    out_dir = Path(folder)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    files: list[str] = []
+
+def _draw(result: dict[str, Any], plots: Any) -> None:
     stride = result["config"]["strides"][0]
+    fps = result["config"]["fps"]
     for label, series in result.get("_series", {}).items():
         if not series:
             continue
         raw, smoothed = series["sampled"], series["smoothed"]
-        fps = result["config"]["fps"]
         t = np.arange(raw.shape[0]) / fps
-        fig = Figure(figsize=(9, 6))
+        fig = plots.figure((9, 6))
         ax1, ax2 = fig.add_subplot(2, 1, 1), fig.add_subplot(2, 1, 2)
         ang_r, ang_s = layout.pose_degrees(raw), layout.pose_degrees(smoothed)
         for i, name in enumerate(("pitch", "yaw", "roll")):
@@ -400,14 +393,7 @@ def save_plots(result: dict[str, Any], folder: str | Path) -> dict[str, Any]:
             ax2.axvline(k / fps, color="grey", lw=0.3)
         ax2.set(xlabel="s", ylabel="pose jerk, rad/s³")
         ax2.legend(fontsize=7)
-        FigureCanvasAgg(fig)
-        fig.tight_layout()
-        path = out_dir / f"kinematics_{label}.png"
-        fig.savefig(path, dpi=120)
-        files.append(str(path))
-    info = {"files": files}
-    result["plots"] = info
-    return info
+        plots.save(fig, f"kinematics_{label}.png")
 
 
 def _stride_list(text: str) -> tuple[str, ...]:
@@ -422,16 +408,11 @@ def _stride_list(text: str) -> tuple[str, ...]:
 def build_parser() -> argparse.ArgumentParser:
     """The suite's command-line options (``studio bench --suite kinematics`` maps onto these)."""
     d = RenderSettings()
-    p = argparse.ArgumentParser(
-        prog="studio bench --suite kinematics",
-        description="Pose jerk raw vs smoothed, transition peaks, exp fidelity, stage timings.",
+    p = suite_parser(
+        "kinematics",
+        "Pose jerk raw vs smoothed, transition peaks, exp fidelity, stage timings.",
+        HELP,
     )
-    p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="recorded; numpy")
-    p.add_argument("--json", metavar="OUT", help="write the full result as JSON")
-    p.add_argument("--markdown", metavar="OUT", help="write the tables as Markdown")
-    p.add_argument("--plots", metavar="DIR", help="write PNG plots (needs matplotlib)")
-    p.add_argument("--repeats", type=int, default=None, help="timed runs per stage (default 20)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed runs per stage (default 2)")
     p.add_argument(
         "--audio",
         action="append",
@@ -451,45 +432,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the suite, write the outputs asked for, print the Markdown; 0, or 2 on errors."""
-    args = build_parser().parse_args(argv)
-    for name in ("repeats", "warmup"):
-        value = getattr(args, name)
-        if value is not None and value < (1 if name == "repeats" else 0):
-            print(f"--{name} must be >= {1 if name == 'repeats' else 0}", file=sys.stderr)
-            return 2
-    try:
-        settings = RenderSettings(
-            smooth=not args.no_smooth,
-            smooth_window=args.smooth_window,
-            smooth_order=args.smooth_order,
-            accel_limit=args.accel_limit,
-            seed=args.seed,
-        ).validate()
-        result = run_kinematics_suite(
-            audio=args.audio,
-            strides=args.strides,
-            settings=settings,
-            repeats=args.repeats,
-            warmup=args.warmup,
-            device=args.device,
-            demo=not args.no_demo,
-            progress=lambda line: print(line, file=sys.stderr, flush=True),
-        )
-    except (StudioError, ValueError) as e:
-        print(f"studio bench kinematics: {e}", file=sys.stderr)
-        return 2
-    given = list(sys.argv[1:] if argv is None else argv)
-    result["facts"]["command"] = " ".join(["studio bench --suite kinematics", *given])
-    result["facts"]["argv"] = given
-    if args.plots:
-        info = save_plots(result, args.plots)
-        if info.get("skipped"):
-            print(f"plots skipped: {info['skipped']}", file=sys.stderr)
-    result.pop("_series", None)
-    text = to_markdown(result)
-    write_outputs(result, text, args.json, args.markdown)
-    print(text)
-    return 0
+    errors = (StudioError, ValueError)
+    return run_main("kinematics", build_parser(), argv, _run, to_markdown, save_plots, errors)
+
+
+def _run(args: argparse.Namespace, progress: Callable[[str], None]) -> dict[str, Any]:
+    settings = RenderSettings(
+        smooth=not args.no_smooth,
+        smooth_window=args.smooth_window,
+        smooth_order=args.smooth_order,
+        accel_limit=args.accel_limit,
+        seed=args.seed,
+    ).validate()
+    return run_kinematics_suite(
+        audio=args.audio,
+        strides=args.strides,
+        settings=settings,
+        demo=not args.no_demo,
+        device=args.device,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        progress=progress,
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

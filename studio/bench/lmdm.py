@@ -36,10 +36,8 @@ the same x_T, per-step noises and condition, flattened, worst over the input set
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import gc
-import json
 import math
 import sys
 import tempfile
@@ -56,17 +54,25 @@ from torch import Tensor
 from studio.bench.report import compare as _compare
 from studio.bench.report import fmt as _f
 from studio.bench.report import fmt_cos as _cos
+from studio.bench.report import (
+    int_list,
+    markdown_tail,
+    measured_on,
+    name_list,
+    run_main,
+    settings_markdown,
+    suite_parser,
+    write_plots,
+)
 from studio.bench.report import is_ok as _ok
-from studio.bench.report import jsonable as _jsonable
 from studio.bench.report import table as _table
 from studio.bench.report import worst as _worst
 from studio.bench.timing import (
     Timing,
-    capture_graph,
+    default_device,
     device_facts,
     git_commit,
     kernel_profile,
-    matmul_tf32,
     measure,
     synchronize,
     utc_now,
@@ -80,6 +86,7 @@ from studio.models.diffusion import (
 )
 from studio.models.lmdm import INPUT_NAMES, LMDM, OUTPUT_NAMES, REDUCED_KWARGS
 from studio.motion.fast_lmdm import COMPILE_MODE, WINDOW, FastLMDM, PathSpec
+from studio.runtime.base import capture_cuda_graph, math_mode
 
 __all__ = [
     "DEFAULT_STEPS",
@@ -199,7 +206,7 @@ def _run_eager(
     def pick(i: int) -> None:
         holder["k"] = i % n
 
-    ctx = matmul_tf32(False) if device.type == "cuda" else contextlib.nullcontext()
+    ctx = math_mode("fp32", device)
     record: dict[str, Any] = {
         "status": "ok",
         "settings": {
@@ -275,7 +282,7 @@ def _time_step_graph(
         fast.load_condition(inputs.cond_frame[k], inputs.cond[k])
 
     setup(0)
-    graph, (_, x_start) = capture_graph(lambda: fast.run_step(x, t))
+    graph, (_, x_start) = capture_cuda_graph(lambda: fast.run_step(x, t), 2)
     timing = measure(graph.replay, device=device, repeats=repeats, warmup=warmup, setup=setup)
     outs = []
     for k in range(n):
@@ -366,7 +373,7 @@ def _run_fast(
             fast.load_condition(inputs.cond_frame[k], inputs.cond[k])
 
         setup(0)
-        graph, out = capture_graph(lambda s=sampler, x=x_static: fast.sample(s, x))
+        graph, out = capture_cuda_graph(lambda s=sampler, x=x_static: fast.sample(s, x), 2)
         timing = measure(
             graph.replay,
             device=device,
@@ -421,7 +428,7 @@ def profile_fast_path(
     sched = make_schedule(steps)
     sampler = DeviceDDIM(sched, WINDOW, inputs.noises[steps][0], device)
     x = inputs.x_t[steps][0].clone()
-    graph, _ = capture_graph(lambda: fast.sample(sampler, x))
+    graph, _ = capture_cuda_graph(lambda: fast.sample(sampler, x), 2)
     replay = measure(graph.replay, device=device, repeats=5, warmup=2)
     prof = kernel_profile(graph.replay, device, _KERNEL_CATEGORIES)
     del graph
@@ -851,11 +858,7 @@ def to_markdown(result: dict[str, Any]) -> str:
     out = [
         "## LMDM: one step and DDIM for an 80-frame window (batch 1)",
         "",
-        f"Measured on **{facts.get('name')}** (capability {facts.get('capability') or '–'}), "
-        f"torch {facts.get('torch')}, CUDA {facts.get('cuda_runtime')}, "
-        f"{facts.get('date')}, commit `{facts.get('commit')}`"
-        + (f", command `{facts['command']}`" if facts.get("command") else "")
-        + ".",
+        measured_on(facts),
         f"Random weights, {'reduced' if cfg['reduced'] else 'released'} architecture "
         f"({cfg['model']['parameters']:,} parameters, cond width {cfg['model']['cond_dim']}); "
         f"{cfg['timing']}; {cfg['input_sets']} rotating input sets. "
@@ -1001,55 +1004,23 @@ def to_markdown(result: dict[str, Any]) -> str:
             ],
         )
 
-    out += ["", "### Settings per path", ""]
-    rows = []
-    for name, rec in ok.items():
-        s = rec.get("settings", {})
-        text = ", ".join(f"{k}={v}" for k, v in s.items() if k != "name")
-        rows.append([name, text.replace("|", "/")])
-    out += _table(["path", "settings"], rows)
-    plots = result.get("plots")
-    if plots:
-        out += [""]
-        if plots.get("files"):
-            out += [f"![{Path(p).stem}]({Path(p).name})" for p in plots["files"]]
-        else:
-            out.append(f"Plots: {plots.get('skipped')}")
-    notes = result.get("notes") or []
-    if notes:
-        out += ["", *(f"- {n}" for n in notes)]
+    out += settings_markdown(ok)
+    out += markdown_tail(result)
     return "\n".join(out) + "\n"
 
 
 def save_plots(result: dict[str, Any], folder: str | Path) -> dict[str, Any]:
-    """PNG plots (latency vs T, motion FPS, cosine) via matplotlib's Agg canvas, if installed.
+    """PNG plots (latency vs T, motion FPS, cosine) through
+    :func:`studio.bench.report.write_plots`; its ``{"files": [...]}`` (or why none)."""
+    return write_plots(result, folder, lambda plots: _draw(result, plots))
 
-    Returns ``{"files": [...]}`` or ``{"files": [], "skipped": reason}``; also stored in
-    ``result["plots"]``. matplotlib is not a dependency: without it nothing is drawn.
-    """
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as e:
-        info: dict[str, Any] = {"files": [], "skipped": f"matplotlib is not installed ({e})"}
-        result["plots"] = info
-        return info
-    out_dir = Path(folder)
-    out_dir.mkdir(parents=True, exist_ok=True)
+
+def _draw(result: dict[str, Any], plots: Any) -> None:
     pub = result["published"]
     steps = result["config"]["steps"]
     keys = [str(s) for s in steps]
     ok = {n: r for n, r in result["paths"].items() if _ok(r) and r.get("ddim")}
-    files: list[str] = []
-
-    def finish(fig: Figure, name: str) -> None:
-        FigureCanvasAgg(fig)
-        fig.tight_layout()
-        path = out_dir / name
-        fig.savefig(path, dpi=120)
-        files.append(str(path))
-
-    fig = Figure(figsize=(8, 5))
+    fig = plots.figure()
     ax = fig.add_subplot()
     for label, series, style in (
         ("published TensorRT", pub["tensorrt_ddim_ms"], "k--"),
@@ -1065,7 +1036,7 @@ def save_plots(result: dict[str, Any], folder: str | Path) -> dict[str, Any]:
     ax.set(xscale="log", yscale="log", xlabel="DDIM steps T", ylabel="ms (median)")
     ax.set_title(f"LMDM DDIM latency, 80-frame window — {result['facts'].get('name')}")
     ax.legend(fontsize=7)
-    finish(fig, "lmdm_ddim_ms.png")
+    plots.save(fig, "lmdm_ddim_ms.png")
 
     key = str(TARGETS["steps"]) if str(TARGETS["steps"]) in keys else keys[-1]
     names = [n for n in ok if key in ok[n]["ddim"]]
@@ -1073,15 +1044,15 @@ def save_plots(result: dict[str, Any], folder: str | Path) -> dict[str, Any]:
     if key in pub["tensorrt_ddim_ms"]:
         names.append("published TensorRT")
         fps.append(_fps(pub["tensorrt_ddim_ms"][key]))
-    fig = Figure(figsize=(8, 5))
+    fig = plots.figure()
     ax = fig.add_subplot()
     ax.barh(names, fps)
     ax.axvline(TARGETS["motion_fps"], color="r", lw=0.8, label="target")
     ax.set(xscale="log", xlabel=f"motion FPS at T={key}")
     ax.legend(fontsize=7)
-    finish(fig, "lmdm_motion_fps.png")
+    plots.save(fig, "lmdm_motion_fps.png")
 
-    fig = Figure(figsize=(8, 5))
+    fig = plots.figure()
     ax = fig.add_subplot()
     for name, rec in ok.items():
         if name == "eager_fp32":
@@ -1098,37 +1069,22 @@ def save_plots(result: dict[str, Any], folder: str | Path) -> dict[str, Any]:
     ax.axhline(1.0 - TARGETS["cosine"], color="r", lw=0.8, label="target")
     ax.set(xscale="log", yscale="log", xlabel="DDIM steps T", ylabel="1 - cosine to fp32 eager")
     ax.legend(fontsize=7)
-    finish(fig, "lmdm_cosine.png")
-    info = {"files": files}
-    result["plots"] = info
-    return info
-
-
-def _parse_steps(text: str) -> tuple[int, ...]:
-    try:
-        steps = tuple(int(s) for s in text.split(",") if s.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not a comma-separated list of integers: {text}"
-        ) from None
-    if not steps or any(s < 1 or s > DIFFUSION_STEPS for s in steps):
-        raise argparse.ArgumentTypeError(f"steps must be in 1..{DIFFUSION_STEPS}: {text}")
-    return steps
+    plots.save(fig, "lmdm_cosine.png")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The suite's command-line options (``studio bench --suite lmdm`` maps onto these)."""
-    p = argparse.ArgumentParser(
-        prog="studio bench --suite lmdm",
-        description="LMDM step and DDIM latency, motion FPS and accuracy per path.",
+    p = suite_parser(
+        "lmdm",
+        "LMDM step and DDIM latency, motion FPS and accuracy per path.",
+        {"repeats": "timed runs per point (default: by T)"},
     )
-    p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda if seen")
-    p.add_argument("--json", metavar="OUT", help="write the full result as JSON")
-    p.add_argument("--markdown", metavar="OUT", help="write the tables as Markdown")
-    p.add_argument("--plots", metavar="DIR", help="write PNG plots (needs matplotlib)")
-    p.add_argument("--repeats", type=int, default=None, help="timed runs per point (default: by T)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed runs per point")
-    p.add_argument("--steps", type=_parse_steps, default=DEFAULT_STEPS, metavar="1,2,4,10,50")
+    p.add_argument(
+        "--steps",
+        type=lambda s: int_list(s, 1, DIFFUSION_STEPS, "steps"),
+        default=DEFAULT_STEPS,
+        metavar="1,2,4,10,50",
+    )
     p.add_argument("--reduced", action="store_true", help="small LMDM (smoke runs)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--input-sets", type=int, default=3, help="rotating input sets")
@@ -1142,49 +1098,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the suite, write the outputs asked for, print the Markdown; 0, or 2 on errors."""
-    args = build_parser().parse_args(argv)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    paths = [s.strip() for s in args.paths.split(",")] if args.paths else None
-    if args.repeats is not None and args.repeats < 1:
-        print("--repeats must be >= 1", file=sys.stderr)
-        return 2
-    try:
-        result = run_lmdm_suite(
-            device=device,
-            steps=args.steps,
-            repeats=args.repeats,
-            warmup=args.warmup,
-            reduced=args.reduced,
-            seed=args.seed,
-            input_sets=max(1, args.input_sets),
-            compile=args.compile,
-            compile_mode=args.compile_mode,
-            profile=not args.no_profile,
-            onnx=not args.no_onnx,
-            paths=paths,
-            progress=lambda line: print(line, file=sys.stderr, flush=True),
-        )
-    except (RuntimeError, ValueError) as e:
-        print(f"studio bench lmdm: {e}", file=sys.stderr)
-        return 2
-    given = list(sys.argv[1:] if argv is None else argv)
-    result["facts"]["command"] = " ".join(["studio bench --suite lmdm", *given])
-    result["facts"]["argv"] = given
-    if args.plots:
-        info = save_plots(result, args.plots)
-        if info.get("skipped"):
-            print(f"plots skipped: {info['skipped']}", file=sys.stderr)
-    text = to_markdown(result)
-    for target, payload in (
-        (args.json, lambda: json.dumps(_jsonable(result), indent=2, allow_nan=False) + "\n"),
-        (args.markdown, lambda: text),
-    ):
-        if target:
-            path = Path(target)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(payload())
-    print(text)
-    return 0
+    errors = (RuntimeError, ValueError)
+    return run_main("lmdm", build_parser(), argv, _run, to_markdown, save_plots, errors)
+
+
+# options passed on to run_lmdm_suite as they are (the same names)
+_AS_GIVEN = ("repeats", "warmup", "reduced", "seed", "compile", "compile_mode")
+
+
+def _run(args: argparse.Namespace, progress: Callable[[str], None]) -> dict[str, Any]:
+    return run_lmdm_suite(
+        device=default_device(args.device),
+        steps=args.steps,
+        paths=name_list(args.paths),
+        input_sets=max(1, args.input_sets),
+        profile=not args.no_profile,
+        onnx=not args.no_onnx,
+        progress=progress,
+        **{name: getattr(args, name) for name in _AS_GIVEN},
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -42,7 +41,8 @@ import numpy as np
 import torch
 
 from studio import layout
-from studio.bench.report import fmt, table, write_outputs
+from studio.bench import report
+from studio.bench.report import fmt, table
 from studio.bench.timing import device_facts, git_commit, utc_now
 from studio.errors import StudioError
 
@@ -59,6 +59,11 @@ __all__ = [
     "write_inputs",
 ]
 
+HELP = {  # the common options, as this suite reads them
+    "plots": "write the waterfall PNG (needs matplotlib)",
+    "repeats": "timed passes (default 3 GPU, 1 CPU)",
+    "warmup": "untimed passes per variant (default 1)",
+}
 CLIP_FRAMES = 165  # 6.6 s at 25 fps, the published clip
 DEFAULT_STEPS = 4  # DDIM steps of the published figures
 CROP_SIDE = 512
@@ -460,10 +465,8 @@ def to_markdown(result: dict[str, Any]) -> str:
     out = [
         f"## Pipeline: a {cfg['frames']}-frame clip end to end",
         "",
-        f"Measured on {facts.get('name')} (torch {facts.get('torch')}), {facts.get('date')}, "
-        f"commit `{facts.get('commit')}`"
-        + (f", command `{facts['command']}`" if facts.get("command") else "")
-        + f". {cfg['frames']} frames ({cfg['duration_s']} s of synthesized speech), stride "
+        report.measured_on(facts)
+        + f" {cfg['frames']} frames ({cfg['duration_s']} s of synthesized speech), stride "
         f"{cfg['stride']} (every frame rendered), {cfg['steps']} DDIM steps, precision "
         f"{cfg['precision']}{' with torch.compile' if cfg.get('compile') else ''}, x264 preset "
         f"{cfg.get('x264_preset', 'medium')}; median of {cfg['repeats']} passes after "
@@ -541,37 +544,21 @@ def to_markdown(result: dict[str, Any]) -> str:
             ]
         )
     out += table(["what", "value"], setup)
-    plots = result.get("plots")
-    if plots:
-        out += [""]
-        if plots.get("files"):
-            out += [f"![{Path(p).stem}]({Path(p).name})" for p in plots["files"]]
-        else:
-            out.append(f"Plots: {plots.get('skipped')}")
-    notes = [
+    encode = (
         "encode runs on a thread beside the render loop; the waterfall's serial sum counts "
-        "encode_wait (what it added to the wall time), the published row counts encode.",
-        *result.get("notes", []),
-    ]
-    out += ["", *(f"- {n}" for n in notes)]
+        "encode_wait (what it added to the wall time), the published row counts encode."
+    )
+    out += report.markdown_tail(result, notes=[encode, *result.get("notes", [])])
     return "\n".join(out) + "\n"
 
 
 def save_plots(result: dict[str, Any], folder: str | Path) -> dict[str, Any]:
-    """A waterfall bar chart (PNG): cumulative serial stages per variant, published beside.
+    """A waterfall bar chart (PNG): cumulative serial stages per variant, published beside,
+    through :func:`studio.bench.report.write_plots`; its ``{"files": [...]}`` (or why none)."""
+    return report.write_plots(result, folder, lambda plots: _draw(result, plots))
 
-    Returns ``{"files": [...]}`` or ``{"files": [], "skipped": reason}``; also stored in
-    ``result["plots"]``. matplotlib is not a dependency: without it nothing is drawn.
-    """
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as e:
-        info: dict[str, Any] = {"files": [], "skipped": f"matplotlib is not installed ({e})"}
-        result["plots"] = info
-        return info
-    out_dir = Path(folder)
-    out_dir.mkdir(parents=True, exist_ok=True)
+
+def _draw(result: dict[str, Any], plots: Any) -> None:
     pub = result["published"]
     plotted = (*SERIAL, "encode")  # ours: encode as encode_wait; published: encode was serial
     columns = [("published", {s: pub["stages_ms"].get(s, 0.0) for s in plotted})]
@@ -580,7 +567,7 @@ def save_plots(result: dict[str, Any], folder: str | Path) -> dict[str, Any]:
         for n, r in result["variants"].items()
     ]
     stages = [s for s in plotted if any(c[s] > 0 for _, c in columns)]
-    fig = Figure(figsize=(10, 1.5 + 0.6 * len(columns)))
+    fig = plots.figure((10, 1.5 + 0.6 * len(columns)))
     ax = fig.add_subplot()
     palette = [f"C{i}" for i in range(10)] + ["#444444", "#bbbb77", "#77bbbb"]
     colours = {s: palette[i % len(palette)] for i, s in enumerate(stages)}
@@ -599,13 +586,7 @@ def save_plots(result: dict[str, Any], folder: str | Path) -> dict[str, Any]:
     handles, labels = ax.get_legend_handles_labels()
     seen = dict(zip(labels, handles, strict=True))
     ax.legend(seen.values(), seen.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    FigureCanvasAgg(fig)
-    fig.tight_layout()
-    path = out_dir / "pipeline_waterfall.png"
-    fig.savefig(path, dpi=120)
-    info = {"files": [str(path)]}
-    result["plots"] = info
-    return info
+    plots.save(fig, "pipeline_waterfall.png")
 
 
 # --- command line --------------------------------------------------------------------------------
@@ -623,18 +604,14 @@ def _size(text: str) -> tuple[int, int]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The suite's command-line options (``studio bench --suite pipeline`` maps onto these)."""
-    p = argparse.ArgumentParser(
-        prog="studio bench --suite pipeline",
-        description="The 165-frame clip end to end: per-stage waterfall, overall and "
-        "render-loop FPS, beside the published figures.",
+    p = report.suite_parser(
+        "pipeline",
+        "The 165-frame clip end to end: per-stage waterfall, overall and render-loop FPS, "
+        "beside the published figures.",
+        HELP,
+        warmup_default=1,
         allow_abbrev=False,
     )
-    p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda if seen")
-    p.add_argument("--json", metavar="OUT", help="write the full result as JSON")
-    p.add_argument("--markdown", metavar="OUT", help="write the tables as Markdown")
-    p.add_argument("--plots", metavar="DIR", help="write the waterfall PNG (needs matplotlib)")
-    p.add_argument("--repeats", type=int, default=None, help="timed passes (default 3 GPU, 1 CPU)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed passes per variant (default 1)")
     p.add_argument("--checkpoints", metavar="DIR", help="a real tree (default: a random one)")
     p.add_argument(
         "--frame",
@@ -663,42 +640,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the suite, write the outputs asked for, print the Markdown; 0, or 2 on errors."""
-    args = build_parser().parse_args(argv)
-    variants = VARIANTS if args.frame == "both" else (args.frame,)
-    try:
-        result = run_pipeline_suite(
-            device=args.device,
-            checkpoints=args.checkpoints,
-            variants=variants,
-            frames=args.frames,
-            steps=args.steps,
-            precision=args.precision,
-            compile=args.compile,
-            x264_preset=args.x264_preset,
-            memory=args.memory,
-            batch=args.batch,
-            source=args.source,
-            reduced=args.reduced,
-            hubert=args.hubert,
-            repeats=args.repeats,
-            warmup=args.warmup,
-            seed=args.seed,
-            progress=lambda line: print(line, file=sys.stderr, flush=True),
-        )
-    except (StudioError, ValueError) as e:
-        print(f"studio bench pipeline: {e}", file=sys.stderr)
-        return 2
-    given = list(sys.argv[1:] if argv is None else argv)
-    result["facts"]["command"] = " ".join(["studio bench --suite pipeline", *given])
-    result["facts"]["argv"] = given
-    if args.plots:
-        info = save_plots(result, args.plots)
-        if info.get("skipped"):
-            print(f"plots skipped: {info['skipped']}", file=sys.stderr)
-    text = to_markdown(result)
-    write_outputs(result, text, args.json, args.markdown)
-    print(text)
-    return 0
+    errors = (StudioError, ValueError)
+    return report.run_main("pipeline", build_parser(), argv, _run, to_markdown, save_plots, errors)
+
+
+def _run(args: argparse.Namespace, progress: Callable[[str], None]) -> dict[str, Any]:
+    return run_pipeline_suite(
+        device=args.device,
+        checkpoints=args.checkpoints,
+        variants=VARIANTS if args.frame == "both" else (args.frame,),
+        frames=args.frames,
+        steps=args.steps,
+        precision=args.precision,
+        compile=args.compile,
+        x264_preset=args.x264_preset,
+        memory=args.memory,
+        batch=args.batch,
+        source=args.source,
+        reduced=args.reduced,
+        hubert=args.hubert,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        seed=args.seed,
+        progress=progress,
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,45 +1,50 @@
 """The ``render`` bench suite: warp network + decoder throughput per batch, precision and path.
 
-The real modules of :mod:`studio.models` with random weights
+Every path times the renderer's own engines, :class:`studio.engines.ditto.warp_decode.
+WarpDecodeEngines`: the runtime's :class:`~studio.runtime.torch_backend.TorchEngine` per
+network at a static batch, over one :class:`~studio.runtime.torch_backend.PrecisionAdapter`
+(the precision policy), with the decoder's spectral norm folded, the renderer's channel
+padding and depth-split rewrites, CUDA graphs captured by the runtime's
+:func:`~studio.runtime.base.capture_cuda_graph` and optional ``torch.compile``: the code
+``studio render`` runs, with the knobs it has for what the product does not default to. The
+networks are the real modules of :mod:`studio.models` with random weights
 (:func:`studio.fixtures.random_tree.random_network`; the released sizes, or ``reduced`` for
-smoke runs) render batches of frames the way :mod:`studio.engines.ditto.engine` does: one avatar's
-f_s expanded to the batch, per-frame source and driving keypoints, warp then decode.
+smoke runs); a batch is one avatar's f_s and per-frame source and driving keypoints, warp then
+decode, as the Ditto renderer calls the engines.
 
-Paths (``<kind>_<precision>``):
+Paths (``<kind>_<precision>``; a precision is the runtime's with the torch engines' policy
+for half types: ``fp16``/``bf16`` cast the weights once, ``fp16-autocast``/``bf16-autocast``
+keep fp32 weights under ``torch.autocast``; ``tf32`` is fp32 with TF32 math):
 
-- ``eager_fp32``: the modules as loaded (spectral-norm decoder layout, cached weights), fp32
-  with TF32 off for matmuls *and* cuDNN convolutions. Its images are the accuracy reference.
-- ``eager_*``: a copy with the decoder's spectral norm folded into plain convolutions
-  (:func:`studio.models.decoder.fold_spectral_norm`) under a precision policy: ``tf32``
-  (fp32 weights, TF32 math), ``fp16``/``bf16`` (weights and inputs cast), or
-  ``fp16-autocast``/``bf16-autocast`` (fp32 weights under ``torch.autocast``, which keeps
-  grid sampling in fp32: what the Ditto engine runs on a GPU).
-- ``channels_last_*``: the same with every 4-D weight in channels-last layout (the decoder and
-  the warp network's 2-D convolutions; its 3-D part stays contiguous).
-- ``graph_*`` (CUDA): warp + decode captured once per batch size into a CUDA graph with static
-  input buffers and replayed, in whichever layout was faster eager at the largest batch.
-- ``compiled_graph_*`` (CUDA, ``compile=True``): the same with warp + decode through
-  ``torch.compile`` (Inductor kernels inside our graph); ``compiled_graph_channels_last_*``
-  forces the channels-last weights there (eager pays for its layout changes, Inductor may
-  fuse them).
-- ``padded_*`` / ``compiled_graph_padded_*`` / ``compiled_graph_padded_cl3d_*``: every
-  convolution whose channel counts are not a multiple of :data:`PAD_MULTIPLE` zero-padded to
-  one (:func:`studio.models.channel_pad.pad_conv_channels`: the dense-motion mask 142 -> 22,
-  the hourglass's first and last convolutions, the occlusion head 2272 -> 1; exact), the
-  ``cl3d`` one with the 3-D weights in channels-last-3d as well.
-- ``compiled_graph_split_*`` / ``compiled_graph_split_padded_*``: the warp network's 7x7x7
-  mask convolution as one 2-D convolution over depth slices
-  (:func:`studio.models.depth_split.split_deep_conv3d`; exact), without and with padding.
+- ``eager_fp32``: the engines at fp32 (TF32 off for matmuls and cuDNN convolutions), no CUDA
+  graph, no rewrites: the accuracy reference and the speed-up baseline (what the renderer runs
+  on the CPU).
+- ``eager_*``: the engines at that precision, run eagerly, no rewrites.
+- ``channels_last_*``: the same with the torch engines' channels-last layout (4-D weights
+  channels-last, 5-D channels-last-3d, the inputs too).
+- ``graph_*`` (CUDA): each engine captured as a CUDA graph, in whichever layout was faster
+  eager at the largest batch; ``graph_split_padded_*``: with the renderer's rewrites, i.e. the
+  renderer's default without ``--compile``.
+- ``compiled_graph_*`` (CUDA, ``compile=True``): the graphs over ``torch.compile``;
+  ``compiled_graph_channels_last_*`` in channels-last; ``compiled_graph_split_*``,
+  ``compiled_graph_padded_*`` and ``compiled_graph_split_padded_*`` (the renderer's default
+  with ``--compile``) with the depth split of the 7x7x7 mask convolution
+  (:func:`studio.models.depth_split.split_deep_conv3d`) and / or every convolution's channels
+  zero-padded to :data:`PAD_MULTIPLE` (:func:`studio.models.channel_pad.pad_conv_channels`).
+- ``padded_*``: eager with padded channels.
 
-Each point: warm-up, then the median of repeats (CUDA events at the run boundaries; by
-default enough repeats for about ``target_ms`` of timed work, 3..20), rotating over
-``input_sets`` distinct (f_s, x_s, x_d) sets, with the GPU's L2 cache flushed before each run.
-Throughput is frames/s and ms/frame; the FLOP floor is FLOPs per frame (counted at the run's
-shapes with ``FlopCounterMode``; for the released sizes the manifest's
-``networks.warp_network.flops.forward_total + networks.decoder.flops.forward_total`` =
-1.234 TFLOP) over the rate of a large matmul of the same precision measured in the same run.
-Accuracy: cosine similarity and relative L2 of each path's images to ``eager_fp32`` on the
-same inputs and batch, worst over the input sets.
+Each point: the engines built (and captured, compiled) first, then warm-up, then the median
+of repeats (CUDA events at the run boundaries; by default enough repeats for about
+``target_ms`` of timed work, 3..20), rotating over ``input_sets`` distinct (f_s, x_s, x_d)
+sets; before each run, untimed, the set's f_s is loaded into the engines
+(:meth:`~studio.engines.ditto.warp_decode.WarpDecodeEngines.load_avatar`: once per avatar in a
+clip) and the GPU's L2 cache is flushed. A timed run is one call of the engines, as the
+renderer makes it per batch. Throughput is frames/s and ms/frame; the FLOP floor is FLOPs per
+frame (counted at the run's shapes with ``FlopCounterMode``; for the released sizes the
+manifest's ``networks.warp_network.flops.forward_total +
+networks.decoder.flops.forward_total`` = 1.234 TFLOP) over the rate of a large matmul of the
+same precision measured in the same run. Accuracy: cosine similarity and relative L2 of each
+path's images to ``eager_fp32`` on the same inputs and batch, worst over the input sets.
 """
 
 from __future__ import annotations
@@ -50,8 +55,8 @@ import copy
 import gc
 import json
 import math
-import sys
 import time
+import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -67,43 +72,51 @@ from studio.bench.report import (
     fmt_cos,
     int_list,
     is_ok,
+    markdown_tail,
+    measured_on,
+    name_list,
+    run_main,
+    settings_markdown,
+    suite_parser,
     table,
     worst,
-    write_outputs,
+    write_plots,
 )
 from studio.bench.timing import (
     Timing,
-    capture_graph,
+    default_device,
     device_facts,
     git_commit,
     kernel_profile,
-    matmul_tf32,
     measure,
     synchronize,
     utc_now,
 )
+from studio.engines.ditto.warp_decode import RENDER_NETWORKS, WarpDecodeEngines
 from studio.fixtures.random_tree import random_network
 from studio.models import network_spec
-from studio.models.channel_pad import TENSOR_CORE_MULTIPLE, pad_conv_channels
+from studio.models.channel_pad import TENSOR_CORE_MULTIPLE
 from studio.models.decoder import fold_spectral_norm
-from studio.models.depth_split import split_deep_conv3d
 from studio.models.warp_network import FEATURE_SIZE
+from studio.runtime.base import HALF_DTYPES, math_mode
+from studio.runtime.precision import precision_support
 
 __all__ = [
     "DEFAULT_BATCHES",
+    "ENGINE",
     "MANIFEST_KEYS",
     "PRECISIONS",
     "PUBLISHED",
     "TARGETS",
-    "Precision",
     "RenderPath",
-    "WarpDecode",
+    "build_engines",
     "count_flops",
     "main",
     "manifest_flops",
     "plan_paths",
     "run_render_suite",
     "save_plots",
+    "sized_warp",
     "to_markdown",
 ]
 
@@ -137,45 +150,27 @@ _MANIFEST_COPY: dict[str, int] = {"warp_network": 342_071_443_456, "decoder": 89
 
 # --- precisions and paths ------------------------------------------------------------------
 
-
-@dataclass(frozen=True)
-class Precision:
-    """Compute dtype and policy: ``fp32`` (weights fp32), ``cast`` (weights and inputs in
-    dtype) or ``autocast`` (fp32 weights under ``torch.autocast``); TF32 for fp32 math."""
-
-    name: str
-    dtype: str
-    mode: str
-    tf32: bool = False
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        """The compute dtype as a torch dtype."""
-        return getattr(torch, self.dtype)
-
-
-PRECISIONS: dict[str, Precision] = {
-    p.name: p
-    for p in (
-        Precision("fp32", "float32", "fp32"),
-        Precision("tf32", "float32", "fp32", tf32=True),
-        Precision("fp16", "float16", "cast"),
-        Precision("bf16", "bfloat16", "cast"),
-        Precision("fp16-autocast", "float16", "autocast"),
-        Precision("bf16-autocast", "bfloat16", "autocast"),
-    )
+ENGINE = "studio.engines.ditto.warp_decode.WarpDecodeEngines"
+# --precisions name -> (the runtime's precision, the torch engines' half_mode; None: not half)
+PRECISIONS: dict[str, tuple[str, str | None]] = {
+    "fp32": ("fp32", None),
+    "tf32": ("tf32", None),
+    "fp16": ("fp16", "cast"),
+    "bf16": ("bf16", "cast"),
+    "fp16-autocast": ("fp16", "autocast"),
+    "bf16-autocast": ("bf16", "autocast"),
 }
 CUDA_PRECISIONS = tuple(PRECISIONS)
-CPU_PRECISIONS = ("fp32",)  # add bf16-autocast by hand; fp16 and bf16 casts lack CPU kernels
+CPU_PRECISIONS = ("fp32",)  # add bf16-autocast by hand; torch on the CPU has no fp16 kernels
 
 
 @dataclass(frozen=True)
 class RenderPath:
-    """One measured path: precision, weight layout, CUDA graph, torch.compile."""
+    """One measured path: the engines' knobs (precision, layout, rewrites, graph, compile)."""
 
     name: str
-    precision: str
-    layout: str = "contiguous"  # | "channels_last" | "channels_last_3d" | "auto" (faster eager)
+    precision: str  # a name of PRECISIONS
+    layout: str = "contiguous"  # | "channels_last" | "auto" (the faster eager layout)
     pad: int = 0  # conv channels padded to this multiple (studio.models.channel_pad), 0: as is
     split: bool = False  # deep 3-D convolutions over depth slices (studio.models.depth_split)
     graph: bool = False
@@ -191,164 +186,102 @@ def plan_paths(precisions: Sequence[str], device: str, compile: bool = False) ->
     """The paths for these precisions on this device, ``eager_fp32`` (the reference) first.
 
     On CUDA, fp32 runs only as the reference (``tf32`` is the fast fp32 path); every other
-    precision gets eager, channels-last and graph paths (and compiled graphs with ``compile``).
-    On the CPU: eager and channels-last per precision.
+    precision gets eager, channels-last, padded and graph paths (and compiled graphs with
+    ``compile``). On the CPU: eager, channels-last and padded paths per precision.
     """
     cuda = torch.device(device).type == "cuda"
     paths = [RenderPath("eager_fp32", "fp32", reference=True)]
     for name in precisions:
         if name not in PRECISIONS:
             raise ValueError(f"unknown precision {name!r}; known: {', '.join(PRECISIONS)}")
-        t = _tag(name)
-        if name != "fp32":
+        t, fast = _tag(name), name != "fp32"
+        if fast:
             paths.append(RenderPath(f"eager_{t}", name))
-        if name != "fp32" or not cuda:
+        if fast or not cuda:
             paths.append(RenderPath(f"channels_last_{t}", name, layout="channels_last"))
-        if cuda and name != "fp32":
+        if cuda and fast:
+            rewrites = {"pad": PAD_MULTIPLE, "split": True}  # the renderer's defaults on graphs
             paths.append(RenderPath(f"graph_{t}", name, layout="auto", graph=True))
+            paths.append(RenderPath(f"graph_split_padded_{t}", name, graph=True, **rewrites))
             if compile:
-                paths.append(
-                    RenderPath(f"compiled_graph_{t}", name, layout="auto", graph=True, compile=True)
-                )
-                paths.append(  # Inductor may fuse the layout changes eager pays for
-                    RenderPath(
-                        f"compiled_graph_channels_last_{t}",
-                        name,
-                        layout="channels_last",
-                        graph=True,
-                        compile=True,
-                    )
-                )
-                for pad, tag in ((0, ""), (PAD_MULTIPLE, "_padded")):
-                    paths.append(  # the 7x7x7 mask as a 2-D convolution over depth slices
+                for kind, knobs in (
+                    ("", {"layout": "auto"}),
+                    ("_channels_last", {"layout": "channels_last"}),
+                    ("_split", {"split": True}),
+                    ("_padded", {"pad": PAD_MULTIPLE}),
+                    ("_split_padded", rewrites),
+                ):
+                    paths.append(
                         RenderPath(
-                            f"compiled_graph_split{tag}_{t}",
-                            name,
-                            pad=pad,
-                            split=True,
-                            graph=True,
-                            compile=True,
+                            f"compiled_graph{kind}_{t}", name, graph=True, compile=True, **knobs
                         )
                     )
-                for layout, tag in (("contiguous", ""), ("channels_last_3d", "_cl3d")):
-                    paths.append(  # tensor-core friendly channel counts, in either layout
-                        RenderPath(
-                            f"compiled_graph_padded{tag}_{t}",
-                            name,
-                            layout=layout,
-                            pad=PAD_MULTIPLE,
-                            graph=True,
-                            compile=True,
-                        )
-                    )
-        if name != "fp32":
+        if fast:
             paths.append(RenderPath(f"padded_{t}", name, pad=PAD_MULTIPLE))
     return paths
 
 
+def build_engines(
+    spec: RenderPath,
+    warp: nn.Module,
+    decoder: nn.Module,
+    device: torch.device,
+    channels_last: bool = False,
+    compile_mode: str = COMPILE_MODE,
+    feature_size: int = FEATURE_SIZE,
+) -> WarpDecodeEngines:
+    """The renderer's engines for one path: its precision and half policy, rewrites, CUDA
+    graphs and compile; ``channels_last`` is the path's layout once ``auto`` is resolved."""
+    precision, half_mode = PRECISIONS[spec.precision]
+    knobs = {  # keyword-only, the product's defaults unless the path turns them
+        "cuda_graphs": spec.graph,
+        "half_mode": half_mode or "cast",
+        "channels_last": channels_last,
+        "compile_mode": compile_mode,
+        "feature_size": feature_size,
+    }
+    return WarpDecodeEngines(
+        warp, decoder, precision, device, spec.compile, "torch", spec.pad, spec.split, **knobs
+    )
+
+
 @contextlib.contextmanager
-def _tf32(enabled: bool) -> Iterator[None]:
-    """TF32 for matmuls and cuDNN convolutions (the latter defaults to on in PyTorch)."""
-    before = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = enabled
+def _compile_room(entries: int) -> Iterator[None]:
+    """Room in Dynamo's caches for ``entries`` compiled engines, restored after. Every torch
+    engine compiles the same code (the precision adapter's forward), once per network, batch
+    size and path, and Dynamo keeps at most ``recompile_limit`` (8) graphs per code object:
+    past it the rest would run eagerly inside their CUDA graphs, with a log line only."""
+    if entries <= 0:
+        yield
+        return
+    entries += 8  # Dynamo's default: room for whatever else the process compiles
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    names = [
+        next((n for n in pair if hasattr(cfg, n)), None)
+        for pair in (
+            ("recompile_limit", "cache_size_limit"),
+            ("accumulated_recompile_limit", "accumulated_cache_size_limit"),
+        )
+    ]
+    before = {n: getattr(cfg, n) for n in names if n is not None}
+    for name, value in before.items():
+        setattr(cfg, name, max(value, entries))
     try:
-        with matmul_tf32(enabled):
-            yield
+        yield
     finally:
-        torch.backends.cudnn.allow_tf32 = before
+        for name, value in before.items():
+            setattr(cfg, name, value)
 
 
-def _channels_last(module: nn.Module, three_d: bool = False) -> nn.Module:
-    """Every 4-D parameter and buffer in channels-last layout, in place (5-D ones too, in
-    channels-last-3d, with ``three_d``)."""
-    formats = {4: torch.channels_last, **({5: torch.channels_last_3d} if three_d else {})}
-    with torch.no_grad():
-        for m in module.modules():
-            for tensors in (m._parameters, m._buffers):
-                for t in tensors.values():
-                    if t is not None and t.dim() in formats:
-                        t.data = t.data.contiguous(memory_format=formats[t.dim()])
-    return module
+def _dtype(precision: str) -> torch.dtype:
+    """The compute dtype of a --precisions name."""
+    return HALF_DTYPES.get(PRECISIONS[precision][0], torch.float32)
 
 
-class WarpDecode:
-    """Warp network + decoder under one precision policy and weight layout.
-
-    ``reference`` uses the modules as given (no copy); otherwise the warp network is copied,
-    the decoder is copied with its spectral norm folded, and both are cast / re-laid-out.
-    Calling it renders one batch: f_s [1, C, D, H, W] (expanded to the batch), x_s and x_d
-    [B, K, 3] -> images [B, 3, 8H, 8W].
-    """
-
-    def __init__(
-        self,
-        warp: nn.Module,
-        decoder: nn.Module,
-        precision: Precision,
-        device: torch.device | str,
-        layout: str = "contiguous",
-        reference: bool = False,
-        compile: bool = False,
-        compile_mode: str = COMPILE_MODE,
-        pad: int = 0,
-        split: bool = False,
-    ) -> None:
-        self.device = torch.device(device)
-        self.precision = precision
-        self.layout = layout
-        if reference:
-            self.warp, self.decoder = warp, decoder
-        else:
-            self.warp = copy.deepcopy(warp)
-            self.decoder = fold_spectral_norm(decoder)
-            if precision.mode == "cast":
-                self.warp.to(precision.torch_dtype)
-                self.decoder.to(precision.torch_dtype)
-            if split:  # both networks are this path's own copies: rewritten in place
-                self.warp = split_deep_conv3d(self.warp, inplace=True)
-            if pad:
-                self.warp = pad_conv_channels(self.warp, pad, inplace=True)
-                self.decoder = pad_conv_channels(self.decoder, pad, inplace=True)
-            if layout in ("channels_last", "channels_last_3d"):
-                _channels_last(self.warp, three_d=layout == "channels_last_3d")
-                _channels_last(self.decoder)
-        self.warp.eval().requires_grad_(False)
-        self.decoder.eval().requires_grad_(False)
-        cast = precision.mode == "cast"
-        self.input_dtype = precision.torch_dtype if cast else torch.float32
-        self._core: Callable[[Tensor, Tensor, Tensor], Tensor] = self.forward
-        if compile:
-            self._core = torch.compile(self.forward, mode=compile_mode, dynamic=False)
-
-    @contextlib.contextmanager
-    def context(self) -> Iterator[None]:
-        """no_grad + TF32 flags (CUDA) + autocast (``cache_enabled=False``: graph-capturable)."""
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(torch.no_grad())
-            if self.device.type == "cuda":
-                stack.enter_context(_tf32(self.precision.tf32))
-            if self.precision.mode == "autocast":
-                stack.enter_context(
-                    torch.autocast(
-                        self.device.type, dtype=self.precision.torch_dtype, cache_enabled=False
-                    )
-                )
-            yield
-
-    def forward(self, f_s: Tensor, x_s: Tensor, x_d: Tensor) -> Tensor:
-        """Warp then decode (no context)."""
-        b = x_d.shape[0]
-        feature = self.warp(f_s.expand(b, *f_s.shape[1:]), x_s, x_d)
-        return self.decoder(feature)
-
-    def __call__(self, f_s: Tensor, x_s: Tensor, x_d: Tensor) -> Tensor:
-        with self.context():
-            return self._core(f_s, x_s, x_d)
-
-    def cast_inputs(self, f_s: Tensor, x_s: Tensor, x_d: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Inputs in this path's input dtype (copies only where the dtype differs)."""
-        dt = self.input_dtype
-        return f_s.to(dt), x_s.to(dt), x_d.to(dt)
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 # --- FLOPs, matmul rate, inputs -----------------------------------------------------------------
@@ -413,19 +346,21 @@ def manifest_flops(path: str | Path | None = None) -> dict[str, Any]:
 
 
 def matmul_rate(
-    precision: Precision, device: torch.device, n: int, repeats: int, warmup: int = 2
+    precision: str, device: torch.device, n: int, repeats: int, warmup: int = 2
 ) -> dict[str, Any]:
-    """TFLOP/s of an n x n x n matmul in the precision's dtype (TF32 as the precision says)."""
+    """TFLOP/s of an n x n x n matmul in the precision's dtype, under the runtime's math mode
+    for it (TF32 on for ``tf32`` only)."""
+    runtime_precision = PRECISIONS[precision][0]
+    dtype = _dtype(precision)
     g = torch.Generator().manual_seed(n)
-    a = torch.randn(n, n, generator=g).to(device, precision.torch_dtype)
-    b = torch.randn(n, n, generator=g).to(device, precision.torch_dtype)
+    a = torch.randn(n, n, generator=g).to(device, dtype)
+    b = torch.randn(n, n, generator=g).to(device, dtype)
     c = torch.empty_like(a)
-    ctx = _tf32(precision.tf32) if device.type == "cuda" else contextlib.nullcontext()
-    with ctx, torch.no_grad():
+    with math_mode(runtime_precision, device), torch.no_grad():
         t = measure(lambda: torch.mm(a, b, out=c), device=device, repeats=repeats, warmup=warmup)
     return {
-        "dtype": precision.dtype,
-        "tf32": precision.tf32,
+        "dtype": _dtype_name(dtype),
+        "tf32": runtime_precision == "tf32",
         "n": n,
         "median_ms": t.median_ms,
         "tflops": 2.0 * n**3 / (t.median_ms / 1e3) / 1e12,
@@ -493,6 +428,23 @@ class _CacheFlush:
             self.buf.zero_()
 
 
+def sized_warp(warp: nn.Module, size: int) -> nn.Module:
+    """``warp`` whose ``example_inputs`` (the engines' static input shapes) give f_s maps of
+    ``size``² instead of the product's :data:`FEATURE_SIZE`² (bound to this instance, so the
+    engines' copies keep it); the network itself when ``size`` is the product's."""
+    if size == FEATURE_SIZE:
+        return warp
+
+    def example_inputs(self: nn.Module, batch: int = 1) -> tuple[Tensor, Tensor, Tensor]:
+        _, x_s, x_d = type(self).example_inputs(self, batch)
+        g = torch.Generator().manual_seed(0)
+        shape = (batch, self.reshape_channel, self.reshape_depth, size, size)
+        return torch.randn(*shape, generator=g).to(x_s.device), x_s, x_d
+
+    warp.example_inputs = types.MethodType(example_inputs, warp)
+    return warp
+
+
 # --- measuring -------------------------------------------------------------------------------
 
 
@@ -530,43 +482,35 @@ def _point(timing: Timing, batch: int, flops: int, rate_tflops: float | None) ->
 
 
 class _Runner:
-    """How one batch of a path is run: ``setup(i)`` (untimed) then ``fn()``; ``render(k)``
-    returns a copy of the images of input set ``k``."""
+    """How one batch of a path is run: ``setup(i)`` (untimed: input set ``i``'s avatar loaded
+    into the engines, L2 flushed) then ``fn()`` (one call of the engines, as the renderer makes
+    it per batch); ``render(k)`` returns a copy of the images of input set ``k``."""
 
     def __init__(
         self,
-        wd: WarpDecode,
+        wd: WarpDecodeEngines,
         sets: list[tuple[Tensor, Tensor, Tensor]],
-        graph: bool,
+        batch: int,
         flush: _CacheFlush,
     ) -> None:
-        self.wd, self.sets, self.flush = wd, sets, flush
+        self.wd, self.sets, self.batch, self.flush = wd, sets, batch, flush
         self.k = 0
-        self.graph: Any = None
         self.out: Tensor | None = None
-        self.static: list[Tensor] | None = None
-        if graph:  # static input buffers, filled before each replay
-            static = self.static = [t.clone() for t in sets[0]]
-            self.setup(0)
-            self.graph, self.out = capture_graph(lambda: wd(*static))
+        self.setup(0)  # builds (captures, compiles) the engines of this batch, untimed
 
     def setup(self, i: int) -> None:
         self.k = i % len(self.sets)
-        if self.static is not None:
-            for dst, src in zip(self.static, self.sets[self.k], strict=True):
-                dst.copy_(src)
+        self.wd.load_avatar(self.sets[self.k][0], self.batch)
         self.flush()
 
     def fn(self) -> object:
-        if self.graph is not None:
-            self.graph.replay()
-            return self.out
-        return self.wd(*self.sets[self.k])
+        self.out = self.wd(*self.sets[self.k], self.batch)
+        return self.out
 
     def render(self, k: int) -> Tensor:
         self.setup(k)
-        if self.out is not None:
-            self.out.fill_(float("nan"))  # every element must be rewritten by the replay
+        if self.out is not None and self.wd.graphs:
+            self.out.fill_(float("nan"))  # the graphs' output: every element must be rewritten
         out = self.fn()
         assert isinstance(out, Tensor)
         return out.clone()
@@ -601,8 +545,7 @@ def _run_batch(
 
 
 def _run_path(
-    spec: RenderPath,
-    wd: WarpDecode,
+    wd: WarpDecodeEngines,
     inputs: _Inputs,
     batches: Sequence[int],
     refs: dict[int, list[Tensor]] | None,
@@ -614,14 +557,13 @@ def _run_path(
     warmup: int,
     target_ms: float,
 ) -> tuple[dict[str, Any], dict[int, list[Tensor]]]:
-    """Time one path at every batch; (record, the images per batch and set when ``refs`` is
-    None: the reference path)."""
+    """Time one path's engines at every batch; (record, the images per batch and set when
+    ``refs`` is None: the reference path)."""
     out_images: dict[int, list[Tensor]] = {}
     per_batch: dict[str, Any] = {}
     for b in batches:
         try:
-            sets = [wd.cast_inputs(*s) for s in inputs.batch(b)]
-            runner = _Runner(wd, sets, spec.graph, flush)
+            runner = _Runner(wd, inputs.batch(b), b, flush)
             point, images = _run_batch(
                 runner,
                 b,
@@ -637,7 +579,7 @@ def _run_path(
             per_batch[str(b)] = point
             if refs is None:
                 out_images[b] = images
-            del runner, sets, images
+            del runner, images
         except Exception as e:  # out of memory at a large batch, a missing kernel, ...
             synchronize(device)
             per_batch[str(b)] = {"status": "error", "reason": _reason(e)}
@@ -655,17 +597,26 @@ def _reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
 
 
-def _path_settings(spec: RenderPath, precision: Precision, layout: str) -> dict[str, Any]:
-    weights = precision.dtype if precision.mode == "cast" else "float32"
+def _path_settings(spec: RenderPath, wd: WarpDecodeEngines, compile_mode: str) -> dict[str, Any]:
+    """What ran for a path: its knobs and what the engines say of themselves."""
+    precision, half_mode = PRECISIONS[spec.precision]
+    dtype = _dtype_name(_dtype(spec.precision))
     return {
         **asdict(spec),
-        "layout": layout,
-        "dtype": precision.dtype,
-        "mode": precision.mode,
-        "tf32": precision.tf32,
-        "weights": weights,
-        "decoder": "as loaded (spectral-norm layout)" if spec.reference else "spectral norm folded",
-        "graph": "warp+decode captured per batch size, static buffers" if spec.graph else False,
+        "engine": ENGINE,
+        "runtime": wd.runtime,
+        "runtime_precision": precision,
+        "dtype": dtype,
+        "mode": half_mode or "fp32",
+        "tf32": precision == "tf32",
+        "weights": dtype if half_mode == "cast" else "float32",
+        "layout": "channels_last" if wd.channels_last else "contiguous",
+        "decoder": "spectral norm folded (the engines')",
+        "cuda_graphs": "one per engine and batch size (runtime capture)" if wd.graphs else False,
+        "compiled": wd.compiled,
+        "compile_mode": compile_mode if wd.compiled else None,
+        "channel_pad": wd.channel_pad,
+        "depth_split": wd.depth_split,
     }
 
 
@@ -693,13 +644,16 @@ def run_render_suite(
     profile: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Measure warp+decode per path and batch; a JSON-ready dict (see the module docstring).
+    """Measure the renderer's warp + decode engines per path and batch; a JSON-ready dict (see
+    the module docstring).
 
     ``precisions`` None: all of :data:`PRECISIONS` on CUDA, fp32 on the CPU. ``paths`` limits
     the paths run (``eager_fp32`` always runs). ``repeats`` None: automatic (``target_ms``);
-    ``warmup`` None: 2 on CUDA, 1 on the CPU. Keys: suite, facts, config, flops, matmul,
-    published, targets, paths (name -> status, settings, batches[str(B)]), summary, notes;
-    on CUDA with ``profile``, also profile (:func:`profile_networks` at fp16, largest batch).
+    ``warmup`` None: 2 on CUDA, 1 on the CPU. ``cudnn_benchmark`` is cuDNN's autotuner for the
+    eager paths (the engines tune at capture whatever it says). Keys: suite, facts, config,
+    flops, matmul, published, targets, paths (name -> status, settings, batches[str(B)]),
+    summary, notes; on CUDA with ``profile``, also profile and profile_rewritten
+    (:func:`profile_networks` at fp16, largest batch, without and with the rewrites).
     """
     say = progress or (lambda _line: None)
     dev = torch.device(device)
@@ -729,10 +683,11 @@ def run_render_suite(
     released = not reduced and feature_size == FEATURE_SIZE
     man = manifest_flops(manifest)
     flops = counted["per_frame"]
-    warp = warp_cpu.to(dev)
+    warp = sized_warp(warp_cpu.to(dev), feature_size)
     decoder = decoder_cpu.to(dev)
     inputs = _make_inputs(warp, batches, input_sets, feature_size, seed, dev)
     flush = _CacheFlush(dev, flush_cache)
+    support = precision_support("torch", dev)
     bench_before = torch.backends.cudnn.benchmark
     if dev.type == "cuda":
         torch.backends.cudnn.benchmark = cudnn_benchmark
@@ -759,8 +714,9 @@ def run_render_suite(
             "compile_mode": compile_mode if compile else None,
             "cudnn_benchmark": cudnn_benchmark if dev.type == "cuda" else None,
             "l2_flush_bytes": flush.bytes,
-            "inputs": "per set: one f_s [1, C, D, H, W] expanded to the batch (as the Ditto "
-            "engine does), x_s and x_d [B, 21, 3] per frame",
+            "engine": ENGINE,
+            "inputs": "per set: one f_s [1, C, D, H, W] loaded into the engines (once per "
+            "avatar, untimed), x_s and x_d [B, 21, 3] per frame",
             "models": {
                 name: {
                     "parameters": sum(p.numel() for p in m.parameters()),
@@ -790,57 +746,50 @@ def run_render_suite(
     }
 
     rates: dict[tuple[str, bool], dict[str, Any]] = {}
-    for name in precisions:
-        p = PRECISIONS[name]
-        key = (p.dtype, p.tf32)
+    for name in (*precisions, *(() if "fp32" in precisions else ("fp32",))):
+        key = (_dtype_name(_dtype(name)), PRECISIONS[name][0] == "tf32")
         if key not in rates:
             try:
                 rates[key] = matmul_rate(
-                    p, dev, matmul_n, repeats or (10 if dev.type == "cuda" else 3)
+                    name, dev, matmul_n, repeats or (10 if dev.type == "cuda" else 3)
                 )
             except Exception as e:
-                rates[key] = {"dtype": p.dtype, "tf32": p.tf32, "n": matmul_n, "error": _reason(e)}
+                rates[key] = {"dtype": key[0], "tf32": key[1], "n": matmul_n, "error": _reason(e)}
         result["matmul"][name] = rates[key]
     say(
         "[render] matmul TFLOP/s: "
         + ", ".join(f"{k} {v.get('tflops', float('nan')):.2f}" for k, v in result["matmul"].items())
     )
-    if "fp32" not in result["matmul"]:
-        result["matmul"]["fp32"] = matmul_rate(PRECISIONS["fp32"], dev, matmul_n, repeats or 3)
 
     refs: dict[int, list[Tensor]] = {}
     eager_layout: dict[str, dict[str, float]] = {}  # precision -> layout -> fps at largest batch
+    compiled = sum(spec.compile for spec in plan) if dev.type == "cuda" else 0
+    restore = contextlib.ExitStack()
     try:
+        restore.enter_context(_compile_room(len(RENDER_NETWORKS) * len(batches) * compiled))
         for spec in plan:
-            precision = PRECISIONS[spec.precision]
             rate = result["matmul"][spec.precision].get("tflops")
             layout = spec.layout
             if layout == "auto":
                 seen = eager_layout.get(spec.precision, {})
                 layout = max(seen, key=seen.get) if seen else "contiguous"
-            settings = _path_settings(spec, precision, layout)
-            if spec.layout == "auto":
-                settings["layout_rule"] = "the faster eager layout at the largest batch"
+            why = support.get(PRECISIONS[spec.precision][0])
             if spec.graph and dev.type != "cuda":
-                result["paths"][spec.name] = {"status": "skipped", "reason": "needs --device cuda"}
+                why = "needs --device cuda"
+            if why is not None:
+                result["paths"][spec.name] = {"status": "skipped", "reason": why}
+                if spec.reference:
+                    raise RuntimeError(f"the fp32 eager reference cannot run: {why}")
                 continue
             started = time.perf_counter()
-            wd: WarpDecode | None = None
+            wd: WarpDecodeEngines | None = None
+            settings: dict[str, Any] = {**asdict(spec), "layout": layout}
             try:
-                wd = WarpDecode(
-                    warp,
-                    decoder,
-                    precision,
-                    dev,
-                    layout=layout,
-                    reference=spec.reference,
-                    compile=spec.compile,
-                    compile_mode=compile_mode,
-                    pad=spec.pad,
-                    split=spec.split,
+                wd = build_engines(
+                    spec, warp, decoder, dev, layout == "channels_last", compile_mode, feature_size
                 )
+                settings = _path_settings(spec, wd, compile_mode)
                 rec, images = _run_path(
-                    spec,
                     wd,
                     inputs,
                     batches,
@@ -860,6 +809,8 @@ def run_render_suite(
                 refs = images
                 if not is_ok(rec):
                     raise RuntimeError(f"the fp32 eager reference failed: {rec.get('reason')}")
+            if spec.layout == "auto":
+                settings["layout_rule"] = "the faster eager layout at the largest batch"
             settings["path_s"] = round(time.perf_counter() - started, 1)
             rec["settings"] = settings
             result["paths"][spec.name] = rec
@@ -879,24 +830,26 @@ def run_render_suite(
                     result[key] = profile_networks(
                         warp,
                         decoder,
-                        PRECISIONS["fp16"],
+                        "fp16",
                         dev,
                         inputs,
                         max(batches),
                         PAD_MULTIPLE if rewrite else 0,
                         rewrite,
+                        feature_size,
                     )
                 except Exception as e:  # out of memory, a profiler without CUDA activity, ...
                     result[key] = {"error": _reason(e)}
     finally:
+        restore.close()
         if dev.type == "cuda":
             torch.backends.cudnn.benchmark = bench_before
     if dev.type == "cuda":
         result["facts"]["peak_memory_mib"] = round(torch.cuda.max_memory_allocated(dev) / 2**20, 1)
     else:
         result["notes"].append(
-            "CUDA graph and torch.compile paths need --device cuda; on the CPU only eager "
-            "and channels-last paths run"
+            "CUDA graph and torch.compile paths need --device cuda; on the CPU only eager, "
+            "channels-last and padded paths run"
         )
     if not compile and dev.type == "cuda":
         result["notes"].append("torch.compile paths not run (--compile measures them)")
@@ -918,32 +871,42 @@ RENDER_KERNELS: tuple[tuple[str, tuple[str, ...]], ...] = (
 def profile_networks(
     warp: nn.Module,
     decoder: nn.Module,
-    precision: Precision,
+    precision: str,
     device: torch.device,
     inputs: _Inputs,
     batch: int,
     pad: int = 0,
     split: bool = False,
+    feature_size: int = FEATURE_SIZE,
 ) -> dict[str, Any]:
-    """Where a batch's time goes: the kernels of the warp network and of the decoder, each run
-    once eagerly (spectral norm folded, ``precision``, conv channels padded to ``pad``, the
-    deep 3-D convolution depth-split with ``split``) after a warm-up, by kind of kernel."""
-    wd = WarpDecode(warp, decoder, precision, device, pad=pad, split=split)
-    f_s, x_s, x_d = wd.cast_inputs(*inputs.batch(batch)[0])
-    f_b = f_s.expand(batch, *f_s.shape[1:])
-    with wd.context():
-        feature = wd.warp(f_b, x_s, x_d)
-        for _ in range(2):
-            wd.decoder(wd.warp(f_b, x_s, x_d))
-        nets = {
-            "warp_network": kernel_profile(lambda: wd.warp(f_b, x_s, x_d), device, RENDER_KERNELS),
-            "decoder": kernel_profile(lambda: wd.decoder(feature), device, RENDER_KERNELS),
-        }
+    """Where a batch's time goes: the kernels of the warp engine and of the decoder engine
+    (the renderer's, run eagerly at ``precision``, conv channels padded to ``pad``, the deep
+    3-D convolution depth-split with ``split``), each run once after a warm-up, by kind."""
+    spec = RenderPath("profile", precision, pad=pad, split=split)
+    wd = build_engines(spec, warp, decoder, device, feature_size=feature_size)
+    engines = wd.engines(batch)
+    f_s, x_s, x_d = inputs.batch(batch)[0]
+    feed = {
+        "feature_3d": f_s.expand(batch, *f_s.shape[1:]).contiguous(),
+        "kp_source": x_s,
+        "kp_driving": x_d,
+    }
+    warp_engine, decoder_engine = engines["warp_network"], engines["decoder"]
+    feature = warp_engine.run(feed)["out"]
+    for _ in range(2):
+        decoder_engine.run({"feature": warp_engine.run(feed)["out"]})
+    nets = {
+        "warp_network": kernel_profile(lambda: warp_engine.run(feed), device, RENDER_KERNELS),
+        "decoder": kernel_profile(
+            lambda: decoder_engine.run({"feature": feature}), device, RENDER_KERNELS
+        ),
+    }
     return {
-        "precision": precision.name,
+        "precision": precision,
         "batch": batch,
         "pad": pad,
         "split": split,
+        "engine": ENGINE,
         "networks": nets,
         "ms_per_frame": {n: p["kernel_ms"] / batch for n, p in nets.items()},
     }
@@ -1076,11 +1039,9 @@ def to_markdown(result: dict[str, Any]) -> str:
     out = [
         "## Render: warp network + decoder, batched",
         "",
-        f"Measured on **{facts.get('name')}** (capability {facts.get('capability') or '–'}), "
-        f"torch {facts.get('torch')}, CUDA {facts.get('cuda_runtime')}, "
-        f"{facts.get('date')}, commit `{facts.get('commit')}`"
-        + (f", command `{facts['command']}`" if facts.get("command") else "")
-        + ".",
+        measured_on(facts),
+        f"Every path is the renderer's own engines (`{cfg['engine']}`) with the knobs its "
+        "settings row names.",
         f"Random weights, {size} architecture (warp network "
         f"{cfg['models']['warp_network']['parameters']:,} and decoder "
         f"{cfg['models']['decoder']['parameters']:,} parameters), feature maps "
@@ -1209,44 +1170,21 @@ def to_markdown(result: dict[str, Any]) -> str:
         if result.get(key):
             out += _profile_markdown(result[key])
 
-    out += ["", "### Settings per path", ""]
-    rows = []
-    for name, rec in ok.items():
-        s = rec.get("settings", {})
-        text = ", ".join(f"{k}={v}" for k, v in s.items() if k not in ("name", "reference"))
-        rows.append([name, text.replace("|", "/")])
-    out += table(["path", "settings"], rows)
-    plots = result.get("plots")
-    if plots:
-        out += [""]
-        if plots.get("files"):
-            out += [f"![{Path(p).stem}]({Path(p).name})" for p in plots["files"]]
-        else:
-            out.append(f"Plots: {plots.get('skipped')}")
-    notes = result.get("notes") or []
-    if notes:
-        out += ["", *(f"- {n}" for n in notes)]
+    out += settings_markdown(ok, skip=("name", "reference"))
+    out += markdown_tail(result)
     return "\n".join(out) + "\n"
 
 
 def save_plots(result: dict[str, Any], folder: str | Path) -> dict[str, Any]:
-    """PNG plots (frames/s and FLOP-floor fraction vs batch, per path) via matplotlib's Agg.
+    """PNG plots (frames/s and FLOP-floor fraction vs batch, per path) through
+    :func:`studio.bench.report.write_plots`; its ``{"files": [...]}`` (or why none)."""
+    return write_plots(result, folder, lambda plots: _draw(result, plots))
 
-    Returns ``{"files": [...]}`` or ``{"files": [], "skipped": reason}``; also stored in
-    ``result["plots"]``. matplotlib is not a dependency: without it nothing is drawn.
-    """
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as e:
-        info: dict[str, Any] = {"files": [], "skipped": f"matplotlib is not installed ({e})"}
-        result["plots"] = info
-        return info
-    out_dir = Path(folder)
-    out_dir.mkdir(parents=True, exist_ok=True)
+
+def _draw(result: dict[str, Any], plots: Any) -> None:
     pub = result["published"]
     ok = {n: r for n, r in result["paths"].items() if is_ok(r)}
-    files: list[str] = []
+    batches = result["config"]["batches"]
 
     def series(rec: dict[str, Any], field: str) -> list[tuple[int, float]]:
         return [
@@ -1255,42 +1193,31 @@ def save_plots(result: dict[str, Any], folder: str | Path) -> dict[str, Any]:
             if is_ok(r) and r.get(field) is not None
         ]
 
-    def finish(fig: Figure, name: str) -> None:
-        FigureCanvasAgg(fig)
-        fig.tight_layout()
-        path = out_dir / name
-        fig.savefig(path, dpi=120)
-        files.append(str(path))
+    def per_path(field: str) -> Any:
+        fig = plots.figure()
+        ax = fig.add_subplot()
+        for name, rec in ok.items():
+            pts = series(rec, field)
+            if pts:
+                ax.plot(*zip(*pts, strict=True), "o-", label=name)
+        ax.set_xscale("log")
+        ax.set_xticks(batches, [str(b) for b in batches])
+        return fig, ax
 
-    fig = Figure(figsize=(8, 5))
-    ax = fig.add_subplot()
-    for name, rec in ok.items():
-        pts = series(rec, "fps")
-        if pts:
-            ax.plot(*zip(*pts, strict=True), "o-", label=name)
+    fig, ax = per_path("fps")
     ax.axhline(pub["warp_decode_fps"], color="k", ls="--", lw=0.8, label="published warp+decode")
     ax.axhline(pub["render_loop_fps"], color="k", ls=":", lw=0.8, label="published render loop")
     ax.axhline(TARGETS["render_loop_fps"], color="r", lw=0.8, label="target render loop")
-    ax.set(xscale="log", yscale="log", xlabel="batch", ylabel="frames/s (median)")
-    ax.set_xticks(result["config"]["batches"], [str(b) for b in result["config"]["batches"]])
+    ax.set(yscale="log", xlabel="batch", ylabel="frames/s (median)")
     ax.set_title(f"Warp + decode throughput — {result['facts'].get('name')}")
     ax.legend(fontsize=7)
-    finish(fig, "render_fps.png")
+    plots.save(fig, "render_fps.png")
 
-    fig = Figure(figsize=(8, 5))
-    ax = fig.add_subplot()
-    for name, rec in ok.items():
-        pts = series(rec, "floor_fraction")
-        if pts:
-            ax.plot(*zip(*pts, strict=True), "o-", label=name)
-    ax.set(xscale="log", xlabel="batch", ylabel="fraction of the FLOP floor")
-    ax.set_xticks(result["config"]["batches"], [str(b) for b in result["config"]["batches"]])
+    fig, ax = per_path("floor_fraction")
+    ax.set(xlabel="batch", ylabel="fraction of the FLOP floor")
     ax.set_ylim(0, 1)
     ax.legend(fontsize=7)
-    finish(fig, "render_floor_fraction.png")
-    info = {"files": files}
-    result["plots"] = info
-    return info
+    plots.save(fig, "render_floor_fraction.png")
 
 
 # --- command line ------------------------------------------------------------------------
@@ -1308,16 +1235,9 @@ def _precision_list(text: str) -> tuple[str, ...]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The suite's command-line options (``studio bench --suite render`` maps onto these)."""
-    p = argparse.ArgumentParser(
-        prog="studio bench --suite render",
-        description="Warp network + decoder throughput per batch, precision and path.",
+    p = suite_parser(
+        "render", "Throughput of the renderer's warp + decode engines per batch, precision, path."
     )
-    p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda if seen")
-    p.add_argument("--json", metavar="OUT", help="write the full result as JSON")
-    p.add_argument("--markdown", metavar="OUT", help="write the tables as Markdown")
-    p.add_argument("--plots", metavar="DIR", help="write PNG plots (needs matplotlib)")
-    p.add_argument("--repeats", type=int, default=None, help="timed runs per point (default: auto)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed runs per point")
     p.add_argument(
         "--batches",
         type=lambda s: int_list(s, 1, MAX_BATCH, "batches"),
@@ -1345,7 +1265,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-mode", default=COMPILE_MODE, help=f"default {COMPILE_MODE}")
     p.add_argument("--matmul-size", type=int, default=None, help="n of the rate matmul")
     p.add_argument("--target-ms", type=float, default=TARGET_MS, help="timed ms per point (auto)")
-    p.add_argument("--no-cudnn-benchmark", action="store_true", help="keep cuDNN heuristics")
+    p.add_argument(
+        "--no-cudnn-benchmark",
+        action="store_true",
+        help="keep cuDNN heuristics on the eager paths (the engines autotune at capture)",
+    )
     p.add_argument("--no-flush", action="store_true", help="do not flush L2 between runs")
     p.add_argument("--manifest", metavar="FILE", help=f"path of {MANIFEST_NAME}")
     p.add_argument("--no-profile", action="store_true", help="skip the kernel profile (CUDA)")
@@ -1354,48 +1278,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the suite, write the outputs asked for, print the Markdown; 0, or 2 on errors."""
-    args = build_parser().parse_args(argv)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if args.repeats is not None and args.repeats < 1:
-        print("--repeats must be >= 1", file=sys.stderr)
-        return 2
-    paths = [s.strip() for s in args.paths.split(",")] if args.paths else None
-    try:
-        result = run_render_suite(
-            device=device,
-            batches=args.batches,
-            precisions=args.precisions,
-            repeats=args.repeats,
-            warmup=args.warmup,
-            reduced=args.reduced,
-            feature_size=args.feature_size,
-            seed=args.seed,
-            input_sets=max(1, args.input_sets),
-            compile=args.compile,
-            compile_mode=args.compile_mode,
-            paths=paths,
-            matmul_size=args.matmul_size,
-            target_ms=args.target_ms,
-            cudnn_benchmark=not args.no_cudnn_benchmark,
-            flush_cache=not args.no_flush,
-            manifest=args.manifest,
-            profile=not args.no_profile,
-            progress=lambda line: print(line, file=sys.stderr, flush=True),
-        )
-    except (RuntimeError, ValueError, OSError) as e:
-        print(f"studio bench render: {e}", file=sys.stderr)
-        return 2
-    given = list(sys.argv[1:] if argv is None else argv)
-    result["facts"]["command"] = " ".join(["studio bench --suite render", *given])
-    result["facts"]["argv"] = given
-    if args.plots:
-        info = save_plots(result, args.plots)
-        if info.get("skipped"):
-            print(f"plots skipped: {info['skipped']}", file=sys.stderr)
-    text = to_markdown(result)
-    write_outputs(result, text, args.json, args.markdown)
-    print(text)
-    return 0
+    errors = (RuntimeError, ValueError, OSError)
+    return run_main("render", build_parser(), argv, _run, to_markdown, save_plots, errors)
+
+
+# options passed on to run_render_suite as they are (the same names)
+_AS_GIVEN = ("batches", "precisions", "repeats", "warmup", "reduced", "feature_size", "seed")
+_AS_GIVEN += ("compile", "compile_mode", "matmul_size", "target_ms", "manifest")
+
+
+def _run(args: argparse.Namespace, progress: Callable[[str], None]) -> dict[str, Any]:
+    return run_render_suite(
+        device=default_device(args.device),
+        paths=name_list(args.paths),
+        input_sets=max(1, args.input_sets),
+        cudnn_benchmark=not args.no_cudnn_benchmark,
+        flush_cache=not args.no_flush,
+        profile=not args.no_profile,
+        progress=progress,
+        **{name: getattr(args, name) for name in _AS_GIVEN},
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,18 +6,21 @@ not re-read the same inputs from cache). On a CUDA device each timed run is brac
 CUDA events and the host synchronizes only at that boundary (after ``setup`` and after the
 end event), never inside the measured work; on the CPU ``time.perf_counter`` is used. The
 reported figure is the median; min, max and the inter-quartile range come with it.
+
+CUDA graphs and TF32 are the runtime's (:func:`studio.runtime.base.capture_cuda_graph`,
+:func:`studio.runtime.base.math_mode`): the bench measures what the engines run, with no
+capture of its own.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import platform
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,10 +29,9 @@ import torch
 
 __all__ = [
     "Timing",
-    "capture_graph",
+    "default_device",
     "device_facts",
     "git_commit",
-    "matmul_tf32",
     "measure",
     "synchronize",
     "utc_now",
@@ -67,6 +69,11 @@ class Timing:
         if self.wall_ms:
             out["wall_median_ms"] = float(statistics.median(self.wall_ms))
         return out
+
+
+def default_device(device: str | None = None) -> str:
+    """A suite's ``--device``: as given, else ``cuda`` when torch sees a GPU, else ``cpu``."""
+    return device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def synchronize(device: torch.device | str) -> None:
@@ -120,40 +127,6 @@ def measure(
         fn()
         samples.append((time.perf_counter() - t0) * 1e3)
     return Timing(samples, [], "perf_counter")
-
-
-def capture_graph(fn: Callable[[], T], warmup: int = 2) -> tuple[torch.cuda.CUDAGraph, T]:
-    """Capture ``fn`` once into a CUDA graph; returns (graph, fn's static output).
-
-    As the PyTorch CUDA-graphs notes prescribe: warm-up iterations on a side stream (lazy
-    initialisation, cuBLAS workspaces, autotuning stay out of the capture), then one
-    capture under ``torch.cuda.graph``. ``fn`` must read and write only tensors that live
-    across replays (static inputs filled with ``copy_`` before ``replay()``) and must not
-    synchronize with the host.
-    """
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(max(1, warmup)):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    torch.cuda.synchronize()
-    return graph, out
-
-
-@contextlib.contextmanager
-def matmul_tf32(enabled: bool) -> Iterator[None]:
-    """Set ``torch.backends.cuda.matmul.allow_tf32`` for the block, then restore it."""
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = enabled
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 ARCHIVE_COMMIT = Path("studio/bench/archive_commit.txt")  # filled in by git archive

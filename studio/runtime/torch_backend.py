@@ -258,6 +258,23 @@ def _reusable(
     )
 
 
+COMPILED_ENGINES = 64  # compiled torch engines a process may hold (networks x batch sizes)
+
+
+def _room_for_compiled_engines() -> None:
+    """Every compiled engine compiles the same code (the precision adapter's forward), and
+    Dynamo keeps at most ``recompile_limit`` (8 by default) graphs per code object: past it a
+    new engine would run eagerly inside its CUDA graph, with a log line only. Two networks
+    on a ladder of batch sizes reach 8; make room for :data:`COMPILED_ENGINES`."""
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):  # the name changed across torch
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(int(getattr(cfg, name)), COMPILED_ENGINES))
+            return
+
+
 class TorchEngine(EngineBase):
     """One studio network as an :class:`~studio.runtime.base.Engine` on torch.
 
@@ -308,6 +325,7 @@ class TorchEngine(EngineBase):
         self._static_out: tuple[Tensor, ...] | None = None
         self._fn: Callable[..., tuple[Tensor, ...]] = self.adapter
         if compile:
+            _room_for_compiled_engines()
             self._fn = torch.compile(self.adapter, mode=compile_mode, dynamic=False)
         example = self.adapter.example_inputs(batch)
         names = self.adapter.INPUT_NAMES

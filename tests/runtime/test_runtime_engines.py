@@ -443,3 +443,27 @@ def test_the_iobinding_calls_of_the_cuda_path_run_on_this_onnxruntime(nets, onnx
             out = {s.name: torch.from_numpy(v) for s, v in zip(ref.outputs, got, strict=True)}
         for name, w in want.items():
             assert torch.allclose(out[name], w, atol=1e-6), (preallocate, name)
+
+
+def test_compiled_engines_get_room_in_dynamos_cache(nets, monkeypatch):
+    """Every compiled engine compiles the adapter's one forward: past Dynamo's default of 8
+    graphs per code object the rest would silently run eagerly."""
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    monkeypatch.setattr(cfg, name, 8)
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda m, **k: compiled.append(k) or m)  # no codegen
+    TorchEngine("stitch_network", nets["stitch_network"], "fp32", torch.device("cpu"))
+    assert getattr(cfg, name) == 8 and not compiled  # an eager engine changes nothing
+    for batch in (1, 2, 3):
+        TorchEngine(
+            "stitch_network",
+            nets["stitch_network"],
+            "fp32",
+            torch.device("cpu"),
+            batch=batch,
+            compile=True,
+        )
+    assert len(compiled) == 3 and getattr(cfg, name) >= 64

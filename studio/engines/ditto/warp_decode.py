@@ -36,6 +36,7 @@ from studio.runtime.precision import parse_precision, precision_support
 from studio.runtime.torch_backend import PrecisionAdapter
 
 __all__ = [
+    "HALF_MODES",
     "MAX_BATCH_SIZES",
     "RENDER_NETWORKS",
     "WarpDecodeEngines",
@@ -45,6 +46,7 @@ __all__ = [
 
 RENDER_NETWORKS = ("warp_network", "decoder")
 MAX_BATCH_SIZES = 4  # engines (graphs, compiled code) kept for this many batch sizes
+HALF_MODES = ("cast", "autocast")  # the torch engines' policies for fp16/bf16
 _LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 
 
@@ -95,6 +97,16 @@ class WarpDecodeEngines:
     CUDA graphs only. The output of
     :meth:`__call__` is an engine's static buffer on CUDA: the next call overwrites it, so
     consume (or copy) it before rendering the next batch.
+
+    Keyword-only knobs whose defaults are what the renderer runs (the render bench turns them
+    to measure the alternatives on these same engines): ``cuda_graphs`` (None: on for torch on
+    CUDA; False runs the engines eagerly, and then ``compile`` is off too); ``half_mode``, the
+    torch engines' policy for fp16/bf16 (``cast``: weights cast once; ``autocast``: fp32
+    weights under ``torch.autocast``); ``channels_last`` (torch: weights and inputs in
+    channels-last layouts, 4-D and 3-D; each batch size's engines then hold their own copy of
+    the weights); ``compile_mode`` (``torch.compile``'s mode); ``feature_size`` (None: the
+    product's f_s side; the decoder's static input, which must match the maps the warp
+    network's ``example_inputs`` give).
     """
 
     def __init__(
@@ -107,16 +119,32 @@ class WarpDecodeEngines:
         runtime: str = "torch",
         channel_pad: int | None = None,
         depth_split: bool | None = None,
+        *,
+        cuda_graphs: bool | None = None,
+        half_mode: str = "cast",
+        channels_last: bool = False,
+        compile_mode: str = "default",
+        feature_size: int | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.runtime = runtime
         self.precisions = render_precisions(precision, runtime, self.device)
         torch_runtime = runtime == "torch"
+        if half_mode not in HALF_MODES:
+            raise ValueError(f"half_mode must be one of {', '.join(HALF_MODES)}, not {half_mode}")
+        if not torch_runtime and (half_mode != "cast" or channels_last):
+            raise ValueError(
+                f"half_mode and channels_last are the torch runtime's, not {runtime}'s"
+            )
         self.cuda = self.device.type == "cuda"
-        self.graphs = self.cuda and torch_runtime
+        self.graphs = self.cuda and torch_runtime and cuda_graphs is not False
         self.compiled = compile and self.graphs
+        self.half_mode = half_mode
+        self.channels_last = channels_last
+        self.compile_mode = compile_mode
         folded = fold_spectral_norm(decoder)
-        folded.feature_size = FEATURE_SIZE  # the engine's static input is the warp's output
+        # the engine's static input is the warp's output
+        folded.feature_size = FEATURE_SIZE if feature_size is None else feature_size
         if channel_pad is None:  # cuDNN on a GPU; ONNX Runtime and TensorRT pad for themselves
             channel_pad = TENSOR_CORE_MULTIPLE if self.graphs else 0
         self.channel_pad = channel_pad
@@ -184,7 +212,7 @@ class WarpDecodeEngines:
     def _module(self, name: str) -> nn.Module:
         """The network for a new engine: on torch one precision adapter per network (its
         weights cast once), shared by the engines of every batch size."""
-        if self.runtime != "torch":
+        if self.runtime != "torch" or self.channels_last:  # channels-last engines copy it
             return self._modules[name]
         if name not in self._adapters:
             mode = self._options(name)["mode"]
@@ -197,7 +225,21 @@ class WarpDecodeEngines:
         if self.runtime != "torch":
             return {}
         half = self.precisions[name] in HALF_DTYPES
-        return {"compile": self.compiled, "mode": "cast" if half else None}
+        options: dict[str, object] = {
+            "compile": self.compiled,
+            "mode": self.half_mode if half else None,
+        }
+        if self.compiled and self.compile_mode != "default":
+            options["compile_mode"] = self.compile_mode
+        if self.channels_last:
+            options["channels_last"] = True
+        return options
+
+    def load_avatar(self, f_s: Tensor, batch: int) -> None:
+        """Write the avatar's f_s [1, C, D, H, W] into the engines of ``batch`` (built here if
+        need be) now rather than at the next call, which does it for a new f_s anyway: a caller
+        that times calls keeps this once-per-avatar copy out of them."""
+        self._features(self.engines(batch)["warp_network"], f_s, batch)
 
     def __call__(self, f_s: Tensor, x_s: Tensor, x_d: Tensor, batch: int) -> Tensor:
         """Render ``x_d.shape[0] <= batch`` frames of the avatar ``f_s`` [1, C, D, H, W]."""

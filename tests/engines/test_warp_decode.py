@@ -3,6 +3,8 @@ the ladder of batch sizes and its eviction; ONNX Runtime; on a GPU the captured 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -82,7 +84,7 @@ def test_engines_match_the_modules_and_pad_short_batches(
 @needs_cuda
 def test_cuda_graphed_fp16_engines_track_fp32_and_a_new_avatar(modules) -> None:
     dev = torch.device("cuda")
-    warp, decoder = (m.to(dev) for m in modules)
+    warp, decoder = (copy.deepcopy(m).to(dev) for m in modules)  # the fixture's stay on the CPU
     wd = WarpDecodeEngines(warp, decoder, "auto", dev)
     assert wd.precisions == {"warp_network": "fp16", "decoder": "fp16"}
     assert wd.channel_pad == 8 and wd.depth_split  # the rewrites run on CUDA graphs
@@ -124,3 +126,51 @@ def test_a_runtime_that_cannot_run_here_is_an_option_error(modules) -> None:
 
     with pytest.raises(OptionError, match="--precision"):  # ORT runs fp32 on the CPU
         WarpDecodeEngines(*modules, "bf16", torch.device("cpu"), runtime="onnxruntime")
+
+
+def test_knobs_default_to_what_the_renderer_runs(modules, one_torch_thread) -> None:
+    """The bench's knobs: their defaults are the renderer's; turned, the same images (eager
+    engines, autocast policy, channels-last layout on copies of the weights)."""
+    cpu = torch.device("cpu")
+    wd = WarpDecodeEngines(*modules, "auto", cpu)
+    assert (wd.half_mode, wd.channels_last, wd.compile_mode) == ("cast", False, "default")
+    assert wd._options("decoder") == {"compile": False, "mode": None}  # fp32 on the CPU
+    f_s, x_s, x_d = _inputs(modules[0], 2)
+    want = _eager(modules, f_s, x_s, x_d)
+    before = {k: v.clone() for k, v in modules[0].state_dict().items()}
+    laid_out = WarpDecodeEngines(*modules, "fp32", cpu, channels_last=True, cuda_graphs=False)
+    engine = laid_out.engines(2)["warp_network"]
+    assert engine.channels_last and engine.adapter.inner is not modules[0]  # its own copy
+    torch.testing.assert_close(laid_out(f_s, x_s, x_d, 2), want, rtol=1e-4, atol=1e-5)
+    for k, v in modules[0].state_dict().items():  # the caller's network untouched
+        assert v.is_contiguous() and torch.equal(v, before[k]), k
+    autocast = WarpDecodeEngines(*modules, "bf16", cpu, half_mode="autocast")
+    assert autocast.engines(2)["decoder"].mode == "autocast"
+    got = autocast(f_s, x_s, x_d, 2)
+    cos = F.cosine_similarity(got.double().flatten(), want.double().flatten(), dim=0)
+    assert float(cos) >= 0.999
+    with pytest.raises(ValueError, match="half_mode"):
+        WarpDecodeEngines(*modules, "auto", cpu, half_mode="fp8")
+
+
+def test_load_avatar_writes_the_features_ahead_of_the_call(modules, one_torch_thread) -> None:
+    wd = WarpDecodeEngines(*modules, "auto", torch.device("cpu"))
+    f_s, x_s, x_d = _inputs(modules[0], 2)
+    wd.load_avatar(f_s, 2)
+    held = wd._f_s[2]
+    assert held[0] is f_s and held[1].shape[0] == 2  # built and written, before any call
+    wd(f_s, x_s, x_d, 2)
+    assert wd._f_s[2] is held  # the call found the avatar loaded
+
+
+def test_feature_size_sets_the_decoders_static_input(one_torch_thread) -> None:
+    """The engines' static shapes follow the warp network's example maps and ``feature_size``
+    (what the bench's --feature-size turns); the product's by default."""
+    warp, decoder = small_warp_network(), random_network("decoder", reduced=True)
+    wd = WarpDecodeEngines(warp, decoder, "auto", torch.device("cpu"), feature_size=SMALL_WARP_MAPS)
+    spec = wd.engines(1)["decoder"].inputs[0]
+    assert spec.shape[-2:] == (SMALL_WARP_MAPS, SMALL_WARP_MAPS)
+    f_s, x_s, x_d = _inputs(warp, 1)
+    torch.testing.assert_close(
+        wd(f_s, x_s, x_d, 1), _eager((warp, decoder), f_s, x_s, x_d), rtol=1e-4, atol=1e-5
+    )

@@ -12,7 +12,7 @@ from studio.cli import main as cli_main
 from studio.engines.demo.engine import demo_audio_path
 
 FIXTURES = [
-    Path(__file__).resolve().parents[2] / "shared" / "fixtures",
+    Path(__file__).resolve().parents[3] / "shared" / "fixtures",
     Path("/work/shared/fixtures"),
 ]
 

@@ -1,4 +1,5 @@
-"""The render bench suite on the CPU through the real CLI, its graph path, and `--suite all`."""
+"""The render bench suite on the CPU through the real CLI (timing the renderer's own engines),
+its graph paths on a GPU, the suites' shared writer, and `--suite all`."""
 
 from __future__ import annotations
 
@@ -9,15 +10,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from studio.bench import SUITES
+from studio.bench import SUITES, report
 from studio.bench import render as R
 from studio.cli import main as cli_main
+from studio.engines.ditto.warp_decode import WarpDecodeEngines
 from studio.fixtures.random_tree import random_network
 from studio.models.channel_pad import PaddedConv
 from studio.models.decoder import Decoder
 from studio.models.warp_network import WarpNetwork
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none here)"
+)
 
 SMOKE = ["--device", "cpu", "--reduced", "--feature-size", "32", "--batches", "1,2"]
 SMOKE += ["--repeats", "1", "--warmup", "0", "--input-sets", "1"]
@@ -48,8 +53,16 @@ def test_cli_smoke_writes_sane_json(run):
     assert "studio bench --suite render" in data["facts"]["command"]
     assert math.isfinite(data["matmul"]["fp32"]["tflops"]) and data["matmul"]["fp32"]["tflops"] > 0
     assert set(data["paths"]) == {"eager_fp32", "channels_last_fp32"}
+    assert (
+        data["config"]["engine"] == R.ENGINE == "studio.engines.ditto.warp_decode.WarpDecodeEngines"
+    )
     for name, rec in data["paths"].items():
         assert rec["status"] == "ok", (name, rec)
+        s = rec["settings"]  # what ran: the renderer's engines with the path's knobs
+        assert s["engine"] == R.ENGINE and s["runtime"] == "torch" and s["cuda_graphs"] is False
+        assert s["layout"] == (
+            "channels_last" if name.startswith("channels_last") else "contiguous"
+        )
         assert set(rec["batches"]) == {"1", "2"}
         for b, r in rec["batches"].items():
             assert r["status"] == "ok" and r["repeats"] == 1
@@ -126,53 +139,76 @@ def test_plan_paths_per_device():
     cpu = [p.name for p in R.plan_paths(["fp32", "bf16-autocast"], "cpu")]
     assert cpu == ["eager_fp32", "channels_last_fp32", "eager_bf16_autocast",
                    "channels_last_bf16_autocast", "padded_bf16_autocast"]  # fmt: skip
-    cuda = [p.name for p in R.plan_paths(["fp32", "fp16"], "cuda", compile=True)]
-    assert cuda == ["eager_fp32", "eager_fp16", "channels_last_fp16", "graph_fp16",
-                    "compiled_graph_fp16", "compiled_graph_channels_last_fp16",
-                    "compiled_graph_split_fp16", "compiled_graph_split_padded_fp16",
-                    "compiled_graph_padded_fp16", "compiled_graph_padded_cl3d_fp16",
-                    "padded_fp16"]  # fmt: skip
+    cuda = R.plan_paths(["fp32", "fp16"], "cuda", compile=True)
+    assert [p.name for p in cuda] == [
+        "eager_fp32", "eager_fp16", "channels_last_fp16", "graph_fp16",
+        "graph_split_padded_fp16", "compiled_graph_fp16", "compiled_graph_channels_last_fp16",
+        "compiled_graph_split_fp16", "compiled_graph_padded_fp16",
+        "compiled_graph_split_padded_fp16", "padded_fp16",
+    ]  # fmt: skip
+    by_name = {p.name: p for p in cuda}
+    default = by_name["compiled_graph_split_padded_fp16"]  # the renderer's default, --compile
+    assert (default.pad, default.split, default.graph, default.compile) == (8, True, True, True)
+    assert by_name["compiled_graph_split_fp16"].pad == 0
+    assert by_name["compiled_graph_padded_fp16"].split is False
     with pytest.raises(ValueError):
         R.plan_paths(["fp64"], "cpu")
 
 
-class _FakeGraph:
-    """Stands in for a CUDA graph on the CPU: replay() recomputes into the static output."""
-
-    def __init__(self, fn):
-        self.fn, self.out, self.replays = fn, fn(), 0
-
-    def replay(self):
-        self.replays += 1
-        self.out.copy_(self.fn())
-
-
-def test_graph_path_rotates_static_buffers(monkeypatch):
-    """The graph runner copies each input set into its static buffers before a replay, and its
-    images match the eager reference set by set."""
-    graphs: list[_FakeGraph] = []
-
-    def fake_capture(fn, warmup=2):
-        graphs.append(_FakeGraph(fn))
-        return graphs[-1], graphs[-1].out
-
-    monkeypatch.setattr(R, "capture_graph", fake_capture)
+def test_runner_rotates_input_sets_through_the_engines(monkeypatch):
+    """Each run's set is loaded into the engines untimed (its avatar once, as in a clip), the
+    timed call is one call of the renderer's engines, and the images match the reference set
+    by set."""
     cpu = torch.device("cpu")
-    warp = random_network("warp_network", reduced=True)
+    warp = R.sized_warp(random_network("warp_network", reduced=True), 32)
     decoder = random_network("decoder", reduced=True)
     inputs = R._make_inputs(warp, [1], 2, 32, 0, cpu)
-    fp32 = R.PRECISIONS["fp32"]
-    ref_wd = R.WarpDecode(warp, decoder, fp32, cpu, reference=True)
-    refs = {1: [ref_wd(*s).clone() for s in inputs.batch(1)]}
+    ref_wd = R.build_engines(
+        R.RenderPath("eager_fp32", "fp32"), warp, decoder, cpu, feature_size=32
+    )
+    refs = {1: [ref_wd(*s, 1).clone() for s in inputs.batch(1)]}
     assert not torch.equal(refs[1][0], refs[1][1])  # the two input sets differ
-    spec = R.RenderPath("graph_fp32", "fp32", graph=True)
-    wd = R.WarpDecode(warp, decoder, fp32, cpu)
+    spec = R.RenderPath("padded_fp32", "fp32", pad=R.PAD_MULTIPLE, split=True)
+    wd = R.build_engines(spec, warp, decoder, cpu, feature_size=32)
+    loaded, calls = [], []
+    load, call = wd.load_avatar, WarpDecodeEngines.__call__
+    monkeypatch.setattr(wd, "load_avatar", lambda f_s, b: (loaded.append(f_s), load(f_s, b)))
+    monkeypatch.setattr(
+        WarpDecodeEngines, "__call__", lambda self, *a: (calls.append(a[-1]), call(self, *a))[1]
+    )
     flush = R._CacheFlush(cpu, True)
-    rec, _ = R._run_path(spec, wd, inputs, [1], refs, 10**9, None, flush, cpu, 1, 0, 1.0)
+    rec, _ = R._run_path(wd, inputs, [1], refs, 10**9, None, flush, cpu, 1, 0, 1.0)
     point = rec["batches"]["1"]
     assert point["status"] == "ok" and point["cosine"] > 0.99999, point
     assert point["floor_fraction"] is None  # no matmul rate given
-    assert len(graphs) == 1 and graphs[0].replays == 3  # the timed run + one per input set
+    assert calls == [1, 1, 1]  # the timed run + one per input set, at the path's batch
+    sets = inputs.batch(1)
+    assert [id(f) for f in loaded] == [id(sets[k][0]) for k in (0, 0, 0, 1)]  # built, run, sets
+
+
+@needs_cuda
+def test_cuda_graph_and_rewritten_paths_time_the_engines(tmp_path):
+    """On a GPU: the graph paths run the renderer's captured engines (the rewrites on the
+    default path), agree with the fp32 reference, and their outputs are rewritten each call."""
+    js = tmp_path / "r.json"
+    argv = ["bench", "--suite", "render", "--device", "cuda", "--reduced", "--feature-size", "32"]
+    argv += ["--batches", "2,4", "--repeats", "2", "--warmup", "1", "--input-sets", "2"]
+    argv += ["--precisions", "fp16,bf16-autocast", "--no-profile", "--json", str(js)]
+    argv += ["--paths", "eager_fp16,graph_fp16,graph_split_padded_fp16,graph_bf16_autocast"]
+    assert cli_main(argv) == 0
+    paths = json.loads(js.read_text())["paths"]
+    assert set(paths) == {
+        "eager_fp32", "eager_fp16", "graph_fp16", "graph_split_padded_fp16", "graph_bf16_autocast"
+    }  # fmt: skip
+    for name, rec in paths.items():
+        assert rec["status"] == "ok", (name, rec)
+        graphs = rec["settings"]["cuda_graphs"]
+        assert bool(graphs) is name.startswith("graph"), (name, graphs)
+        for r in rec["batches"].values():
+            assert r["cosine"] >= 0.999 and math.isfinite(r["fps"]) and r["fps"] > 0
+    rewritten = paths["graph_split_padded_fp16"]["settings"]
+    assert rewritten["channel_pad"] == 8 and rewritten["depth_split"] is True
+    assert paths["graph_bf16_autocast"]["settings"]["mode"] == "autocast"
 
 
 def test_bad_options_exit_2(capsys):
@@ -258,18 +294,113 @@ def test_profile_section_splits_the_networks_by_kernel_kind(run):
     assert "Profile failed: OutOfMemoryError: boom" in to_markdown(fake)
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "channels_last_3d"])
-def test_padded_warp_decode_matches_the_reference(layout, one_torch_thread):
-    """Padded channels (and the 3-D weights in channels-last-3d) render the same images."""
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_rewritten_engines_match_the_reference(layout, one_torch_thread):
+    """Padded channels and the depth split (and the channels-last layout) render the same
+    images through the renderer's engines."""
     cpu = torch.device("cpu")
-    warp = random_network("warp_network", reduced=True)
+    warp = R.sized_warp(random_network("warp_network", reduced=True), 32)
     decoder = random_network("decoder", reduced=True)
     inputs = R._make_inputs(warp, [2], 1, 32, 0, cpu)
-    fp32 = R.PRECISIONS["fp32"]
-    ref = R.WarpDecode(warp, decoder, fp32, cpu, reference=True)(*inputs.batch(2)[0])
-    wd = R.WarpDecode(warp, decoder, fp32, cpu, layout=layout, pad=R.PAD_MULTIPLE, split=True)
-    assert any(isinstance(m, PaddedConv) for m in wd.warp.modules())
-    if layout == "channels_last_3d":
-        w5 = next(p for p in wd.warp.parameters() if p.dim() == 5 and p.shape[1] > 1)
+    f_s, x_s, x_d = inputs.batch(2)[0]
+    with torch.no_grad():
+        eager = decoder(warp(f_s.expand(2, *f_s.shape[1:]), x_s, x_d))  # the modules as loaded
+    reference = R.build_engines(
+        R.RenderPath("eager_fp32", "fp32"), warp, decoder, cpu, feature_size=32
+    )
+    torch.testing.assert_close(reference(f_s, x_s, x_d, 2), eager, rtol=1e-4, atol=1e-5)
+    spec = R.RenderPath("padded", "fp32", layout=layout, pad=R.PAD_MULTIPLE, split=True)
+    wd = R.build_engines(spec, warp, decoder, cpu, layout == "channels_last", feature_size=32)
+    engine = wd.engines(2)["warp_network"]
+    assert any(isinstance(m, PaddedConv) for m in engine.adapter.inner.modules())
+    if layout == "channels_last":
+        w5 = next(p for p in engine.adapter.inner.parameters() if p.dim() == 5 and p.shape[1] > 1)
         assert w5.is_contiguous(memory_format=torch.channels_last_3d)
-    torch.testing.assert_close(wd(*inputs.batch(2)[0]), ref, rtol=1e-4, atol=1e-5)
+        assert not any(  # the caller's network is not re-laid-out
+            p.is_contiguous(memory_format=torch.channels_last_3d) and not p.is_contiguous()
+            for p in warp.parameters()
+        )
+    torch.testing.assert_close(wd(f_s, x_s, x_d, 2), eager, rtol=1e-4, atol=1e-5)
+
+
+# --- the suites' shared writer (studio.bench.report) ---------------------------------------
+
+
+def test_shared_writer_tail_and_finish(tmp_path, capsys):
+    p = report.suite_parser("demo", "A demo suite.", {"repeats": "runs"}, warmup_default=1)
+    assert p.prog == "studio bench --suite demo"
+    assert p._option_string_actions["--repeats"].help == "runs"
+    assert p._option_string_actions["--json"].help == report.COMMON_HELP["json"]
+    args = p.parse_args(["--json", str(tmp_path / "x.json"), "--markdown", str(tmp_path / "x.md")])
+    assert (args.device, args.plots, args.repeats, args.warmup) == (None, None, None, 1)
+    assert report.count_error(args) is None
+    assert report.count_error(p.parse_args(["--repeats", "0"])) == "--repeats must be >= 1"
+    assert report.count_error(p.parse_args(["--warmup", "-1"])) == "--warmup must be >= 0"
+    facts = {"name": "GPU", "capability": "9.0", "torch": "2.x", "cuda_runtime": "13.0"}
+    facts |= {"date": "today", "commit": "abc"}
+    assert report.measured_on(facts) == (
+        "Measured on **GPU** (capability 9.0), torch 2.x, CUDA 13.0, today, commit `abc`."
+    )
+    cpu = {**facts, "capability": None, "cuda_runtime": None, "command": "studio bench"}
+    assert report.measured_on(cpu) == (
+        "Measured on **GPU**, torch 2.x, today, commit `abc`, command `studio bench`."
+    )
+    lines = report.settings_markdown({"a": {"settings": {"name": "a", "x": "1|2"}}})
+    assert lines[-1] == "| a | x=1/2 |" and "### Settings per path" in lines
+    tail = report.markdown_tail({"plots": {"files": ["/d/p.png"]}, "notes": ["n1"]})
+    assert tail == ["", "![p](p.png)", "", "- n1"]
+    assert report.markdown_tail({"plots": {"files": [], "skipped": "why"}}, notes=[]) == [
+        "",
+        "Plots: why",
+    ]
+
+    drawn: list = []
+
+    def draw(plots):
+        fig = plots.figure((4, 3))
+        fig.add_subplot().plot([0, 1], [1, 2])
+        plots.save(fig, "x.png")
+        drawn.append(fig)
+
+    result = {"facts": {}, "notes": [], "_series": {"kept": "for the plots"}}
+    info = report.write_plots(result, tmp_path / "plots", draw)
+    assert result["plots"] is info
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert info["files"] == [] and "matplotlib" in info["skipped"] and not drawn
+    else:
+        assert info["files"] == [str(tmp_path / "plots" / "x.png")]
+        assert (tmp_path / "plots" / "x.png").is_file()
+
+    def save_plots(res, folder):
+        assert "_series" in res  # the plots still see the private series
+        return report.write_plots(res, folder, draw)
+
+    given = ["--json", str(tmp_path / "x.json"), "--markdown", str(tmp_path / "x.md")]
+    given += ["--plots", str(tmp_path / "plots")]
+
+    def run(parsed, progress):
+        assert parsed.plots == str(tmp_path / "plots")
+        progress("[demo] ran")
+        return result
+
+    rc = report.run_main("demo", p, given, run, lambda r: "# md\n", save_plots)
+    assert rc == 0 and "_series" not in result
+    data = json.loads((tmp_path / "x.json").read_text())
+    assert data["facts"] == {
+        "command": " ".join(["studio bench --suite demo", *given]),
+        "argv": given,
+    }
+    assert (tmp_path / "x.md").read_text() == "# md\n"
+    out = capsys.readouterr()
+    assert "# md" in out.out and "[demo] ran" in out.err
+
+    def fail(parsed, progress):
+        raise ValueError("no such thing")
+
+    assert report.run_main("demo", p, [], fail, str) == 2
+    assert "studio bench demo: no such thing" in capsys.readouterr().err
+    assert report.run_main("demo", p, ["--repeats", "0"], run, str) == 2
+    assert "--repeats must be >= 1" in capsys.readouterr().err
+    assert report.name_list(" a, b,") == ["a", "b"] and report.name_list(None) is None
