@@ -10,8 +10,14 @@
 # most 8 files, give a folder under /tmp and tar it into $OUT afterwards. Runs with the
 # python3 that holds a CUDA torch; PYTHONPATH must reach the studio package (and PyAV,
 # soundfile).
+# Steps (lmdm render pipeline tests) may be named after OUT_DIR to run only those: a device
+# call lasts at most 10 minutes, so the session is two calls, e.g. `lmdm pipeline tests`
+# then `render`.
 set -uo pipefail
-out=${1:?usage: scripts/bench_gpu.sh OUT_DIR}
+out=${1:?usage: scripts/bench_gpu.sh OUT_DIR [lmdm|render|pipeline|tests ...]}
+shift
+steps=" ${*:-lmdm render pipeline tests} "
+want() { [[ $steps == *" $1 "* ]]; }
 mkdir -p "$out"
 run() {  # name, seconds, suite arguments...
   local name=$1 limit=$2
@@ -20,12 +26,14 @@ run() {  # name, seconds, suite arguments...
     --markdown "$out/$name.md" >"$out/$name.log" 2>&1
   echo "$name: exit $? ($(tail -n 1 "$out/$name.log" | cut -c1-120))"
 }
-run lmdm 120 --suite lmdm --device cuda --compile --no-onnx --steps 4 \
+want lmdm && run lmdm 120 --suite lmdm --device cuda --compile --no-onnx --steps 4 \
   --paths eager_fp32,fast_fp32_window_graph,fast_fp16_window_graph,fast_bf16_window_compiled_graph,fast_bf16_window_flash_compiled_graph,fast_fp16_window_flash_compiled_graph
-run render 300 --suite render --device cuda --batches 32 --precisions fp16 --compile \
+want render && run render 300 --suite render --device cuda --batches 32 --precisions fp16 --compile \
   --target-ms 150 --paths graph_split_padded_fp16,compiled_graph_fp16,compiled_graph_split_fp16,compiled_graph_split_padded_fp16
-run pipeline 130 --suite pipeline --device cuda --compile --x264-preset veryfast --plots "$out"
-timeout 150 python3 -m pytest -q -p no:cacheprovider tests/engines/test_warp_decode.py \
+want pipeline && run pipeline 130 --suite pipeline --device cuda --compile --x264-preset veryfast --plots "$out"
+want tests || exit 0
+timeout 200 python3 -m pytest -q -p no:cacheprovider tests/engines/test_warp_decode.py \
+  tests/motion/test_fast_lmdm.py tests/motion/test_lmdm_hoist.py \
   tests/models/test_depth_split.py tests/models/test_channel_pad.py \
   tests/engines/test_ditto_engine.py tests/runtime/test_runtime_engines.py \
   tests/bench/test_bench_render.py::test_cuda_graph_and_rewritten_paths_time_the_engines \
