@@ -30,7 +30,7 @@ want lmdm && run lmdm 120 --suite lmdm --device cuda --compile --no-onnx --steps
   --paths eager_fp32,fast_fp32_window_graph,fast_fp16_window_graph,fast_bf16_window_compiled_graph,fast_bf16_window_flash_compiled_graph,fast_fp16_window_flash_compiled_graph
 want render && run render 300 --suite render --device cuda --batches 32 --precisions fp16 --compile \
   --target-ms 150 --paths graph_split_padded_fp16,compiled_graph_fp16,compiled_graph_split_fp16,compiled_graph_split_padded_fp16
-want pipeline && run pipeline 130 --suite pipeline --device cuda --compile --x264-preset veryfast --plots "$out"
+want pipeline && run pipeline 260 --suite pipeline --device cuda --compile --x264-preset veryfast --plots "$out"
 want tests || exit 0
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/engines/test_warp_decode.py \
   tests/motion/test_fast_lmdm.py tests/motion/test_lmdm_hoist.py \
