@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ import numpy as np
 from studio import layout
 from studio.audio.io import Audio, load_audio
 from studio.bench.report import (
+    args_for,
     fmt,
     markdown_tail,
     measured_on,
@@ -253,6 +254,13 @@ def _summary(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _runs(result: dict[str, Any]) -> Iterator[tuple[list[str], dict[str, Any]]]:
+    """Every (clip, stride) run with its first three table cells: clip, stride, frames."""
+    for label, clip in result["clips"].items():
+        for stride, r in clip["runs"].items():
+            yield [label, stride, str(clip["frames"])], r
+
+
 def to_markdown(result: dict[str, Any]) -> str:
     """The kinematics table, the published row first, then timings."""
     facts, cfg, pub = result["facts"], result["config"], result["published"]
@@ -302,28 +310,25 @@ def to_markdown(result: dict[str, Any]) -> str:
             "–",
         ]
     ]
-    for label, clip in result["clips"].items():
-        for stride, r in clip["runs"].items():
-            h = r["stride_histogram"]
-            rows.append(
-                [
-                    label,
-                    stride,
-                    str(clip["frames"]),
-                    f"{h.get('1', 0)}/{h.get('2', 0)}/{h.get('3', 0)}",
-                    fmt(r["pose_jerk_mean_raw"]),
-                    fmt(r["pose_jerk_mean_smoothed"]),
-                    f"{r['pose_jerk_change_pct']:+.1f}%",
-                    f"{fmt(r['transition_jerk_peak_raw'])} → "
-                    f"{fmt(r['transition_jerk_peak_smoothed'])}"
-                    if r["transitions"]
-                    else "no transitions",
-                    f"{r['exp_mae']:.3g}",
-                    f"{r['exp_velocity_corr']:.6f}",
-                    fmt(r["exp_bit_identical"]),
-                    f"{r['accel_max_smoothed']:.4f} ({r['accel_limit']})",
-                ]
-            )
+    for first, r in _runs(result):
+        h = r["stride_histogram"]
+        rows.append(
+            [
+                *first,
+                f"{h.get('1', 0)}/{h.get('2', 0)}/{h.get('3', 0)}",
+                fmt(r["pose_jerk_mean_raw"]),
+                fmt(r["pose_jerk_mean_smoothed"]),
+                f"{r['pose_jerk_change_pct']:+.1f}%",
+                f"{fmt(r['transition_jerk_peak_raw'])} → "
+                f"{fmt(r['transition_jerk_peak_smoothed'])}"
+                if r["transitions"]
+                else "no transitions",
+                f"{r['exp_mae']:.3g}",
+                f"{r['exp_velocity_corr']:.6f}",
+                fmt(r["exp_bit_identical"]),
+                f"{r['accel_max_smoothed']:.4f} ({r['accel_limit']})",
+            ]
+        )
     out += table(header, rows)
     out += [
         "",
@@ -331,18 +336,11 @@ def to_markdown(result: dict[str, Any]) -> str:
         "",
     ]
     rows = [["published", "–", str(pub["clip_frames"]), "–", fmt(pub["smoothing_ms"])]]
-    for label, clip in result["clips"].items():
-        for stride, r in clip["runs"].items():
-            t = r["timings"]
-            rows.append(
-                [
-                    label,
-                    stride,
-                    str(clip["frames"]),
-                    fmt(t["cadence"]["median_ms"], 3),
-                    fmt(t["smoothing"]["median_ms"], 3),
-                ]
-            )
+    for first, r in _runs(result):
+        t = r["timings"]
+        rows.append(
+            [*first, fmt(t["cadence"]["median_ms"], 3), fmt(t["smoothing"]["median_ms"], 3)]
+        )
     out += table(["clip", "stride", "frames", "cadence", "smoothing"], rows)
     out += ["", "### Generated motion (before cadence sampling)", ""]
     out += table(
@@ -445,14 +443,9 @@ def _run(args: argparse.Namespace, progress: Callable[[str], None]) -> dict[str,
         seed=args.seed,
     ).validate()
     return run_kinematics_suite(
-        audio=args.audio,
-        strides=args.strides,
-        settings=settings,
-        demo=not args.no_demo,
-        device=args.device,
-        repeats=args.repeats,
-        warmup=args.warmup,
-        progress=progress,
+        **args_for(
+            run_kinematics_suite, args, settings=settings, demo=not args.no_demo, progress=progress
+        )
     )
 
 

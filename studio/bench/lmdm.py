@@ -153,6 +153,22 @@ class _Inputs:
         return len(self.cond)
 
 
+@dataclass(frozen=True)
+class _Workload:
+    """What every path is measured on: the input sets, the T values, the fp32 eager
+    references (final x0 per T and input set, one step per set) and the repeat counts."""
+
+    inputs: _Inputs
+    steps: Sequence[int]
+    refs: dict[int, list[Tensor]]
+    step_refs: list[Tensor]
+    repeats: int | None
+    warmup: int | None
+
+    def unpack(self) -> tuple:
+        return (self.inputs, self.steps, self.refs, self.step_refs, self.repeats, self.warmup)
+
+
 def _make_inputs(
     cond_dim: int, steps: Sequence[int], sets: int, seed: int, device: torch.device
 ) -> _Inputs:
@@ -296,17 +312,13 @@ def _time_step_graph(
 def _run_fast(
     base: LMDM,
     spec: PathSpec,
-    inputs: _Inputs,
-    steps: Sequence[int],
-    refs: dict[int, list[Tensor]],
-    step_refs: list[Tensor],
+    work: _Workload,
     device: torch.device,
-    repeats: int | None,
-    warmup: int | None,
     sweep_sdpa: bool,
     compile_mode: str = COMPILE_MODE,
 ) -> dict[str, Any]:
     """One fast path: SDPA choice, captured single step, one captured DDIM graph per T."""
+    inputs, steps, refs, step_refs, repeats, warmup = work.unpack()
     n = inputs.count
     started = time.perf_counter()
     fast = FastLMDM(base, spec, device, compile_mode=compile_mode)
@@ -468,15 +480,7 @@ def _export_onnx(model: LMDM, folder: Path) -> Path:
 
 
 def _run_onnxruntime(
-    base_cpu: LMDM,
-    providers: Sequence[str],
-    inputs: _Inputs,
-    steps: Sequence[int],
-    refs: dict[int, list[Tensor]],
-    step_refs: list[Tensor],
-    repeats: int | None,
-    warmup: int | None,
-    onnx_dir: Path,
+    base_cpu: LMDM, providers: Sequence[str], work: _Workload, onnx_dir: Path
 ) -> dict[str, dict[str, Any]]:
     """ONNX Runtime per provider: the exported step, DDIM loop on the host (numpy I/O)."""
     try:
@@ -508,23 +512,16 @@ def _run_onnxruntime(
         try:
             extra = [] if wanted[p] == "CPUExecutionProvider" else ["CPUExecutionProvider"]
             session = ort.InferenceSession(str(path), providers=[wanted[p], *extra])
-            out[p] = _measure_ort(session, inputs, steps, refs, step_refs, repeats, warmup)
+            out[p] = _measure_ort(session, work)
             out[p]["settings"]["onnxruntime"] = ort.__version__
         except Exception as e:
             out[p] = {"status": "error", "reason": f"{type(e).__name__}: {e}"}
     return out
 
 
-def _measure_ort(
-    session: Any,
-    inputs: _Inputs,
-    steps: Sequence[int],
-    refs: dict[int, list[Tensor]],
-    step_refs: list[Tensor],
-    repeats: int | None,
-    warmup: int | None,
-) -> dict[str, Any]:
+def _measure_ort(session: Any, work: _Workload) -> dict[str, Any]:
     """Time one ONNX Runtime session: the step and the host-side DDIM loop per T."""
+    inputs, steps, refs, step_refs, repeats, warmup = work.unpack()
     n = inputs.count
     cpu = torch.device("cpu")
     cf = [t.cpu().numpy() for t in inputs.cond_frame]
@@ -688,6 +685,7 @@ def run_lmdm_suite(
         "notes": [],
     }
     rec, refs, step_refs = _run_eager(eager, inputs, steps, dev, repeats, warmup)
+    work = _Workload(inputs, steps, refs, step_refs, repeats, warmup)
     result["paths"]["eager_fp32"] = rec
     say(_progress_line("eager_fp32", rec))
 
@@ -702,19 +700,7 @@ def run_lmdm_suite(
             }
             continue
         try:
-            result["paths"][spec.name] = _run_fast(
-                eager,
-                spec,
-                inputs,
-                steps,
-                refs,
-                step_refs,
-                dev,
-                repeats,
-                warmup,
-                sweep_sdpa,
-                compile_mode,
-            )
+            result["paths"][spec.name] = _run_fast(eager, spec, work, dev, sweep_sdpa, compile_mode)
             gc.collect()  # the path's weight copy and graph pools go before the next path
             torch.cuda.empty_cache()
             say(_progress_line(spec.name, result["paths"][spec.name]))
@@ -736,9 +722,7 @@ def run_lmdm_suite(
     if ort_wanted and onnx:
         with tempfile.TemporaryDirectory(prefix="studio-bench-") as tmp:
             result["paths"].update(
-                _run_onnxruntime(
-                    base_cpu, ort_wanted, inputs, steps, refs, step_refs, repeats, warmup, Path(tmp)
-                )
+                _run_onnxruntime(base_cpu, ort_wanted, work, Path(tmp))
             )
         for p in ort_wanted:
             say(_progress_line(p, result["paths"][p]))
@@ -896,29 +880,25 @@ def to_markdown(result: dict[str, Any]) -> str:
         )
     out += _table(["path", "median ms", "wall ms", "vs our eager", "cosine", "rel L2"], rows)
 
-    out += ["", "### DDIM latency, ms (median)", ""]
     header = ["path", *(f"T={k}" for k in keys)]
-    rows = [
-        ["published TensorRT", *(_f(pub["tensorrt_ddim_ms"].get(k)) for k in keys)],
-        ["published PyTorch eager", *(_f(pub["eager_ddim_ms"].get(k)) for k in keys)],
-    ]
-    for name, rec in ok.items():
-        if rec.get("ddim"):
-            rows.append([name, *(_f(rec["ddim"].get(k, {}).get("median_ms"), 3) for k in keys)])
-    out += _table(header, rows)
-
-    out += ["", "### Effective motion FPS (80 frames / DDIM time)", ""]
-    rows = [
-        [label, *(_f(_fps(table[k]), 1) if k in table else "–" for k in keys)]
-        for label, table in (
-            ("published TensorRT", pub["tensorrt_ddim_ms"]),
-            ("published PyTorch eager", pub["eager_ddim_ms"]),
-        )
-    ]
-    for name, rec in ok.items():
-        if rec.get("ddim"):
-            rows.append([name, *(_f(rec["ddim"].get(k, {}).get("motion_fps"), 0) for k in keys)])
-    out += _table(header, rows)
+    published = (
+        ("published TensorRT", pub["tensorrt_ddim_ms"]),
+        ("published PyTorch eager", pub["eager_ddim_ms"]),
+    )
+    for title, field, digits, of_ms in (
+        ("DDIM latency, ms (median)", "median_ms", 3, lambda ms: ms),
+        ("Effective motion FPS (80 frames / DDIM time)", "motion_fps", 0, _fps),
+    ):
+        out += ["", f"### {title}", ""]
+        pub_digits = 1 if digits == 0 else 2
+        rows = [
+            [label, *(_f(of_ms(by_t[k]), pub_digits) if k in by_t else "–" for k in keys)]
+            for label, by_t in published
+        ]
+        for name, rec in ok.items():
+            if rec.get("ddim"):
+                rows.append([name, *(_f(rec["ddim"].get(k, {}).get(field), digits) for k in keys)])
+        out += _table(header, rows)
 
     out += ["", "### Speed-up over our fp32 eager (same run)", ""]
     rows = [

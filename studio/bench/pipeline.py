@@ -645,24 +645,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, progress: Callable[[str], None]) -> dict[str, Any]:
+    variants = VARIANTS if args.frame == "both" else (args.frame,)
     return run_pipeline_suite(
-        device=args.device,
-        checkpoints=args.checkpoints,
-        variants=VARIANTS if args.frame == "both" else (args.frame,),
-        frames=args.frames,
-        steps=args.steps,
-        precision=args.precision,
-        compile=args.compile,
-        x264_preset=args.x264_preset,
-        memory=args.memory,
-        batch=args.batch,
-        source=args.source,
-        reduced=args.reduced,
-        hubert=args.hubert,
-        repeats=args.repeats,
-        warmup=args.warmup,
-        seed=args.seed,
-        progress=progress,
+        **report.args_for(run_pipeline_suite, args, variants=variants, progress=progress)
     )
 
 

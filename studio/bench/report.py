@@ -14,6 +14,7 @@ this module does not import torch (nor matplotlib).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import sys
@@ -329,6 +330,15 @@ def run_main(
         print(f"studio bench {suite}: {e}", file=sys.stderr)
         return 2
     return finish_main(suite, result, args, argv, to_markdown, save_plots)
+
+
+def args_for(fn: Callable[..., Any], args: argparse.Namespace, **given: Any) -> dict[str, Any]:
+    """The keyword arguments of ``fn`` that the command line holds under the same names, plus
+    ``given`` (what the suite derives itself): a suite's options forwarded without restating
+    each one."""
+    params = inspect.signature(fn).parameters
+    taken = {name: getattr(args, name) for name in params if hasattr(args, name)}
+    return {**taken, **given}
 
 
 def name_list(text: str | None) -> list[str] | None:

@@ -96,6 +96,11 @@ def test_markdown_beside_the_published_figures(demo):
         "### Stage timings",
     ):
         assert text in md
+    # every table row has as many cells as its header (a dropped cell shifts the columns)
+    for block in md.split("\n\n"):
+        rows = [line for line in block.splitlines() if line.startswith("|")]
+        if rows:
+            assert len({row.count("|") for row in rows}) == 1, block
 
 
 def test_plots_written_or_skipped(demo, tmp_path):
