@@ -1,1 +1,2 @@
-"""motion"""
+"""Motion: the LMDM condition and windows, the fast DDIM step on the device, the cadence plan,
+kinematic smoothing and keypoint stitching."""

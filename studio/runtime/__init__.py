@@ -1,1 +1,2 @@
-"""Runtime backends, checkpoint discovery and engine caches."""
+"""Engines of single networks: a base that knows no backend, the precision policy, the torch,
+ONNX Runtime and TensorRT backends, the factory above them, and their caches on disk."""
