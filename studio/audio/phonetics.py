@@ -29,6 +29,9 @@ WIN = 640  # 40 ms: >= ~3 periods of a 80 Hz voice, as a windowed autocorrelatio
 NFFT = 1024  # >= WIN + max lag, so the autocorrelation from the power spectrum is not circular
 SUBFRAMES = SAMPLES_PER_FRAME // HOP  # 4 sub-frames per video frame
 assert SUBFRAMES * HOP == SAMPLES_PER_FRAME
+# The spectra are computed a block of video frames at a time and only per-frame measures (and
+# the 24 flux bands per sub-frame) are kept, so memory follows the block, not the clip.
+BLOCK_FRAMES = 750  # 30 s
 
 # --- levels and silence ----------------------------------------------------------------------
 DB_FLOOR = -120.0  # dBFS of digital silence
@@ -103,14 +106,26 @@ def _db(power: np.ndarray) -> np.ndarray:
     return 10.0 * np.log10(np.maximum(power, 10.0 ** (DB_FLOOR / 10.0)))
 
 
-def _spectra(x: np.ndarray, num_sub: int) -> np.ndarray:
-    """Power spectra [num_sub, NFFT//2+1] of Hann windows centred at HOP*i + HOP/2."""
-    left = WIN // 2 - HOP // 2
-    need = HOP * (num_sub - 1) + WIN
-    xp = np.zeros(need, np.float32)
-    n = min(len(x), need - left)
-    xp[left : left + n] = x[:n]
-    frames = np.lib.stride_tricks.sliding_window_view(xp, WIN)[::HOP][:num_sub]
+def _windows(x: np.ndarray, first: int, count: int, hop: int, win: int) -> np.ndarray:
+    """[count, win] windows of ``x`` centred at ``hop * i + hop / 2`` for ``i`` from ``first``
+    (zero outside the signal): a block of a whole-signal framing, sample for sample."""
+    start = hop * first - (win // 2 - hop // 2)
+    xp = np.zeros(hop * (count - 1) + win, np.float32)
+    lo, hi = max(start, 0), min(start + len(xp), len(x))
+    if hi > lo:
+        xp[lo - start : hi - start] = x[lo:hi]
+    return np.lib.stride_tricks.sliding_window_view(xp, win)[::hop][:count]
+
+
+def _blocks(total: int, size: int) -> list[tuple[int, int]]:
+    """(first, count) pairs covering ``range(total)`` in blocks of ``size``."""
+    return [(b, min(size, total - b)) for b in range(0, total, size)]
+
+
+def _spectra(x: np.ndarray, first_sub: int, num_sub: int) -> np.ndarray:
+    """Power spectra [num_sub, NFFT//2+1] of Hann windows centred at HOP*i + HOP/2, for the
+    sub-frames ``first_sub`` .. ``first_sub + num_sub - 1`` of ``x``."""
+    frames = _windows(x, first_sub, num_sub, HOP, WIN)
     win = np.hanning(WIN + 2)[1:-1].astype(np.float32)
     spec = sfft.rfft(frames * win, n=NFFT, axis=1)
     power = spec.real**2 + spec.imag**2
@@ -128,10 +143,14 @@ def _band_matrix(freqs: np.ndarray) -> np.ndarray:
 
 
 def _frame_rms_db(x: np.ndarray, n: int) -> np.ndarray:
-    """RMS in dBFS of n video frames of x (zero-padded)."""
-    padded = np.zeros(n * SAMPLES_PER_FRAME, np.float64)
-    padded[: min(len(x), len(padded))] = x[: len(padded)]
-    return _db(np.mean(padded.reshape(n, SAMPLES_PER_FRAME) ** 2, axis=1))
+    """RMS in dBFS of n video frames of x (zero-padded), a block of frames at a time."""
+    power = np.zeros(n, np.float64)
+    for first, count in _blocks(n, BLOCK_FRAMES):
+        block = np.zeros(count * SAMPLES_PER_FRAME, np.float64)
+        part = x[first * SAMPLES_PER_FRAME : (first + count) * SAMPLES_PER_FRAME]
+        block[: len(part)] = part
+        power[first : first + count] = np.mean(block.reshape(count, SAMPLES_PER_FRAME) ** 2, 1)
+    return _db(power)
 
 
 def _silence_threshold(rms_db: np.ndarray) -> tuple[float, float, float]:
@@ -210,7 +229,9 @@ def _leading_max(a: np.ndarray, size: int) -> np.ndarray:
     return maximum_filter1d(a, size, origin=-(size // 2), mode="nearest")
 
 
-def burst_times(samples: np.ndarray, silence_db: float | None = None) -> np.ndarray:
+def burst_times(
+    samples: np.ndarray, silence_db: float | None = None, length: int | None = None
+) -> np.ndarray:
     """Plosive burst onsets (seconds, 2 ms resolution) in a mono clip at SAMPLE_RATE.
 
     A burst is where a closure is released: a 25-40 ms window cannot tell it from the vowel that
@@ -219,25 +240,30 @@ def burst_times(samples: np.ndarray, silence_db: float | None = None) -> np.ndar
     in the BURST_ATTACK_S from t (a closure, then an abrupt rise: a fricative ramps up slower),
     the >500 Hz energy rises as well (a voice bar may fill the closure, a vowel may not), the
     attack is HF-rich (a vowel or nasal onset is not), and sound above the silence threshold
-    (default: the clip's, as in `analyze`) follows within BURST_FOLLOW_S.
+    (default: the clip's, as in `analyze`) follows within BURST_FOLLOW_S. ``length`` (samples)
+    reads the clip as that long: zeros past its end, or cut.
     """
     x = np.asarray(samples, dtype=np.float32).reshape(-1)
+    if length is not None:
+        x = x[:length]
     if silence_db is None:
         silence_db = _silence_threshold(_frame_rms_db(x, frame_count(len(x))))[0]
-    m = len(x) // BURST_HOP
+    m = (len(x) if length is None else int(length)) // BURST_HOP
     if m < 2:
         return np.zeros(0)
-    left = BURST_WIN // 2 - BURST_HOP // 2
-    xp = np.zeros(m * BURST_HOP + BURST_WIN, np.float32)
-    xp[left : left + m * BURST_HOP] = x[: m * BURST_HOP]
-    frames = np.lib.stride_tricks.sliding_window_view(xp, BURST_WIN)[::BURST_HOP][:m]
+    x = x[: m * BURST_HOP]  # whole hops only, as the framing below has always read it
     win = np.hanning(BURST_WIN + 2)[1:-1].astype(np.float32)
-    spec = sfft.rfft(frames * win, n=BURST_NFFT, axis=1)
-    power = (spec.real**2 + spec.imag**2) * (2.0 / (BURST_NFFT * float(np.sum(win**2))))
+    scale = 2.0 / (BURST_NFFT * float(np.sum(win**2)))
     freqs = np.fft.rfftfreq(BURST_NFFT, 1.0 / SAMPLE_RATE)
-    hf = _db(power[:, freqs >= HF_BAND_HZ[0]].sum(axis=1))
-    mid = _db(power[:, freqs >= MID_BAND_HZ].sum(axis=1))
-    tot = _db(power.sum(axis=1))
+    hf, mid, tot = (np.empty(m, np.float32) for _ in range(3))
+    per_block = BLOCK_FRAMES * SAMPLES_PER_FRAME // BURST_HOP
+    for first, count in _blocks(m, per_block):
+        spec = sfft.rfft(_windows(x, first, count, BURST_HOP, BURST_WIN) * win, BURST_NFFT, 1)
+        power = (spec.real**2 + spec.imag**2) * scale
+        part = slice(first, first + count)
+        hf[part] = _db(power[:, freqs >= HF_BAND_HZ[0]].sum(axis=1))
+        mid[part] = _db(power[:, freqs >= MID_BAND_HZ].sum(axis=1))
+        tot[part] = _db(power.sum(axis=1))
     # floor at the clip's noise, so that closures in a noisy recording read as level
     hf_floor = float(np.percentile(hf, NOISE_PERCENTILE))
     hf = np.maximum(hf, hf_floor)
@@ -281,41 +307,47 @@ def analyze(samples: np.ndarray, num_frames: int | None = None) -> PhoneticFrame
         empty_f = np.zeros(0, np.float32)
         empty_b = np.zeros(0, bool)
         return PhoneticFrames(*(empty_f,) * 7, empty_b, empty_b, empty_b)
-    padded = np.zeros(n * SAMPLES_PER_FRAME, np.float32)
-    padded[: min(len(x), len(padded))] = x[: len(padded)]
+    x = x[: n * SAMPLES_PER_FRAME]  # frames past the audio read zeros (no padded copy)
 
     # level and silence, from the samples of each frame
-    rms_db = _frame_rms_db(padded, n)
+    rms_db = _frame_rms_db(x, n)
     silence_db, p95, noise = _silence_threshold(rms_db)
     lo = min(max(noise, p95 - LEVEL_RANGE_DB), p95 - LEVEL_MIN_RANGE_DB)
     level = np.clip((rms_db - lo) / (p95 - lo), 0.0, 1.0)
     silence = _fill_short_runs(rms_db < silence_db, MIN_SILENCE_FRAMES)
 
-    # spectral measures, pooled over each frame's sub-frames
-    power = _spectra(padded, n * SUBFRAMES)
+    # spectral measures, pooled over each frame's sub-frames, a block of frames at a time
     freqs = np.fft.rfftfreq(NFFT, 1.0 / SAMPLE_RATE).astype(np.float32)
-    pooled = power.reshape(n, SUBFRAMES, -1).sum(axis=1) * (freqs >= RUMBLE_HZ)
-    total = pooled.sum(axis=1)
-    safe = np.maximum(total, 1e-20)
-    has_energy = total > 10.0 ** (DB_FLOOR / 10.0)
-    centroid = np.where(has_energy, pooled @ freqs / safe, 0.0)
-    low_ratio = np.where(has_energy, pooled[:, freqs < LOW_BAND_HZ].sum(axis=1) / safe, 0.0)
+    band_matrix = _band_matrix(freqs)
+    centroid, low_ratio, voicing, pitch = (np.zeros(n, np.float32) for _ in range(4))
+    bands = np.empty((n * SUBFRAMES, FLUX_BANDS), np.float32)
+    for first, count in _blocks(n, BLOCK_FRAMES):
+        power = _spectra(x, first * SUBFRAMES, count * SUBFRAMES)
+        frames = slice(first, first + count)
+        pooled = power.reshape(count, SUBFRAMES, -1).sum(axis=1) * (freqs >= RUMBLE_HZ)
+        total = pooled.sum(axis=1)
+        safe = np.maximum(total, 1e-20)
+        has_energy = total > 10.0 ** (DB_FLOOR / 10.0)
+        centroid[frames] = np.where(has_energy, pooled @ freqs / safe, 0.0)
+        low_ratio[frames] = np.where(
+            has_energy, pooled[:, freqs < LOW_BAND_HZ].sum(axis=1) / safe, 0.0
+        )
+        bands[first * SUBFRAMES : (first + count) * SUBFRAMES] = power @ band_matrix
+        voicing[frames], pitch[frames] = _voicing(power, count)
 
     # spectral flux: positive change of the band log energies from sub-frame to sub-frame,
     # summed over the frame; gain-invariant, floored so that silence reads as flat
-    bands = power @ _band_matrix(freqs)
     loud = float(np.percentile(bands.sum(axis=1), 95)) / FLUX_BANDS
     logbands = _db(np.maximum(bands, loud * 10.0 ** (-FLUX_FLOOR_DB / 10.0)))
     diff = np.zeros(len(logbands), np.float32)
     diff[1:] = np.maximum(logbands[1:] - logbands[:-1], 0.0).mean(axis=1)
     flux = np.clip(diff.reshape(n, SUBFRAMES).sum(axis=1) / FLUX_FULL_DB, 0.0, 1.0)
 
-    voicing, pitch = _voicing(power, n)
     voicing[silence] = 0.0  # periodic background (hum) is not voice
     pitch[silence] = 0.0
 
     burst = np.zeros(n, bool)
-    frames_of_bursts = (burst_times(padded, silence_db) * FPS).astype(int)
+    frames_of_bursts = (burst_times(x, silence_db, n * SAMPLES_PER_FRAME) * FPS).astype(int)
     burst[frames_of_bursts[frames_of_bursts < n]] = True
 
     after_silence = ~silence & np.concatenate([[True], silence[:-1]])
