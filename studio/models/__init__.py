@@ -417,6 +417,18 @@ def _select(
     )
 
 
+def _check_finite(sd: dict[str, Any], network: str, path: Path) -> None:
+    """InputError naming the first tensor that holds NaN or infinity: a damaged or wrongly
+    converted file, which would otherwise fail much later (or render garbage)."""
+    for key, value in sd.items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            if not bool(torch.isfinite(value).all()):
+                raise InputError(
+                    f"{path}: {network} weight {key!r} holds NaN or infinity; the file is "
+                    "damaged: download it again (`studio doctor --checkpoints DIR` checks a folder)"
+                )
+
+
 def load_network(
     name: str,
     checkpoint_path: str | os.PathLike[str],
@@ -434,6 +446,7 @@ def load_network(
     spec = network_spec(name)
     path = Path(checkpoint_path).expanduser()
     sd = state_dict_from_container(name, load_checkpoint(path), path)
+    _check_finite(sd, spec.name, path)
     cond_dim = _lmdm_cond_dim(spec, sd, path) if name == "lmdm" else None
     if kwargs:
         if cond_dim is not None and kwargs.get("cond_dim", cond_dim) != cond_dim:
