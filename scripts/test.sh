@@ -13,3 +13,5 @@ fi
 # the house plan: layers that only look down, Qt only under gui/ (pyproject [tool.importlinter])
 .venv/bin/lint-imports
 .venv/bin/python -m pytest -q "$@"
+# the built wheel, installed (not editable) in a fresh venv, renders the demo
+bash scripts/wheel_check.sh

@@ -15,6 +15,12 @@ def test_every_package_folder_is_listed_in_pyproject() -> None:
         for p in (ROOT / "studio").rglob("__init__.py")
         if "__pycache__" not in p.parts
     }
+    resources = {
+        ".".join(("studio", *p.relative_to(ROOT).parts))
+        for p in (ROOT / "resources").rglob("*")
+        if p.is_dir() and p.name != "__pycache__"
+    }
+    found |= resources  # data folders are packages too, or setuptools leaves them out
     assert found - listed == set(), "add these to [tool.setuptools] packages"
     assert config["package-dir"]["studio.resources"] == "resources"
     assert "studio.resources" in listed and (ROOT / "resources" / "__init__.py").is_file()
