@@ -10,6 +10,7 @@ generator.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -42,7 +43,6 @@ class MotionResult:
     phon: PhoneticFrames
     raw: np.ndarray  # generated motion [N, 265]
     plan: CadencePlan
-    sampled: np.ndarray  # cadence-sampled motion
     smoothed: np.ndarray  # after pose smoothing: what is rendered
     kinematics: dict[str, float]
     timings_ms: dict[str, float] = field(default_factory=dict)
@@ -50,6 +50,12 @@ class MotionResult:
     @property
     def num_frames(self) -> int:
         return self.raw.shape[0]
+
+    @functools.cached_property
+    def sampled(self) -> np.ndarray:
+        """The cadence-sampled motion, made again from ``raw`` and the plan when first asked
+        (the plots want it; a render does not, so a long clip does not hold it twice)."""
+        return sample_motion(self.raw, self.plan)
 
 
 def _ms(t0: float) -> float:
@@ -86,7 +92,7 @@ def postprocess(
     smoothed = smooth_motion(sampled, settings.smoothing)
     timings["smoothing"] = _ms(t0)
     kin = kinematics_report(sampled, smoothed, plan.strides, settings.accel_limit)
-    return MotionResult(audio, phon, raw, plan, sampled, smoothed, kin, timings)
+    return MotionResult(audio, phon, raw, plan, smoothed, kin, timings)
 
 
 def analyze(audio: Audio, settings: RenderSettings, engine: Engine) -> MotionResult:
