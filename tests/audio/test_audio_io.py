@@ -1,10 +1,19 @@
-"""Audio loading: formats, resampling, frame counts and every rejected input (real libsndfile)."""
+"""Audio loading: formats, resampling, frame counts and every rejected input (real libsndfile,
+FFmpeg and soxr)."""
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import stat
 import struct
+import subprocess
+import sys
+import threading
+import tracemalloc
 
+import av
 import numpy as np
 import pytest
 import soundfile as sf
@@ -157,18 +166,32 @@ def test_riff_header_with_garbage_is_corrupt(tmp_path):
     assert "Error opening" not in msg
 
 
+@pytest.mark.parametrize(
+    "blob",
+    [
+        b"RIFF\x24\x00\x00\x00WAVEfmt junk",  # the header that crashed the RIFF walker
+        b"RIFF\xff\xff\xff\xffWAVEfmt \x10\x00\x00\x00\x01\x00",  # 'fmt ' cut short
+        b"RF64\xff\xff\xff\xffWAVEds64\x1c\x00\x00\x00\x00",  # 'ds64' cut short
+    ],
+)
+def test_broken_headers_are_refused_in_one_line(tmp_path, blob):
+    path = tmp_path / "bad.wav"
+    path.write_bytes(blob)
+    assert_rejected(path, "could not be decoded", "corrupt")
+
+
 def test_wav_truncated_in_data_chunk(tmp_path):
     path = write(tmp_path / "cut.wav", tone(2.0, SAMPLE_RATE), SAMPLE_RATE, subtype="PCM_16")
     blob = open(path, "rb").read()
     open(path, "wb").write(blob[: len(blob) // 3])
-    assert_rejected(path, "truncated", "2.000 s")
+    assert_rejected(path, "is damaged at 0.7 s of 2.0 s", "truncated", "re-export")
 
 
 def test_wav_truncated_after_header(tmp_path):
     path = write(tmp_path / "hdr.wav", tone(1.0, SAMPLE_RATE), SAMPLE_RATE)
     blob = open(path, "rb").read()
     open(path, "wb").write(blob[:44])
-    assert_rejected(path, "truncated")
+    assert_rejected(path, "damaged at 0.0 s of 1.0 s", "truncated")
 
 
 def test_header_only_wav_has_no_audio(tmp_path):
@@ -181,7 +204,7 @@ def test_flac_truncated_mid_stream(tmp_path):
     path = write(tmp_path / "cut.flac", tone(2.0, 48000), 48000)
     blob = open(path, "rb").read()
     open(path, "wb").write(blob[: len(blob) // 2])
-    assert_rejected(path, "truncated", "2.000 s")  # libsndfile loses sync; we count frames
+    assert_rejected(path, "damaged at", "of 2.0 s", "flac decoder lost sync")
 
 
 def test_flac_declaring_more_samples_than_present(tmp_path):
@@ -193,7 +216,7 @@ def test_flac_declaring_more_samples_than_present(tmp_path):
     bits = (bits & ~((1 << 36) - 1)) | (48000 * 3)  # claim 3 s
     blob[info + 10 : info + 18] = bits.to_bytes(8, "big")
     open(path, "wb").write(bytes(blob))
-    assert_rejected(path, "truncated", "3.000 s")
+    assert_rejected(path, "damaged at", "of 3.0 s")
 
 
 def test_too_short(tmp_path):
@@ -214,3 +237,225 @@ def test_non_finite_samples(tmp_path, bad):
     data[100] = bad
     path = write(tmp_path / "nan.wav", data, SAMPLE_RATE, subtype="FLOAT")
     assert_rejected(path, "NaN or infinite")
+
+
+# --- resampling (soxr HQ) -------------------------------------------------------------
+
+
+def level_db(rate: int, freq: float) -> float:
+    """Level of a 0.5-amplitude ``freq`` tone at ``rate`` after loading, in dB of its input."""
+    audio = audio_from_array(tone(2.0, rate, freq=freq)[:, 0], rate)
+    mid = audio.samples[SAMPLE_RATE // 4 : -SAMPLE_RATE // 4].astype(np.float64)
+    return 20 * np.log10(np.sqrt(np.mean(mid**2)) / (0.5 / np.sqrt(2)))
+
+
+def test_tone_above_the_new_nyquist_does_not_alias():
+    assert level_db(44100, 9000.0) < -60.0  # resample_poly let it through at -22 dB
+
+
+def test_tone_in_the_passband_keeps_its_level():
+    assert abs(level_db(44100, 7200.0)) < 0.1  # resample_poly lost 1.2 dB
+
+
+def test_16k_mono_shares_memory_and_clipping_spares_the_original(tmp_path):
+    audio = load_audio(write(tmp_path / "a.wav", tone(1.0, SAMPLE_RATE), SAMPLE_RATE))
+    assert np.shares_memory(audio.samples, audio.original)  # one copy of the clip
+    loud = tone(1.0, SAMPLE_RATE) * 3.0  # float WAV above full scale
+    audio = load_audio(write(tmp_path / "loud.wav", loud, SAMPLE_RATE, subtype="FLOAT"))
+    assert float(audio.samples.max()) == 1.0 and float(audio.original.max()) > 1.4
+
+
+# --- formats FFmpeg decodes -------------------------------------------------------------
+
+
+def encode(
+    path, fmt: str, codec: str | None, rate: int = 48000, seconds: float = 1.5,
+    video: bool = False, **options: str,
+) -> str:  # fmt: skip
+    """Write a tone with PyAV (``codec`` None: no audio), with a video track if asked."""
+    out = av.open(str(path), "w", format=fmt, options=options)
+    vs = out.add_stream("libx264", rate=25) if video else None
+    st = None if codec is None else out.add_stream(codec, rate=rate)
+    if vs is not None:
+        vs.width, vs.height, vs.pix_fmt = 64, 64, "yuv420p"
+        for i in range(int(seconds * 25)):
+            frame = av.VideoFrame.from_ndarray(np.full((64, 64, 3), i, np.uint8), format="rgb24")
+            frame.pts = i
+            out.mux(vs.encode(frame))
+        out.mux(vs.encode(None))
+    if st is not None:
+        layout = st.codec_context.layout.name
+        pcm = np.ascontiguousarray(tone(seconds, rate, len(st.codec_context.layout.channels)).T)
+        frame = av.AudioFrame.from_ndarray(pcm, format="fltp", layout=layout)
+        frame.sample_rate, frame.pts = rate, 0
+        cc = st.codec_context
+        convert = av.AudioResampler(cc.format.name, layout, rate, cc.frame_size or 1152)
+        for chunk in [*convert.resample(frame), *convert.resample(None), None]:
+            out.mux(st.encode(chunk))
+    out.close()
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("name", "fmt", "codec", "video"),
+    [
+        ("a.m4a", "mp4", "aac", False),
+        ("a.aac", "adts", "aac", False),
+        ("a.webm", "webm", "libopus", False),
+        ("opus.mp4", "mp4", "libopus", False),
+        ("clip.mp4", "mp4", "aac", True),
+        ("clip.mkv", "matroska", "aac", True),
+    ],
+)
+def test_ffmpeg_formats_and_video_audio_tracks(tmp_path, name, fmt, codec, video):
+    audio = load_audio(encode(tmp_path / name, fmt, codec, video=video))
+    assert audio.original_rate == 48000 and audio.original.shape[1] == 2
+    assert abs(audio.duration_s - 1.5) < 0.05
+    assert 0.3 < float(np.max(np.abs(audio.samples))) <= 1.0
+
+
+def test_video_without_audio_track(tmp_path):
+    path = encode(tmp_path / "silent-film.mp4", "mp4", None, video=True)
+    assert_rejected(path, "has no audio track", "choose a file")
+
+
+def test_mp3_without_xing_header_is_read_whole(tmp_path):
+    # libsndfile reads such a VBR file only as far as its first frame's bitrate suggests
+    path = encode(tmp_path / "vbr.mp3", "mp3", "libmp3lame", 44100, 6.0, write_xing="0")
+    assert abs(load_audio(path).duration_s - 6.0) < 0.1
+
+
+def test_flac_without_declared_length_is_read_whole(tmp_path):
+    path = write(tmp_path / "live.flac", tone(2.0, 48000), 48000)
+    blob = bytearray(open(path, "rb").read())
+    blob[21] &= 0xF0  # STREAMINFO's 36-bit total, as a live encoder leaves it: 0
+    blob[22:26] = bytes(4)
+    open(path, "wb").write(bytes(blob))
+    assert abs(load_audio(path).duration_s - 2.0) < 1e-3
+
+
+def test_content_not_raw_extension_decides(tmp_path):
+    path = write(tmp_path / "take.raw", tone(1.0, 22050), 22050, format="WAV")
+    assert load_audio(path).num_frames == FPS
+
+
+def test_gsm_wav(tmp_path):
+    sox = shutil.which("sox")
+    if sox is None:
+        pytest.skip("sox is not installed")
+    src = write(tmp_path / "in.wav", tone(2.0, 8000), 8000, subtype="PCM_16")
+    gsm = tmp_path / "gsm.wav"
+    subprocess.run([sox, src, "-e", "gsm-full-rate", str(gsm)], check=True)
+    assert sf.info(str(gsm)).subtype == "GSM610"
+    audio = load_audio(gsm)
+    assert abs(audio.duration_s - 2.0) < 0.05 and float(np.max(np.abs(audio.samples))) > 0.3
+
+
+# --- damage, bounds and files that are not audio ----------------------------------------
+
+
+def damage_at(path: str, fraction: float, count: int = 300) -> None:
+    """Overwrite ``count`` bytes at ``fraction`` of the file with seeded noise."""
+    blob = bytearray(open(path, "rb").read())
+    at = int(len(blob) * fraction)
+    blob[at : at + count] = np.random.default_rng(3).integers(0, 256, count, np.uint8).tobytes()
+    open(path, "wb").write(bytes(blob))
+
+
+@pytest.mark.parametrize(("name", "kw"), [("mid.flac", {}), ("mid.mp3", {"format": "MP3"})])
+def test_damage_in_the_middle_is_reported_where_it_is(tmp_path, name, kw):
+    path = write(tmp_path / name, tone(4.0, 44100), 44100, **kw)
+    damage_at(path, 0.4)
+    msg = assert_rejected(path, "is damaged at", "of 4.0 s", "decoding stopped", "re-export")
+    at = float(re.search(r"damaged at ([\d.]+) s", msg)[1])
+    assert 1.2 <= at <= 1.8  # where the bytes were hit, not where the file ends
+
+
+def test_ogg_cut_short_is_damaged(tmp_path):
+    path = write(tmp_path / "cut.ogg", tone(3.0, 44100), 44100, format="OGG", subtype="VORBIS")
+    blob = open(path, "rb").read()
+    open(path, "wb").write(blob[: len(blob) * 2 // 3])
+    assert_rejected(path, "is damaged at", "truncated")
+
+
+def test_flac_declaring_billions_of_frames_in_4kb_is_refused_before_allocating(tmp_path):
+    path = write(tmp_path / "huge.flac", tone(1.0, 48000), 48000)
+    blob = bytearray(open(path, "rb").read()[:4096])
+    blob[21] |= 0x0F  # STREAMINFO's 36-bit total: 2**36 - 1 frames (about 16.6 days)
+    blob[22:26] = b"\xff\xff\xff\xff"
+    open(path, "wb").write(bytes(blob))
+    tracemalloc.start()
+    try:
+        msg = assert_rejected(path, "more than its 4096 bytes can hold", "header is corrupt")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "MemoryError" not in msg and peak < 8 << 20
+
+
+def test_zero_rate_header_is_refused(tmp_path):
+    path = write(tmp_path / "rate.wav", tone(1.0, SAMPLE_RATE), SAMPLE_RATE, subtype="PCM_16")
+    blob = bytearray(open(path, "rb").read())
+    blob[24:28] = struct.pack("<I", 3)  # 3 Hz: 16000 s of audio to upsample
+    blob[28:32] = struct.pack("<I", 6)
+    open(path, "wb").write(bytes(blob))
+    assert_rejected(path, "sample rate of 3 Hz", "header is corrupt")
+
+
+def test_text_renamed_wav(tmp_path):
+    path = tmp_path / "notes.wav"
+    path.write_text("Remember to record the intro again.\nTake 2 was better.\n")
+    assert_rejected(path, "is a text file, not audio", "choose a recording")
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
+def test_character_device_is_refused_up_front(device):
+    if not os.path.exists(device):
+        pytest.skip(f"{device} does not exist here")
+    msg = str(refused_without_hanging(device))
+    assert "is a character device, not an audio file" in msg and "empty" not in msg
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
+def test_fifo_is_refused_up_front(tmp_path):
+    fifo = tmp_path / "speech.wav"
+    os.mkfifo(fifo)
+    msg = str(refused_without_hanging(str(fifo)))
+    assert "speech.wav' is a named pipe (FIFO)" in msg and "save the audio to a file" in msg
+
+
+def refused_without_hanging(path: str) -> InputError:
+    """load_audio(path)'s InputError, from a thread that must not block (a writer unblocks it)."""
+    result: list[BaseException | None] = [None]
+
+    def attempt() -> None:
+        try:
+            load_audio(path)
+        except BaseException as e:  # noqa: BLE001 - handed to the test thread
+            result[0] = e
+
+    worker = threading.Thread(target=attempt, daemon=True)
+    worker.start()
+    worker.join(60)
+    hung = worker.is_alive()
+    if hung and stat.S_ISFIFO(os.stat(path).st_mode):
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))  # let the stuck reader go
+    assert not hung, f"load_audio({path!r}) blocked"
+    assert isinstance(result[0], InputError), result[0]
+    assert "\n" not in str(result[0]) and path in str(result[0])
+    return result[0]
+
+
+@pytest.mark.slow
+def test_cli_refuses_a_fifo_with_one_line(tmp_path):
+    fifo = tmp_path / "live.wav"
+    os.mkfifo(fifo)
+    out = tmp_path / "x.mp4"
+    run = subprocess.run(
+        [sys.executable, "-m", "studio", "render", "--demo", "--audio", str(fifo), "--out",
+         str(out)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
+    )  # fmt: skip
+    assert run.returncode == 2 and len(run.stderr.splitlines()) == 1, run.stderr
+    assert "named pipe" in run.stderr and not out.exists()
