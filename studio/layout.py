@@ -108,12 +108,39 @@ def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
     return e / e.sum(axis=axis, keepdims=True)
 
 
+BLOCK_ROWS = 8192  # angle rows per block: float64 working arrays stay a few MB for any clip
+
+
+def _by_blocks(
+    fn: Any, lead: tuple[int, ...], out_tail: tuple[int, ...], *arrays: np.ndarray
+) -> np.ndarray:
+    """``fn`` of ``arrays`` (each shaped ``lead + its own tail``) over rows flattened from
+    ``lead``, a block of :data:`BLOCK_ROWS` at a time: one call's result, without the
+    [N, 66] float64 temporaries of a long clip."""
+    n = int(np.prod(lead, dtype=np.int64))
+    flat = [a.reshape(n, *a.shape[len(lead) :]) for a in arrays]
+    if n <= BLOCK_ROWS:
+        return fn(*flat).reshape(*lead, *out_tail)
+    out = np.empty((n, *out_tail), np.float64)
+    for b in range(0, n, BLOCK_ROWS):
+        out[b : b + BLOCK_ROWS] = fn(*(f[b : b + BLOCK_ROWS] for f in flat))
+    return out.reshape(*lead, *out_tail)
+
+
 def bins_to_degrees(logits: np.ndarray) -> np.ndarray:
     """Expected angle of 66-bin logits: 3 * sum(softmax * i) - 97.5, over the last axis."""
-    return softmax(logits) @ BIN_CENTERS_DEG
+    logits = np.asarray(logits)
+    return _by_blocks(lambda z: softmax(z) @ BIN_CENTERS_DEG, logits.shape[:-1], (), logits)
 
 
 def _tilt(base: np.ndarray, degrees: np.ndarray, iters: int = 60) -> np.ndarray:
+    """:func:`_tilt_rows` a block of rows at a time (rows are solved independently)."""
+    return _by_blocks(
+        lambda b, d: _tilt_rows(b, d, iters), degrees.shape, (base.shape[-1],), base, degrees
+    )
+
+
+def _tilt_rows(base: np.ndarray, degrees: np.ndarray, iters: int = 60) -> np.ndarray:
     """Solve for lam so that softmax(base + lam * c) has mean `degrees` (c = bin centres).
 
     Exponential tilting is the smallest change (in KL) to a distribution that moves
@@ -201,10 +228,16 @@ def pose_degrees(motion: np.ndarray) -> np.ndarray:
 def with_pose_degrees(motion: np.ndarray, degrees: np.ndarray) -> np.ndarray:
     """Copy of `motion` whose pitch/yaw/roll bins are retargeted to `degrees` [N, 3]."""
     out = np.array(motion, dtype=np.float32, copy=True)
+    set_pose_degrees(out, degrees)
+    return out
+
+
+def set_pose_degrees(motion: np.ndarray, degrees: np.ndarray, rows: Any = slice(None)) -> None:
+    """Retarget, in place, the pitch/yaw/roll bins of ``motion[rows]`` (float32 [N, 265]) to
+    ``degrees`` [len(rows), 3]: no copy of the whole motion."""
     for i, a in enumerate(POSE_ANGLES):
         sl = ANGLE_SLICES[a]
-        out[:, sl] = retarget_bins(out[:, sl], degrees[:, i])
-    return out
+        motion[rows, sl] = retarget_bins(motion[rows, sl], degrees[:, i])
 
 
 def rotation_from_radians(xp: Any, pitch: Any, yaw: Any, roll: Any) -> Any:

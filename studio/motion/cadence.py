@@ -12,8 +12,11 @@ fraction of render work done.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
+from pydantic.dataclasses import dataclass as schema_dataclass
 from scipy.ndimage import gaussian_filter1d
 
 from studio import layout
@@ -22,16 +25,58 @@ from studio.audio.phonetics import PhoneticFrames
 STRIDES = (1, 2, 3)
 
 
-@dataclass(frozen=True)
-class CadenceThresholds:
-    """When a frame counts as fast (stride 1) or calm (stride 3)."""
+def _threshold(
+    default: float, low: float, high: float, help: str, step: float = 0.05, unit: str = ""
+) -> Any:
+    """A threshold's schema: default, inclusive range, help, and the GUI's step, decimals and
+    unit (a float shows two decimals, an integer none)."""
+    decimals = 0 if isinstance(default, int) else 2
+    gui = {"step": step, "decimals": decimals, "unit": unit}
+    return Field(default, ge=low, le=high, strict=True, description=help, json_schema_extra=gui)
 
-    plosive_guard: int = 1  # frames either side of a burst or onset kept at stride 1
-    fast_flux: float = 0.6  # spectral flux at or above this: fast articulation -> 1
-    calm_flux: float = 0.15  # flux at or below this, voiced and steady: sustained -> 3
-    calm_voicing: float = 0.5  # voicing needed to call a calm frame sustained
-    calm_level_step: float = 0.08  # largest |Δ level| of a sustained frame
-    max_pose_gap_deg: float = 1.5  # a gap may span at most this much head rotation
+
+@schema_dataclass(frozen=True, config=ConfigDict(extra="forbid", allow_inf_nan=False))
+class CadenceThresholds:
+    """When a frame counts as fast (stride 1) or calm (stride 3).
+
+    The settings schema's cadence part (:mod:`studio.settings`): each threshold's range,
+    default and help live here, checked when it is built (strict types, finite numbers,
+    unknown keys refused, calm_flux below fast_flux).
+    """
+
+    plosive_guard: int = _threshold(
+        1, 0, 12, "frames either side of a plosive burst or onset kept at stride 1", step=1
+    )
+    fast_flux: float = _threshold(
+        0.6, 0.01, 1.0, "spectral flux at or above which articulation counts as fast (stride 1)"
+    )
+    calm_flux: float = _threshold(
+        0.15,
+        0.0,
+        0.99,
+        "flux at or below which a voiced, steady sound counts as sustained "
+        "(stride 3); below fast_flux",
+    )
+    calm_voicing: float = _threshold(0.5, 0.0, 1.0, "voicing a calm frame needs to be sustained")
+    calm_level_step: float = _threshold(
+        0.08, 0.0, 1.0, "largest change of loudness (0..1) of a sustained frame", step=0.01
+    )
+    max_pose_gap_deg: float = _threshold(
+        1.5,
+        0.1,
+        20.0,
+        "most head rotation a blended gap between keyframes may span, degrees",
+        step=0.25,
+        unit="°",
+    )
+
+    @field_validator("calm_flux")
+    @classmethod
+    def _calm_below_fast(cls, value: float, info: ValidationInfo) -> float:
+        fast = info.data.get("fast_flux")
+        if fast is not None and value >= fast:
+            raise ValueError(f"{value!r} must be below fast_flux, {fast!r}")
+        return value
 
 
 @dataclass(frozen=True)
@@ -165,11 +210,14 @@ def sample_motion(motion: np.ndarray, plan: CadencePlan) -> np.ndarray:
         raise ValueError(f"motion has {motion.shape[0]} frames, plan has {plan.num_frames}")
     prv, nxt, w = blend_weights(plan)
     wc = w[:, None].astype(np.float32)
-    out = motion[prv] * (1 - wc) + motion[nxt] * wc
-    inner = w > 0
-    if inner.any():
+    out = np.empty_like(motion)
+    for b in range(0, len(out), layout.BLOCK_ROWS):  # a block at a time: no clip-long temporaries
+        rows = slice(b, b + layout.BLOCK_ROWS)
+        out[rows] = motion[prv[rows]] * (1 - wc[rows]) + motion[nxt[rows]] * wc[rows]
+    inner = np.flatnonzero(w > 0)
+    if inner.size:
         deg = layout.pose_degrees(motion)
         target = deg[prv] * (1 - w[:, None]) + deg[nxt] * w[:, None]
-        out[inner] = layout.with_pose_degrees(out[inner], target[inner])
+        layout.set_pose_degrees(out, target[inner], inner)
     out[plan.keyframes] = motion[plan.keyframes]
     return out

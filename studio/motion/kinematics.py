@@ -25,6 +25,11 @@ from studio import layout
 DEFAULT_WINDOW = 5
 DEFAULT_ORDER = 2
 DEFAULT_ACCEL_LIMIT = 0.5  # degrees per frame² (312 deg/s² at 25 fps)
+# The smallest limit the smoother honours: angles are stored as float32 bin logits, which hold
+# a head angle to about 1e-5 degrees, so a bound much below that is lost in rounding (1e-6
+# came back as 1.1e-6 .. 1.7e-6); at 0.001 (0.6 deg/s², a still head) the bound holds with
+# room to spare. The settings schema takes its minimum from here.
+MIN_ACCEL_LIMIT = 0.001
 TRANSITION_RADIUS = 2  # frames either side of a stride change
 
 
@@ -326,9 +331,12 @@ def channel_limits(accel_limit: float) -> np.ndarray:
     """Per-channel |Δ²| bounds: degrees for the angles, t units for translation.
 
     The bounds sit a hair inside the limit (1e-4 relative plus 2e-5 degrees) so
-    that it still holds after the angles are stored as float32 bin logits.
+    that it still holds after the angles are stored as float32 bin logits; a limit below
+    MIN_ACCEL_LIMIT could not be honoured there and is a ValueError.
     """
     a = float(accel_limit)
+    if not a >= MIN_ACCEL_LIMIT:
+        raise ValueError(f"acceleration limit {a!r} is below {MIN_ACCEL_LIMIT}, the least honoured")
     inner = max(a * (1 - 1e-4) - 2e-5, 0.5 * a)
     return np.array([inner] * 3 + [inner * layout.T_UNITS_PER_DEGREE] * 3)
 
@@ -381,6 +389,8 @@ def transition_peak(jerk: np.ndarray, transitions: np.ndarray) -> float:
 
 def exp_metrics(raw: np.ndarray, smoothed: np.ndarray) -> tuple[float, float]:
     """(MAE, velocity correlation) of exp between smoothed and unsmoothed motion."""
+    if np.array_equal(raw[:, layout.EXP], smoothed[:, layout.EXP]):
+        return 0.0, 1.0  # smoothing leaves exp untouched: no float64 copies of a long clip
     a, b = raw[:, layout.EXP].astype(np.float64), smoothed[:, layout.EXP].astype(np.float64)
     mae = float(np.mean(np.abs(a - b)))
     va, vb = np.diff(a, axis=0).ravel(), np.diff(b, axis=0).ravel()
