@@ -1,31 +1,44 @@
-"""The `studio` command: gui (default), render, analyze, doctor, export-onnx.
+"""The `studio` command: gui (default), render, analyze, doctor, export-onnx, compile, bench.
 
 User errors (bad files, bad options, unwritable outputs) print one line on
 stderr and exit with status 2; nothing is left half-written. Inputs are checked before any
 work, in the order a user fixes them: options, outputs, the checkpoint folder, the avatar,
-the device, the audio. Long work shows its stages on stderr (:mod:`studio.progress`: bars
-on a terminal, one line per stage start and end otherwise), and notices such as a large
-file about to be written to a cache appear there too; stdout carries the results only.
+the device, the audio. An output is never one of the inputs (symlinks followed), and every
+JSON output option takes ``-`` for stdout (the human summary then goes to stderr). Long work
+shows its stages on stderr (:mod:`studio.progress`: bars on a terminal, one line per stage
+start and end otherwise), and notices such as a large file about to be written to a cache
+appear there too (``-q`` hides both, ``-v`` adds debug lines); stdout carries the results only.
+
+The last line of defence (:func:`main`): SIGINT, SIGTERM and SIGHUP are caught from the first
+line of ``main`` on, before any heavy import (an inherited ignore, as under ``nohup``, is
+kept), and end the command with one line and status 130; an unexpected exception ends it with
+one line naming its type and a log file under the cache's ``logs/`` holding the traceback,
+and status 1. No Python traceback reaches stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
+import logging
 import os
 import sys
 import time
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from studio import __version__
-from studio.errors import Cancelled, InputError, OptionError, OutputError, StudioError
-from studio.files import check_writable_folder, write_atomic
+from studio.errors import Cancelled, InputError, OptionError, StudioError
+from studio.files import check_not_input, check_output_file, is_stdout, write_json
 
 EXIT_USAGE = 2
+EXIT_INTERNAL = 1
 EXIT_CANCELLED = 130
+SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")  # each ends a command like Ctrl-C
+COMMANDS = ("gui", "render", "analyze", "doctor", "export-onnx", "compile", "bench")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -35,9 +48,25 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _motion_options(p: argparse.ArgumentParser) -> None:
-    from studio.motion.kinematics import DEFAULT_ACCEL_LIMIT, DEFAULT_ORDER, DEFAULT_WINDOW
+def _setting(
+    g: argparse._ActionsContainer,
+    key: str,
+    metavar: str,
+    note: str = "",
+) -> None:
+    """The option that sets the schema's ``key`` (:func:`studio.settings.spec`): its type or
+    choices, and help with the range and default, come from the schema, which checks it. Its
+    dest is argparse's own (``--x264-preset``: x264_preset, as ``--preset`` names a file)."""
+    from studio.settings import spec
 
+    s = spec(key)
+    kind = {"choices": s.choices} if s.choices else {"type": s.kind}
+    text = f"{s.help}{note} ({s.allowed}; default {s.default})".replace("%", "%%")
+    assert s.option is not None, key
+    g.add_argument(s.option, metavar=metavar, help=text, **kind)
+
+
+def _motion_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("motion")
     g.add_argument("--audio", metavar="FILE", help="speech to animate (WAV/FLAC/OGG/MP3, any rate)")
     g.add_argument(
@@ -47,38 +76,16 @@ def _motion_options(p: argparse.ArgumentParser) -> None:
         "when no checkpoints are given) and, without --audio, the demo speech",
     )
     g.add_argument("--preset", metavar="FILE", help="load settings from a JSON preset first")
-    g.add_argument(
-        "--smooth-window",
-        type=int,
-        metavar="N",
-        help=f"Savitzky-Golay window, odd >= 3 (default {DEFAULT_WINDOW})",
-    )
-    g.add_argument(
-        "--smooth-order",
-        type=int,
-        metavar="K",
-        help=f"Savitzky-Golay polynomial order (default {DEFAULT_ORDER})",
-    )
-    g.add_argument(
-        "--accel-limit",
-        type=float,
-        metavar="A",
-        help=f"pose acceleration bound, degrees/frame² (default {DEFAULT_ACCEL_LIMIT})",
-    )
+    _setting(g, "smooth_window", "N")
+    _setting(g, "smooth_order", "K")
+    _setting(g, "accel_limit", "A")
     g.add_argument("--no-smooth", action="store_true", help="turn pose smoothing off")
-    g.add_argument(
-        "--stride",
-        choices=("auto", "1", "2", "3"),
-        help="render cadence: auto (from the speech) or a fixed stride (default auto)",
-    )
-    g.add_argument("--seed", type=int, help="random seed of the motion generator (default 0)")
+    _setting(g, "stride", "S")
+    _setting(g, "seed", "N")
     _ditto_options(p)
 
 
 def _ditto_options(p: argparse.ArgumentParser) -> None:
-    from studio.layout import DEFAULT_SAMPLING_STEPS, EMOTIONS
-    from studio.settings import FRAMES, MEMORY_MODES, PRECISIONS
-
     g = p.add_argument_group("Ditto engine (with --checkpoints)")
     g.add_argument(
         "--checkpoints",
@@ -86,48 +93,15 @@ def _ditto_options(p: argparse.ArgumentParser) -> None:
         help="Ditto's checkpoint folder (holding ditto_pytorch/): selects the Ditto engine",
     )
     g.add_argument("--avatar", metavar="IMAGE", help="the face to animate (PNG/JPEG)")
-    g.add_argument(
-        "--emotion",
-        type=int,
-        metavar="N",
-        help="emotion label: "
-        + ", ".join(f"{i} {n}" for i, n in enumerate(EMOTIONS))
-        + " (default 4)",
-    )
+    _setting(g, "emotion", "N")
     for axis in ("pitch", "yaw", "roll"):
-        g.add_argument(
-            f"--delta-{axis}", type=float, metavar="DEG", help=f"add DEG degrees of {axis}"
-        )
-    g.add_argument(
-        "--steps",
-        type=int,
-        metavar="T",
-        help=f"DDIM sampling steps of the motion model (default {DEFAULT_SAMPLING_STEPS})",
-    )
-    g.add_argument(
-        "--memory",
-        metavar="MODE",
-        help=f"{'|'.join(MEMORY_MODES)}: keep a batch's tensors on the GPU, or stream them "
-        "through pinned host buffers; auto picks from free VRAM (default auto)",
-    )
-    g.add_argument("--batch", type=int, metavar="N", help="frames per batch (default: automatic)")
-    g.add_argument(
-        "--precision",
-        metavar="P",
-        help=f"warp/decoder precision: {'|'.join(PRECISIONS)} (default auto: fp16 on a GPU)",
-    )
-    g.add_argument(
-        "--frame",
-        metavar="KIND",
-        help=f"{'|'.join(FRAMES)}: the avatar image with the face pasted back (default), "
-        "or the 512² face crop resized to --size",
-    )
-    g.add_argument(
-        "--runtime",
-        metavar="NAME",
-        help="engine backend of warp + decoder: torch (default), onnxruntime or tensorrt "
-        "(`studio doctor` says which run here)",
-    )
+        _setting(g, f"delta_{axis}", "DEG")
+    _setting(g, "steps", "T")
+    _setting(g, "memory", "MODE")
+    _setting(g, "batch", "N")
+    _setting(g, "precision", "P")
+    _setting(g, "frame", "KIND")
+    _setting(g, "runtime", "NAME", note="; `studio doctor` says which run here")
     g.add_argument(
         "--compile",
         action="store_true",
@@ -139,7 +113,8 @@ def _ditto_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--avatar-cache",
         metavar="DIR",
-        help="where registered avatars are kept (default ~/.cache/talkinghead-studio/avatars)",
+        help="where registered avatars are kept (default: avatars/ under the cache root, "
+        "--cache-dir)",
     )
 
 
@@ -149,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = _Parser(prog="studio", description="Talking-head preview studio.")
     parser.add_argument("--version", action="version", version=f"studio {__version__}")
+    _global_options(parser)
+    _completion_option(parser)
     sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
 
     r = sub.add_parser(
@@ -158,14 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _motion_options(r)
     r.add_argument("--out", required=True, metavar="OUT.mp4", help="output video")
-    r.add_argument("--size", type=int, metavar="PX", help="output square side (default 512)")
-    r.add_argument("--crf", type=int, help="H.264 quality, 0..51, lower is better (default 18)")
-    r.add_argument(
-        "--x264-preset",
-        dest="x264_preset",
-        metavar="NAME",
-        help="x264 speed preset (default medium)",
-    )
+    _setting(r, "size", "PX")
+    _setting(r, "crf", "N")
+    _setting(r, "preset", "NAME")
     r.add_argument("--report", metavar="REPORT.json", help="write the JSON report here")
 
     a = sub.add_parser(
@@ -235,34 +207,74 @@ def build_parser() -> argparse.ArgumentParser:
         help="save a screenshot of the window after the first render, then exit",
     )
     g.add_argument("--window-size", metavar="WxH", help="initial window size, e.g. 1600x1000")
+
+    for command in sub.choices.values():  # `studio render -v` as well as `studio -v render`
+        _global_options(command, given_only=True)
+    # the suites parse their own options: `studio bench` forwards the rest of the line
+    sub.add_parser(
+        "bench",
+        help="measured suites (studio bench --suite NAME --help)",
+        description="Measured suites with the published reference figures beside ours.",
+        add_help=False,
+    )
     return parser
 
 
-def _settings(args: argparse.Namespace, **extra):
-    from dataclasses import replace
+def _global_options(p: argparse.ArgumentParser, given_only: bool = False) -> None:
+    """``-v``, ``-q`` and ``--cache-dir``: on the top parser with their defaults, and on each
+    command's with none (``given_only``), so that a value given before the command stands."""
 
-    from studio.settings import RenderSettings
+    def default(value: object) -> object:
+        return argparse.SUPPRESS if given_only else value
+
+    g = p.add_argument_group("global options")
+    g.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=default(0),
+        help="also show debug lines on stderr",
+    )
+    g.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=default(False),
+        help="show no progress and no notices on stderr, only errors",
+    )
+    g.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        default=default(None),
+        help="the root of every cache: avatars, engines, compiled kernels, logs (default "
+        "$STUDIO_CACHE_DIR, else the user cache folder: ~/.cache/talkinghead-studio)",
+    )
+
+
+def _completion_option(p: argparse.ArgumentParser) -> None:
+    """``--print-completion bash|zsh|tcsh``: the shell completion script (shtab)."""
+    import shtab
+
+    shtab.add_argument_to(
+        p,
+        ["--print-completion"],
+        help="print the shell's completion script and exit",
+    )
+
+
+def _settings(args: argparse.Namespace, **extra):
+    """The preset (if any), then every schema setting whose option was given, then ``extra``;
+    checked by the schema (OptionError naming the option)."""
+    from studio.settings import RenderSettings, keys, spec
 
     base = RenderSettings.load(args.preset) if args.preset else RenderSettings()
-    given = {
-        "smooth_window": args.smooth_window,
-        "smooth_order": args.smooth_order,
-        "accel_limit": args.accel_limit,
-        "stride": args.stride,
-        "seed": args.seed,
-        "emotion": args.emotion,
-        "delta_pitch": args.delta_pitch,
-        "delta_yaw": args.delta_yaw,
-        "delta_roll": args.delta_roll,
-        "steps": args.steps,
-        "memory": args.memory,
-        "batch": args.batch,
-        "precision": args.precision,
-        "frame": args.frame,
-        "compile": args.compile,
-        "runtime": args.runtime,
-        **extra,
+    options = {k: spec(k).option for k in keys()}
+    given = {  # by argparse's dest of each option (absent: an option of another command)
+        k: getattr(args, option.lstrip("-").replace("-", "_"), None)
+        for k, option in options.items()
+        if option
     }
+    given.update(extra)
     if args.checkpoints:  # the engine that runs on a checkpoint folder
         from studio.render.engines import ENGINES, capabilities
 
@@ -270,7 +282,7 @@ def _settings(args: argparse.Namespace, **extra):
     values = {k: v for k, v in given.items() if v is not None}
     if args.no_smooth:
         values["smooth"] = False
-    return replace(base, **values).validate()
+    return base.replace(**values)
 
 
 def _load_audio(args: argparse.Namespace):
@@ -282,34 +294,31 @@ def _load_audio(args: argparse.Namespace):
 
 def _check_json_target(
     path: str | None, option: str, others: dict[str, str | None] | None = None
-) -> Path | None:
-    """The JSON target of ``option``, checked before any work: not a folder, in a folder that
-    exists and takes files, and not one of the ``others`` (option -> path: the command's
-    inputs and outputs, which the report would overwrite)."""
-    if path is None:
-        return None
-    p = Path(path)
-    if p.is_dir():
-        raise OutputError(f"{option} {p}: is a directory; give a file name ending in .json")
-    if not p.parent.exists() or not p.parent.is_dir():
-        raise OutputError(f"{option} {p}: the folder {p.parent} does not exist; create it first")
-    for other, value in (others or {}).items():
-        if value and Path(value).resolve() == p.resolve():
-            raise OutputError(
-                f"{option} {p}: is also the {other} file and would be overwritten; "
-                "give the report a name of its own"
-            )
-    check_writable_folder(p.parent, option)
-    return p
+) -> str | Path | None:
+    """The JSON target of ``option``, checked before any work: ``-`` (stdout) as it is, else
+    a file name the folder takes, in a folder that exists and takes files, and not one of
+    the ``others`` (option -> path: the command's inputs and outputs, which the JSON would
+    overwrite; through symlinks)."""
+    if is_stdout(path):
+        return path
+    return check_output_file(path, option, others)
 
 
 def _inputs(args: argparse.Namespace) -> dict[str, str | None]:
-    """The command's input files by option (a report must not overwrite them)."""
-    return {"--audio": args.audio, "--avatar": getattr(args, "avatar", None)}
+    """The command's input files by option (an output must not overwrite them)."""
+    names = {"--audio": "audio", "--avatar": "avatar", "--preset": "preset"}
+    given = {option: getattr(args, name, None) for option, name in names.items()}
+    return {**given, "--checkpoints": getattr(args, "checkpoints", None)}
 
 
-def _write_json(path: Path, data: dict) -> None:
-    write_atomic(path, json.dumps(data, indent=2) + "\n")
+def _write_json(path: str | Path, data: dict) -> None:
+    """``data`` as JSON to ``path`` (atomically, synced) or, for ``-``, to stdout."""
+    write_json(path, data)
+
+
+def _print_result(text: str, json_target: str | Path | None) -> None:
+    """The human summary: on stdout, or on stderr when the JSON went to stdout."""
+    print(text, file=sys.stderr if is_stdout(json_target) else sys.stdout)
 
 
 def _progress():
@@ -391,6 +400,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     settings = _settings(args, size=args.size, crf=args.crf, preset=args.x264_preset)
     out = check_output_path(args.out)
+    check_not_input(args.out, "--out", _inputs(args))
     report_path = _check_json_target(args.report, "--report", {"--out": args.out, **_inputs(args)})
     prepared = _prepare_engine(args, settings)
     audio = _load_audio(args)
@@ -408,7 +418,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     report["engine"] = _engine_report(engine)
     if report_path is not None:
         _write_json(report_path, report)
-    print(_summary(report))
+    _print_result(_summary(report), report_path)
     return 0
 
 
@@ -432,7 +442,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     report["keyframes"] = result.plan.keyframes.tolist()
     if json_path is not None:
         _write_json(json_path, report)
-    print(_summary(report))
+    _print_result(_summary(report), json_path)
     return 0
 
 
@@ -499,7 +509,7 @@ def cmd_export_onnx(args: argparse.Namespace) -> int:
     from studio.models.onnx_export import check_opset, export_onnx
 
     check_opset(args.opset, "--opset")
-    json_path = _check_json_target(args.json, "--json")
+    json_path = _check_json_target(args.json, "--json", {"--checkpoints": args.checkpoints})
     with _progress() as progress:
         summary = export_onnx(
             args.checkpoints,
@@ -511,7 +521,7 @@ def cmd_export_onnx(args: argparse.Namespace) -> int:
         )
     if json_path is not None:
         _write_json(json_path, summary)
-    print(_export_table(summary))
+    _print_result(_export_table(summary), json_path)
     return 0 if summary["ok"] else 1
 
 
@@ -567,65 +577,259 @@ def cmd_bench(argv: list[str]) -> int:
     return bench_main(argv)
 
 
+_SIGNALLED: list[int] = []  # the signals caught during this run of main
+
+
 def _interrupt(signum: int, _frame: object) -> None:
+    _SIGNALLED.append(signum)
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-@contextlib.contextmanager
-def _stop_on_signals(active: bool) -> Iterator[None]:
-    """While ``active``: SIGTERM and SIGHUP raise KeyboardInterrupt, as SIGINT does, so that
-    the writers' clean-up (partial MP4, JSON) runs for a kill or a closed terminal too. The
-    previous handlers come back after."""
+def _end_now(status: int) -> NoReturn:
+    """End the process at once with ``status``, the standard streams flushed."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
+
+
+def _exit_quietly(_signum: int, _frame: object) -> None:
+    """After ``main`` returned, at the process's end: a signal ends it at once, quietly."""
+    _end_now(EXIT_CANCELLED)
+
+
+def _catch_signals() -> Callable[[bool], None]:
+    """SIGINT, SIGTERM and SIGHUP raise KeyboardInterrupt from now on, so that a kill or a
+    closed terminal ends a command as Ctrl-C does (outputs cleaned up, one line, status 130).
+    A signal ignored by the parent (``nohup``, a background job) stays ignored. Returns the
+    undo: the previous handlers back, or (``owner``: the process's own entry point) handlers
+    that end the exiting process quietly."""
     import signal
     import threading
 
-    names = [n for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)]
-    if not active or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = {n: signal.signal(getattr(signal, n), _interrupt) for n in names}
+    if threading.current_thread() is not threading.main_thread():
+        return lambda owner: None
+    before: dict[int, Any] = {}
+    for name in SIGNALS:
+        sig = getattr(signal, name, None)
+        if sig is None:
+            continue
+        current = signal.getsignal(sig)
+        if current == signal.SIG_IGN:
+            continue  # inherited ignore: respected
+        before[sig] = signal.SIG_DFL if current is None else current
+        signal.signal(sig, _interrupt)
+
+    def restore(owner: bool) -> None:
+        for sig, handler in before.items():
+            signal.signal(sig, _exit_quietly if owner else handler)
+
+    return restore
+
+
+_VALUE_OPTIONS = ("--cache-dir", "--print-completion")  # the top-level options taking a value
+
+
+def _command_of(argv: list[str]) -> tuple[str, int | None]:
+    """The command named on the line and its index, top-level options skipped (``gui`` and
+    None when there is none)."""
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("-") or arg == "-":
+            return arg, i
+        if "=" not in arg and arg.startswith("--") and len(arg) > 2:
+            if any(option.startswith(arg) for option in _VALUE_OPTIONS):
+                i += 1  # its value
+        i += 1
+    return "gui", None
+
+
+class _RecentRecords(logging.Handler):
+    """The last log records of the run, every level, for the log file of an internal error."""
+
+    def __init__(self, capacity: int = 500) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: collections.deque[str] = collections.deque(maxlen=capacity)
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.lines.append(self.format(record))
+        except Exception:  # noqa: BLE001 - logging must never break the work
+            self.handleError(record)
+
+
+def _label(command: str) -> str:
+    return f"studio {command}" if command in COMMANDS else "studio"
+
+
+def _type_name(e: BaseException) -> str:
+    t = type(e)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _write_error_log(
+    command: str, e: BaseException, argv: list[str], recent: _RecentRecords | None
+) -> str:
+    """The traceback of ``e`` in a new log file (:func:`studio.paths.write_log`), with the
+    command line, versions and the run's last log records; its path, or why none was
+    written."""
+    import platform
+    import traceback
+
+    from studio.paths import write_log
+
+    lines = [
+        f"studio {__version__}: internal error in `{_label(command)}`",
+        "command: " + " ".join(["studio", *argv]),
+        f"python: {sys.version.split()[0]} on {platform.platform()}",
+        f"time: {time.strftime('%Y-%m-%d %H:%M:%S %z')}",
+        "",
+    ]
+    if recent is not None and recent.lines:
+        lines += ["last log records:", *recent.lines, ""]
+    text = "\n".join(lines) + "".join(traceback.format_exception(e)).rstrip("\n") + "\n"
     try:
-        yield
+        return f"details in {write_log('studio-error', text)}"
+    except OSError as err:
+        return f"no log file could be written ({err.strerror or err})"
+
+
+def _internal_error(
+    command: str, e: BaseException, argv: list[str], recent: _RecentRecords | None
+) -> int:
+    """One line for an unexpected exception, its traceback in a log file; status 1."""
+    first = (str(e).strip().splitlines() or [""])[0]
+    if len(first) > 200:
+        first = first[:199] + "…"
+    what = f"{_type_name(e)}: {first}" if first else _type_name(e)
+    where = _write_error_log(command, e, argv, recent)
+    print(f"{_label(command)}: internal error: {what} — {where}", file=sys.stderr)
+    return EXIT_INTERNAL
+
+
+def _failed(command: str, e: Exception, argv: list[str], recent: _RecentRecords | None) -> int:
+    """The end of a command that raised ``e``: one line on stderr; the exit status."""
+    if isinstance(e, StudioError):
+        print(f"{_label(command)}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if isinstance(e, Cancelled):
+        print(f"{_label(command)}: cancelled; nothing was written", file=sys.stderr)
+        return EXIT_CANCELLED
+    return _internal_error(command, e, argv, recent)
+
+
+@contextlib.contextmanager
+def _console(
+    args: argparse.Namespace, command: str, argv: list[str], recent: _RecentRecords
+) -> Iterator[None]:
+    """While a command runs: the cache root of ``--cache-dir`` (and torch.compile's caches
+    under it), the ``studio`` log records kept for an error's log file, notices on stderr at
+    the level ``-v``/``-q`` ask (the GUI shows its own), progress silenced by ``-q``, and
+    worker threads' unexpected exceptions reported like the command's own. All put back
+    after."""
+    import threading
+
+    from studio import paths
+    from studio.progress import quiet, show_notices
+
+    if args.cache_dir is not None and Path(args.cache_dir).expanduser().is_file():
+        raise OptionError("--cache-dir", f"{args.cache_dir} is a file; give a folder")
+    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
+    log = logging.getLogger("studio")
+    before_level, before_hook = log.level, threading.excepthook
+    kept = (paths.CACHE_ENV, *paths.COMPILED_ENVS)
+    before_env = {k: os.environ.get(k) for k in kept}
+
+    def thread_failed(info: threading.ExceptHookArgs) -> None:
+        if info.exc_value is not None and not isinstance(info.exc_value, SystemExit):
+            _internal_error(command, info.exc_value, argv, recent)
+
+    log.setLevel(logging.DEBUG)
+    log.addHandler(recent)
+    threading.excepthook = thread_failed
+    try:
+        with (
+            paths.use_cache_root(args.cache_dir),
+            quiet(bool(args.quiet)),
+            show_notices(sys.stderr, level=level) if command != "gui" else contextlib.nullcontext(),
+        ):
+            paths.place_compiled_caches()
+            yield
     finally:
-        for n, handler in before.items():
-            signal.signal(getattr(signal, n), handler)
+        threading.excepthook = before_hook
+        log.removeHandler(recent)
+        log.setLevel(before_level)
+        for k, v in before_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The parsed line, and for ``bench`` the rest of it, which the suites parse."""
+    parser = build_parser()
+    command, at = _command_of(argv)
+    head, rest = argv, []
+    if command == "bench" and at is not None:
+        head, rest = argv[: at + 1], argv[at + 1 :]
+    args = parser.parse_args(head)
+    if args.command is None:  # the window is the default command
+        args = parser.parse_args([*head, "gui"])
+    if args.verbose and args.quiet:
+        parser.error("-v and -q cannot be combined")
+    return args, rest
+
+
+def _run(argv: list[str], command: str) -> int:
+    """Parse, then run the command inside :func:`_console`; every exception becomes one line
+    (:func:`_failed`). argparse's own exits (errors, --help) pass."""
+    recent = _RecentRecords()
+    try:
+        args, rest = _parse(argv)
+        with _console(args, command, argv, recent):
+            try:
+                if command == "bench":
+                    return cmd_bench(rest)
+                handler = {
+                    "render": cmd_render,
+                    "analyze": cmd_analyze,
+                    "doctor": cmd_doctor,
+                    "export-onnx": cmd_export_onnx,
+                    "compile": cmd_compile,
+                    "gui": cmd_gui,
+                }[args.command]
+                return handler(args)
+            except Exception as e:  # inside: the log file follows --cache-dir
+                return _failed(command, e, argv, recent)
+    except Exception as e:  # noqa: BLE001 - parsing or setting up: the same last line
+        return _failed(command, e, argv, recent)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:  # the suites parse their own options
-        command, args = "bench", argv[1:]
-    else:
-        parser = build_parser()
-        args = parser.parse_args(argv)
-        command = args.command or "gui"
-        if args.command is None:
-            args = parser.parse_args(["gui"])
-    handler = {
-        "bench": cmd_bench,
-        "render": cmd_render,
-        "analyze": cmd_analyze,
-        "doctor": cmd_doctor,
-        "export-onnx": cmd_export_onnx,
-        "compile": cmd_compile,
-        "gui": cmd_gui,
-    }[command]
-    from studio.progress import show_notices
-
+    """The `studio` command; returns the exit status (0 done, 1 a failed check or an
+    internal error, 2 a user error, 130 interrupted). Signal handlers come first, before any
+    heavy import; called without ``argv`` (the process's entry point) they stay for the
+    process's end, else the previous ones come back."""
+    restore = _catch_signals()
+    owner, command, status = argv is None, "studio", EXIT_CANCELLED
+    _SIGNALLED.clear()
     try:
-        # a kill ends like Ctrl-C (partial outputs removed); the GUI has Qt's own handling;
-        # notices logged by the work (large cache writes) appear on stderr
-        with (
-            _stop_on_signals(command != "gui"),
-            show_notices(sys.stderr) if command != "gui" else contextlib.nullcontext(),
-        ):
-            return handler(args)
-    except (InputError, OutputError, StudioError) as e:
-        print(f"studio {command}: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except Cancelled:
-        print(f"studio {command}: cancelled; nothing was written", file=sys.stderr)
-        return EXIT_CANCELLED
-    except KeyboardInterrupt:
-        print(f"\nstudio {command}: interrupted; nothing was written", file=sys.stderr)
-        return EXIT_CANCELLED
+        try:
+            argv = sys.argv[1:] if argv is None else list(argv)
+            command = _command_of(argv)[0]
+            status = _run(argv, command)
+        except KeyboardInterrupt:
+            print(f"\n{_label(command)}: interrupted; nothing was written", file=sys.stderr)
+    except KeyboardInterrupt:  # a second signal while the first was being reported
+        pass
+    finally:
+        restore(owner)
+    if owner and _SIGNALLED:
+        # A KeyboardInterrupt that passed through C code while a module was importing can
+        # leave CPython set to kill itself with SIGINT at exit (status -2, not ours): the
+        # outputs are cleaned up by now, so end here.
+        _end_now(status)
+    return status

@@ -1,55 +1,219 @@
-"""Writing output files whole or not at all: a hidden partial file renamed over the target."""
+"""Writing output files whole or not at all, and the checks made on an output before any work.
+
+:func:`write_atomic` writes through a hidden partial file in the target's folder, flushed to
+the disk (``fsync`` of the file, then of the folder where the system allows it) before it is
+renamed over the target: after a crash or a power cut the old file or the new one is there,
+never half of one. :func:`write_json` adds ``-`` for stdout. :func:`check_output_file` is what
+every output option checks first: a file name the file system takes, a folder that exists and
+takes files, and never one of the command's inputs (symlinks and hard links followed).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
 import os
+import sys
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from studio.errors import OutputError
 
-__all__ = ["check_writable_folder", "unused_name", "write_atomic"]
+__all__ = [
+    "STDOUT",
+    "check_file_name",
+    "check_not_input",
+    "check_output_file",
+    "check_writable_folder",
+    "is_stdout",
+    "unused_name",
+    "write_atomic",
+    "write_json",
+]
+
+STDOUT = "-"  # an output option given this writes to stdout
+NAME_MAX = 255  # bytes in one file name where the system cannot say (ext4, xfs, btrfs, APFS)
+
+
+def _name_max(folder: Path) -> int:
+    """The longest file name, in bytes, that ``folder``'s file system takes."""
+    try:
+        return int(os.pathconf(folder, "PC_NAME_MAX"))
+    except (AttributeError, OSError, ValueError):
+        return NAME_MAX
+
+
+def _hidden(path: Path, tag: str) -> Path:
+    """A hidden sibling ``.<name>.<pid>.<random>.<tag>``, the name shortened so that the whole
+    fits in a file name even when ``path``'s own name is as long as the system allows."""
+    tail = f".{os.getpid()}.{uuid.uuid4().hex[:8]}.{tag}"
+    room = NAME_MAX - 1 - len(tail)
+    name = os.fsdecode(os.fsencode(path.name)[:room])
+    return path.with_name(f".{name}{tail}")
 
 
 def _partial(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial")
+    return _hidden(path, "partial")
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Flush a folder's entries (a rename) to the disk; a no-op where folders cannot be
+    opened (Windows) or synced (some network file systems)."""
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+    try:
+        fd = os.open(folder, flags)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def write_atomic(path: str | Path, data: str | bytes, make_parents: bool = False) -> None:
-    """Write ``data`` to ``path`` through a partial file in the same folder, so a failure
-    (full disk, read-only folder) leaves the old file or none, never half of one. OutputError
-    naming the path and the reason."""
+    """Write ``data`` to ``path`` through a partial file in the same folder, synced to the disk
+    and renamed over the target, so a failure (full disk, read-only folder, power cut) leaves
+    the old file or none, never half of one. OutputError naming the path and the reason."""
     p = Path(path)
     tmp = _partial(p)
+    payload = data if isinstance(data, bytes) else data.encode("utf-8")
     try:
         if make_parents:
             p.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(data, bytes):
-            tmp.write_bytes(data)
-        else:
-            tmp.write_text(data)
+        with open(tmp, "xb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, p)
+        _fsync_folder(p.parent)
     except OSError as e:
-        raise OutputError(f"cannot write {p}: {e.strerror or e}") from None
+        raise OutputError(f"cannot write {p}: {_reason(e)}") from None
     finally:
         with contextlib.suppress(OSError):  # gone already, or the folder refuses even this
             tmp.unlink(missing_ok=True)
+
+
+def is_stdout(path: str | os.PathLike[str] | None) -> bool:
+    """Whether an output option names stdout (``-``)."""
+    return path is not None and os.fspath(path) == STDOUT
+
+
+def write_json(path: str | os.PathLike[str], data: Any, make_parents: bool = False) -> None:
+    """``data`` as indented JSON: to stdout for ``-``, else atomically to ``path``."""
+    text = json.dumps(data, indent=2) + "\n"
+    if is_stdout(path):
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    write_atomic(path, text, make_parents=make_parents)
+
+
+def _reason(e: OSError) -> str:
+    if e.errno == errno.ENAMETOOLONG:
+        return "file name too long"
+    return e.strerror or str(e)
+
+
+def check_file_name(path: str | Path, option: str) -> None:
+    """OutputError (naming ``option``) when ``path``'s file name is longer than its folder's
+    file system takes: "file name too long", not a permissions message."""
+    p = Path(path)
+    folder = p.parent if str(p.parent) else Path(".")
+    size, most = len(os.fsencode(p.name)), _name_max(folder if folder.is_dir() else Path("."))
+    if size > most:
+        raise OutputError(
+            f"{option} {p.name[:40]}…: file name too long ({size} bytes; this file system "
+            f"takes at most {most}); give a shorter name"
+        )
 
 
 def check_writable_folder(path: str | Path, option: str) -> None:
     """OutputError (naming ``option``) unless a file can be created in the folder ``path``:
     checked by creating and removing a probe, before any long work."""
     folder = Path(path)
-    probe = _partial(folder / "probe")
+    probe = _hidden(folder / "probe", "partial")
     try:
         probe.write_bytes(b"")
     except OSError as e:
         raise OutputError(
-            f"{option}: cannot write in {folder} ({e.strerror or e}); pick another folder"
+            f"{option}: cannot write in {folder} ({_reason(e)}); pick another folder"
         ) from None
     with contextlib.suppress(OSError):
         probe.unlink()
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` are one file: the same path once symlinks are resolved, or
+    (both existing) the same inode (a hard link)."""
+    try:
+        if a.resolve() == b.resolve():
+            return True
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except (OSError, RuntimeError):  # a symlink loop, an unreadable folder
+        return False
+
+
+def check_not_input(
+    path: str | Path, option: str, inputs: Mapping[str, str | os.PathLike[str] | None]
+) -> None:
+    """OutputError when the output ``path`` of ``option`` is one of ``inputs`` (option ->
+    path of the command's input files, or of its other outputs), through symlinks and hard
+    links; for an input that is a folder (a checkpoint folder), when ``path`` is a file that
+    already exists inside it."""
+    p = Path(path).expanduser()
+    for other, value in inputs.items():
+        if not value or is_stdout(value):
+            continue
+        q = Path(value).expanduser()
+        try:
+            folder = q.is_dir()
+            inside = folder and p.exists() and p.resolve().is_relative_to(q.resolve())
+        except (OSError, RuntimeError):  # a name too long, a loop: the input's own check says
+            continue
+        if folder:
+            if inside:
+                raise OutputError(
+                    f"{option} {p}: is a file inside the {other} folder {q} and would be "
+                    "overwritten; write it elsewhere"
+                )
+            continue
+        if _same_file(p, q):
+            raise OutputError(
+                f"{option} {p}: is also the {other} file and would be overwritten; "
+                "give the output a name of its own"
+            )
+
+
+def check_output_file(
+    path: str | os.PathLike[str] | None,
+    option: str,
+    inputs: Mapping[str, str | os.PathLike[str] | None] | None = None,
+    stdout: bool = True,
+) -> Path | None:
+    """The file target of ``option``, checked before any work; None when not given, or for
+    ``-`` (stdout) where ``stdout`` allows it. OutputError when it is a folder, its folder
+    is missing or takes no files, its name is too long, or it is one of ``inputs``."""
+    if path is None:
+        return None
+    if is_stdout(path):
+        if stdout:
+            return None
+        raise OutputError(f"{option} -: this output cannot go to stdout; give a file name")
+    p = Path(path).expanduser()
+    check_file_name(p, option)  # first: the system refuses even to look up a longer name
+    if p.is_dir():
+        raise OutputError(f"{option} {p}: is a directory; give a file name")
+    folder = p.parent
+    if not folder.exists() or not folder.is_dir():
+        raise OutputError(f"{option} {p}: the folder {folder} does not exist; create it first")
+    check_not_input(p, option, inputs or {})
+    check_writable_folder(folder, option)
+    return p
 
 
 def unused_name(path: str | Path) -> Path:

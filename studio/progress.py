@@ -10,7 +10,9 @@ beside the count.
 
 Notices (a large file about to be written to a cache, an engine rebuilt) travel through the
 ``logging`` module: compute code logs them at INFO under ``studio.*`` and never prints;
-:func:`show_notices` shows them on stderr above any bar. Nothing here imports Qt.
+:func:`show_notices` shows them on stderr above any bar (DEBUG too for ``studio -v``).
+``studio -q`` hides both: :func:`quiet` silences every :class:`StageProgress` made inside it.
+Nothing here imports Qt.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any
 
-__all__ = ["LABELS", "Progress", "StageProgress", "format_seconds", "show_notices"]
+__all__ = ["LABELS", "Progress", "StageProgress", "format_seconds", "quiet", "show_notices"]
 
 Progress = Callable[[str, int, int], None]
 
@@ -36,8 +38,23 @@ UNITS: dict[str, str] = {
     "LMDM windows": "windows",
     "rendering frames": "frames",
     "exporting networks": "networks",
+    "building TensorRT engines": "engines",
+    "measuring": "results",
 }
 RATE_UNITS = frozenset({"frames", "windows"})  # end lines give a rate for these
+_QUIET = [False]  # inside quiet(): no bars, no stage lines, no notes
+
+
+@contextlib.contextmanager
+def quiet(on: bool = True) -> Iterator[None]:
+    """Inside (with ``on``): every :class:`StageProgress` made without an explicit ``quiet``
+    shows nothing (``studio -q``); the previous state comes back after."""
+    before = _QUIET[0]
+    _QUIET[0] = bool(on) or before
+    try:
+        yield
+    finally:
+        _QUIET[0] = before
 
 
 def format_seconds(s: float) -> str:
@@ -71,7 +88,8 @@ class _Stage:
 class StageProgress:
     """``progress(stage, done, total)`` shown on ``stream`` (stderr by default).
 
-    ``live`` (default: whether ``stream`` is a terminal) picks tqdm bars over plain lines.
+    ``live`` (default: whether ``stream`` is a terminal) picks tqdm bars over plain lines;
+    ``quiet`` (default: inside :func:`quiet`) shows nothing at all.
     ``labels`` renames stages (default :data:`LABELS`). A stage ends when its count reaches
     its total or another stage begins; :meth:`close` (or leaving the ``with`` block) ends the
     last one. When the block ends with an exception an unfinished stage is dropped silently,
@@ -83,8 +101,10 @@ class StageProgress:
         stream: IO[str] | None = None,
         live: bool | None = None,
         labels: Mapping[str, str] | None = None,
+        quiet: bool | None = None,
     ) -> None:
         self.stream = stream if stream is not None else sys.stderr
+        self.quiet = _QUIET[0] if quiet is None else bool(quiet)
         if live is None:
             isatty = getattr(self.stream, "isatty", None)
             live = bool(isatty and isatty())
@@ -94,6 +114,8 @@ class StageProgress:
 
     # - the callable -
     def __call__(self, stage: str, done: int, total: int) -> None:
+        if self.quiet:
+            return
         name, _, detail = stage.partition(": ")
         label = self.labels.get(name, name)
         done, total = int(done), int(total)
@@ -119,7 +141,8 @@ class StageProgress:
 
     def note(self, message: str) -> None:
         """One line of text on the stream, above any bar (the bar is redrawn after it)."""
-        _write_line(message, self.stream)
+        if not self.quiet:
+            _write_line(message, self.stream)
 
     def close(self, finished: bool = True) -> None:
         """End the current stage; ``finished=False`` drops it without an end line."""
@@ -191,8 +214,8 @@ def _write_line(message: str, stream: IO[str]) -> None:
 class _NoticeHandler(logging.Handler):
     """Writes each record's message as one line, above any tqdm bar."""
 
-    def __init__(self, stream: IO[str]) -> None:
-        super().__init__(logging.INFO)
+    def __init__(self, stream: IO[str], level: int = logging.INFO) -> None:
+        super().__init__(level)
         self.stream = stream
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -202,20 +225,34 @@ class _NoticeHandler(logging.Handler):
             self.handleError(record)
 
 
+class _NoticeFormatter(logging.Formatter):
+    """A notice (INFO) as its message; a debug line or a warning says which it is."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        if record.levelno < logging.INFO:
+            return f"debug: {record.name}: {text}"
+        if record.levelno >= logging.WARNING:
+            return f"{record.levelname.lower()}: {text}"
+        return text
+
+
 @contextlib.contextmanager
-def show_notices(stream: IO[str] | None = None, logger: str = "studio") -> Iterator[None]:
-    """While inside: INFO and above from the ``studio`` loggers appear on ``stream`` (stderr),
-    as plain lines that do not tear a progress bar. The logger's level and handlers are put
-    back afterwards."""
+def show_notices(
+    stream: IO[str] | None = None, logger: str = "studio", level: int = logging.INFO
+) -> Iterator[None]:
+    """While inside: ``level`` (INFO: the notices) and above from the ``studio`` loggers
+    appear on ``stream`` (stderr), as plain lines that do not tear a progress bar. The
+    logger's level and handlers are put back afterwards."""
     log = logging.getLogger(logger)
-    handler = _NoticeHandler(stream if stream is not None else sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    level = log.level
+    handler = _NoticeHandler(stream if stream is not None else sys.stderr, level)
+    handler.setFormatter(_NoticeFormatter())
+    before = log.level
     log.addHandler(handler)
-    if log.level == logging.NOTSET or log.level > logging.INFO:
-        log.setLevel(logging.INFO)
+    if log.level == logging.NOTSET or log.level > level:
+        log.setLevel(level)
     try:
         yield
     finally:
         log.removeHandler(handler)
-        log.setLevel(level)
+        log.setLevel(before)

@@ -10,6 +10,20 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 HOST_READS = ("item", "tolist", "cpu", "numpy")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _studio_cache(tmp_path_factory):
+    """Every cache, lock and error log of the test session in a folder of its own, never in
+    the user's cache (a test that wants another sets STUDIO_CACHE_DIR itself)."""
+    root = tmp_path_factory.mktemp("studio-cache")
+    before = os.environ.get("STUDIO_CACHE_DIR")
+    os.environ["STUDIO_CACHE_DIR"] = str(root)
+    yield root
+    if before is None:
+        os.environ.pop("STUDIO_CACHE_DIR", None)
+    else:
+        os.environ["STUDIO_CACHE_DIR"] = before
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Reduced networks are tiny: extra threads only add overhead (and stall on busy CI)."""
@@ -153,3 +167,28 @@ def ditto_assets(tmp_path_factory):
         "audio": write_speechlike(d / "clip.wav", DITTO_CLIP_S),
         "cache": d / "avatars",
     }
+
+
+# The released ditto_pytorch/ layout, file by file: tests build folders of it.
+PYTORCH_FILES = [
+    "ditto_pytorch/models/appearance_extractor.pth",
+    "ditto_pytorch/models/motion_extractor.pth",
+    "ditto_pytorch/models/warp_network.pth",
+    "ditto_pytorch/models/decoder.pth",
+    "ditto_pytorch/models/stitch_network.pth",
+    "ditto_pytorch/models/lmdm_v0.4_hubert.pth",
+    "ditto_pytorch/aux_models/det_10g.onnx",
+    "ditto_pytorch/aux_models/2d106det.onnx",
+    "ditto_pytorch/aux_models/landmark203.onnx",
+    "ditto_pytorch/aux_models/face_landmarker.task",
+    "ditto_pytorch/aux_models/hubert_streaming_fix_kv.onnx",
+]
+
+
+def make_tree(base, files, content: bytes = b""):
+    """Empty (or ``content``) files at ``files`` under ``base``: a checkpoint folder's shape."""
+    for rel in files:
+        p = base / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(content)
+    return base

@@ -2,7 +2,8 @@
 
 Ditto's ``Source2Info`` for an image source (ditto-reference.md §5):
 
-1. load the image as RGB (alpha dropped, EXIF orientation applied as OpenCV's ``imread`` does),
+1. load the image as RGB (:mod:`studio.avatar.image`: alpha dropped, EXIF orientation applied
+   as OpenCV's ``imread`` does; an animation gives its first frame, noted),
    shrink it so its longer side is at most ``max_size`` (1920) and floor both sides to even;
 2. SCRFD face detection (the largest face), 106 landmarks, 203 landmarks on the rotated 224 px
    crop (:mod:`studio.avatar.faces`);
@@ -15,13 +16,15 @@ Ditto's ``Source2Info`` for an image source (ditto-reference.md §5):
 The result is an :class:`Avatar`; ``Avatar.source_info()`` is Ditto's ``source_info`` dict.
 
 Cache: one folder per image (named from its SHA-256) under ``cache_dir`` (default
-``$STUDIO_CACHE_DIR`` or ``~/.cache/talkinghead-studio/avatars``) with ``arrays.npz``,
-``image.npy`` (the resized frame), ``crop.png`` and ``meta.json`` (format version, image hash,
-registration settings, and a fingerprint of every model file used). Reopening an image whose
-folder matches runs no model at all; a different image, other settings or a changed model file
-rebuild it. A model file that is *missing* now does not invalidate the cache (it is only needed
-to rebuild). Folders are written under a temporary name and renamed into place, so a crash
-never leaves a half-written cache.
+``$STUDIO_AVATAR_CACHE`` or ``avatars/`` under the cache root, :mod:`studio.paths`) with
+``arrays.npz``, ``image.npy`` (the resized frame), ``crop.png`` and ``meta.json`` (format
+version, image hash, registration settings, and a fingerprint of every model file used).
+Reopening an image whose folder matches runs no model at all; a different image, other
+settings or a changed model file rebuild it. A model file that is *missing* now does not
+invalidate the cache (it is only needed to rebuild). Folders are written under a temporary name
+and renamed into place, so a crash never leaves a half-written cache; a file lock per image
+makes a second process that registers the same image at the same time wait for the first and
+reopen its folder.
 
 Differences from Ditto on purpose: clear errors instead of crashes (no face, §9 pitfall 16; tiny
 faces; videos, which are not supported yet), and the extractors run in float32 (Ditto's PyTorch
@@ -48,9 +51,11 @@ from studio.avatar.crop import area_downsample, crop_geometry, crop_image, resiz
 from studio.avatar.eyes import eye_features, planned_method
 from studio.avatar.faces import FaceDetector, Landmark106, Landmark203, providers_for
 from studio.avatar.folder import AVATAR_META
+from studio.avatar.image import MIN_FACE_PX, read_image, read_image_bytes
 from studio.errors import InputError, OutputError
 from studio.files import check_writable_folder
 from studio.models.checkpoints import CheckpointSet
+from studio.paths import AVATAR_ENV, avatar_cache_dir, build_lock
 
 __all__ = [
     "CACHE_ENV",
@@ -60,16 +65,13 @@ __all__ = [
     "RegistrationSettings",
     "default_cache_dir",
     "file_fingerprint",
-    "load_image",
     "register_avatar",
 ]
 
 FORMAT_VERSION = 1
-CACHE_ENV = "STUDIO_CACHE_DIR"
+CACHE_ENV = AVATAR_ENV  # this folder itself; $STUDIO_CACHE_DIR moves the whole cache root
 CROP_SIZE = 512
 NET_SIZE = 256
-MIN_FACE_PX = 64  # longer side of the detected box, in pixels of the (resized) image
-MIN_IMAGE_SIDE = 16  # thinner images are refused when read (the crop cannot resample them)
 
 Progress = Callable[[str, int, int], None]
 
@@ -153,11 +155,9 @@ class Avatar:
 
 
 def default_cache_dir() -> Path:
-    """``$STUDIO_CACHE_DIR`` or ``~/.cache/talkinghead-studio/avatars``."""
-    env = os.environ.get(CACHE_ENV)
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "talkinghead-studio" / "avatars"
+    """``$STUDIO_AVATAR_CACHE``, else ``avatars/`` under the studio's cache root
+    (:func:`studio.paths.avatar_cache_dir`: ``$STUDIO_CACHE_DIR`` or the user cache folder)."""
+    return avatar_cache_dir()
 
 
 # --- fingerprints ---------------------------------------------------------------------------------
@@ -195,184 +195,7 @@ def file_fingerprint(path: str | os.PathLike[str], known: dict | None = None) ->
     return {"path": key[0], "size": key[1], "mtime_ns": key[2], "sha256": sha}
 
 
-# --- image loading --------------------------------------------------------------------------------
-
-_VIDEO_MAGIC = (
-    (4, b"ftyp", "MP4/MOV"),
-    (0, b"\x1a\x45\xdf\xa3", "Matroska/WebM"),
-    (0, b"FLV", "FLV"),
-    (0, b"\x00\x00\x01\xba", "MPEG-PS"),
-    (0, b"\x00\x00\x01\xb3", "MPEG"),
-)
-
-
-# Files people mistake for a photo that FFmpeg still opens, and how to tell a real video:
-# by its suffix or by the demuxer FFmpeg picked (text files open as "tty" ANSI art).
-_VIDEO_SUFFIXES = frozenset(
-    ".mp4 .m4v .mov .mkv .webm .avi .flv .wmv .mpg .mpeg .ts .mts .m2ts .3gp .ogv .y4m".split()
-)
-_VIDEO_FORMATS = frozenset(
-    "mov mp4 matroska webm avi flv mpeg mpegts mpegvideo asf ogg h264 hevc m4v "
-    "yuv4mpegpipe rm nut ivf 3gp".split()
-)
-
-
-def _sniff_video(data: bytes) -> str | None:
-    for offset, magic, name in _VIDEO_MAGIC:
-        if data[offset : offset + len(magic)] == magic:
-            return name
-    if data[:4] == b"RIFF" and data[8:12] == b"AVI ":
-        return "AVI"
-    if data[:1] == b"\x47" and len(data) > 376 and data[188:189] == b"\x47":
-        return "MPEG-TS"
-    return None
-
-
-def _looks_like_text(data: bytes) -> bool:
-    """True for a file that is plain text (UTF-8, no NUL bytes in its first 4 kB)."""
-    head = data[:4096]
-    if not head or b"\0" in head:
-        return False
-    try:
-        head.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return e.start >= len(head) - 3  # a character cut at the 4 kB boundary
-    return True
-
-
-def _is_video(p: Path, fmt: str) -> bool:
-    """A video by its suffix or by the container FFmpeg found in it."""
-    return p.suffix.lower() in _VIDEO_SUFFIXES or bool(set(fmt.split(",")) & _VIDEO_FORMATS)
-
-
-def _check_not_video(p: Path, data: bytes) -> None:
-    """InputError for a video recognised by its first bytes, before anything decodes it."""
-    video = _sniff_video(data)
-    if video is not None:
-        raise _video_error(p, video)
-
-
-def _tiff_orientation(tiff: bytes) -> int:
-    """Tag 0x0112 of the first IFD of an EXIF TIFF block, 1 when absent or unreadable."""
-    order = {b"II": "little", b"MM": "big"}.get(tiff[:2])
-    if order is None or len(tiff) < 8:
-        return 1
-
-    def u(off: int, n: int) -> int:
-        return int.from_bytes(tiff[off : off + n], order)
-
-    ifd = u(4, 4)
-    if ifd + 2 > len(tiff):
-        return 1
-    for k in range(u(ifd, 2)):
-        entry = ifd + 2 + 12 * k
-        if entry + 12 <= len(tiff) and u(entry, 2) == 0x0112:
-            value = u(entry + 8, 2)
-            return value if 1 <= value <= 8 else 1
-    return 1
-
-
-def _exif_orientation(data: bytes) -> int:
-    """The EXIF orientation (1..8) of a JPEG, 1 when absent or unreadable."""
-    if not data.startswith(b"\xff\xd8"):
-        return 1
-    i = 2
-    while i + 4 <= len(data) and data[i] == 0xFF:
-        marker = data[i + 1]
-        if marker in (0xD9, 0xDA):  # end of image, start of scan
-            break
-        length = int.from_bytes(data[i + 2 : i + 4], "big")
-        if marker == 0xE1 and data[i + 4 : i + 10] == b"Exif\x00\x00":
-            return _tiff_orientation(data[i + 10 : i + 2 + length])
-        i += 2 + length
-    return 1
-
-
-def _orient(img: np.ndarray, orientation: int) -> np.ndarray:
-    """Apply an EXIF orientation (what OpenCV's ``imread`` does by default)."""
-    ops = {
-        2: lambda a: a[:, ::-1],
-        3: lambda a: a[::-1, ::-1],
-        4: lambda a: a[::-1],
-        5: lambda a: a.transpose(1, 0, 2),
-        6: lambda a: np.rot90(a, -1),
-        7: lambda a: a[::-1, ::-1].transpose(1, 0, 2),
-        8: lambda a: np.rot90(a, 1),
-    }
-    op = ops.get(orientation)
-    return np.ascontiguousarray(op(img)) if op else img
-
-
-def _is_image_format(name: str) -> bool:
-    return name.endswith("_pipe") or name in ("image2", "gif", "apng", "webp")
-
-
-def load_image(path: str | os.PathLike[str], data: bytes | None = None) -> np.ndarray:
-    """RGB uint8 [H, W, 3] of an image file (alpha dropped, EXIF orientation applied).
-
-    InputError naming the file when it is missing, unreadable, a video or not an image.
-    """
-    import av
-
-    p = Path(path).expanduser()
-    if data is None:
-        data = _read(p)
-    _check_not_video(p, data)
-    try:
-        with av.open(str(p)) as container:
-            fmt = container.format.name
-            if not container.streams.video:
-                raise _not_image_error(p, "it has no picture")
-            if not _is_image_format(fmt):
-                if _is_video(p, fmt):
-                    raise _video_error(p, fmt)
-                what = "it holds text" if _looks_like_text(data) else f"FFmpeg reads it as {fmt}"
-                raise _not_image_error(p, what)
-            frame = next(container.decode(container.streams.video[0]), None)
-            if frame is None:
-                raise InputError(f"{p} holds no picture: re-export it as PNG or JPEG")
-            rgb = frame.to_ndarray(format="rgb24")
-    except InputError:
-        raise
-    except Exception as e:  # noqa: BLE001 - PyAV/FFmpeg raise many types for bad data
-        if _looks_like_text(data):
-            raise _not_image_error(p, "it holds text") from None
-        reason = " ".join(str(e).split())[:120] or type(e).__name__
-        raise InputError(
-            f"{p} is not an image the studio can read ({reason}): use a PNG or JPEG photo"
-        ) from None
-    h, w = rgb.shape[:2]
-    if min(h, w) < MIN_IMAGE_SIDE:
-        raise InputError(
-            f"{p} is {w}x{h} px: an avatar needs at least {MIN_IMAGE_SIDE} px on each side "
-            "(a photo with the face well visible)"
-        )
-    return _orient(rgb, _exif_orientation(data))
-
-
-def _video_error(p: Path, kind: str) -> InputError:
-    return InputError(
-        f"{p} is a video ({kind}): video avatars are not supported yet; use a still image "
-        "(PNG or JPEG) of the face"
-    )
-
-
-def _not_image_error(p: Path, why: str) -> InputError:
-    return InputError(f"{p} is not an image file (PNG/JPEG/...): {why}; use a photo of the face")
-
-
-def _read(p: Path) -> bytes:
-    if not p.exists():
-        raise InputError(f"avatar image {p} does not exist: check the path")
-    if p.is_dir():
-        raise InputError(f"avatar image {p} is a folder: point at an image file")
-    try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise InputError(f"cannot read avatar image {p} ({e.strerror or e})") from None
-    if not data:
-        raise InputError(f"avatar image {p} is empty")
-    return data
+# --- image size ----------------------------------------------------------------------------------
 
 
 def fit_size(h: int, w: int, max_size: int) -> tuple[int, int]:
@@ -455,8 +278,8 @@ def _build(
     import torch
 
     providers = providers_for(device)
-    notes: list[str] = []
-    raw = load_image(path, data)
+    picture = read_image(path, data)
+    raw, notes = picture.rgb, list(picture.notes)
     h0, w0 = raw.shape[:2]
     h, w = fit_size(h0, w0, int(settings.max_size))
     image = raw if (h, w) == (h0, w0) else resize_bilinear(raw, (h, w))
@@ -675,8 +498,7 @@ def register_avatar(
     """
     settings = settings or RegistrationSettings()
     path = Path(image_path).expanduser()
-    data = _read(path)
-    _check_not_video(path, data)
+    data = read_image_bytes(path)
     image_sha = hashlib.sha256(data).hexdigest()
     files, missing = _resolve_files(checkpoints)
     eye_key, _ = planned_method(files.get("face_landmarker"))
@@ -685,42 +507,61 @@ def register_avatar(
     folder = root / image_sha[:24]
 
     if not refresh:
-        meta, _why = _cache_state(folder, image_sha, wanted, files)
-        if meta is not None:
-            try:
-                avatar = _load_cache(folder, meta)
-            except (OSError, ValueError, KeyError):
-                avatar = None  # damaged: rebuild below
-            if avatar is not None:
-                gone = [r for r in meta.get("models", {}) if r not in files]
-                if gone:
-                    names = ", ".join(Path(meta["models"][r]["path"]).name for r in gone)
-                    avatar.notes.append(f"loaded from the cache; {names} missing now")
-                if progress is not None:
-                    progress(f"{STAGE}: reused from cache", len(_STEPS), len(_STEPS))
-                return avatar
+        cached = _reopen(folder, image_sha, wanted, files, progress)
+        if cached is not None:
+            return cached
 
     for role in (*_AUX_ROLES, *_NET_ROLES):
         if role in missing:
             raise missing[role]
     _check_cache_root(root)  # before the work; a cache hit above writes nothing
-    steps = _Steps(progress)
-    if progress is not None:
-        progress(STAGE, 0, len(_STEPS))
-    used = {r: p for r, p in files.items() if r != "face_landmarker" or eye_key == "mediapipe"}
-    avatar, extra = _build(path, data, files, settings, device, steps)
-    meta = {
-        "format_version": FORMAT_VERSION,
-        "image_sha256": image_sha,
-        "settings": wanted,
-        "models": {r: file_fingerprint(p) for r, p in used.items()},
-        "eye_method": avatar.eye_method,
-        "notes": avatar.notes,
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "timings_ms": steps.ms,
-        **extra,
-    }
-    avatar.folder = folder
-    _write_cache(folder, avatar, meta)
+    # one registration per image at a time: a second process waits, then reopens the first's
+    with build_lock(folder, f"the avatar of {path.name}"):
+        cached = None if refresh else _reopen(folder, image_sha, wanted, files, progress)
+        if cached is not None:
+            return cached
+        steps = _Steps(progress)
+        if progress is not None:
+            progress(STAGE, 0, len(_STEPS))
+        used = {r: p for r, p in files.items() if r != "face_landmarker" or eye_key == "mediapipe"}
+        avatar, extra = _build(path, data, files, settings, device, steps)
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "image_sha256": image_sha,
+            "settings": wanted,
+            "models": {r: file_fingerprint(p) for r, p in used.items()},
+            "eye_method": avatar.eye_method,
+            "notes": avatar.notes,
+            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            "timings_ms": steps.ms,
+            **extra,
+        }
+        avatar.folder = folder
+        _write_cache(folder, avatar, meta)
     steps("cache")
+    return avatar
+
+
+def _reopen(
+    folder: Path,
+    image_sha: str,
+    wanted: dict[str, Any],
+    files: dict[str, Path],
+    progress: Progress | None,
+) -> Avatar | None:
+    """The avatar from a cache folder valid for these inputs, else None (absent, stale or
+    damaged: registered anew)."""
+    meta, _why = _cache_state(folder, image_sha, wanted, files)
+    if meta is None:
+        return None
+    try:
+        avatar = _load_cache(folder, meta)
+    except (OSError, ValueError, KeyError):
+        return None  # damaged: rebuilt
+    gone = [r for r in meta.get("models", {}) if r not in files]
+    if gone:
+        names = ", ".join(Path(meta["models"][r]["path"]).name for r in gone)
+        avatar.notes.append(f"loaded from the cache; {names} missing now")
+    if progress is not None:
+        progress(f"{STAGE}: reused from cache", len(_STEPS), len(_STEPS))
     return avatar

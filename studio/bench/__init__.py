@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.bench.report import check_output_targets, suite_parser, write_outputs
+from studio.files import is_stdout
 
 __all__ = ["ALL", "SUITES", "build_all_parser", "main", "run_all", "suite_main"]
 
@@ -123,6 +124,17 @@ def build_all_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _log_traceback(name: str, e: BaseException) -> str:
+    """The traceback of suite ``name``'s failure in a log file (never on stderr): where."""
+    from studio.paths import write_log
+
+    text = f"studio bench --suite {name} failed\n" + "".join(traceback.format_exception(e))
+    try:
+        return f"details in {write_log('studio-bench', text)}"
+    except OSError as err:
+        return f"no log file could be written ({err.strerror or err})"
+
+
 def _release_device_memory() -> None:
     gc.collect()
     torch = sys.modules.get("torch")
@@ -171,7 +183,7 @@ def run_all(argv: Sequence[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="studio-bench-all-") as tmp:
         # Each suite's own files go beside the combined JSON (bench_NAME.json/.md), so that a
         # run cut short still leaves the suites it finished; without --json, a temporary folder.
-        folder = Path(args.json).parent if args.json else Path(tmp)
+        folder = Path(args.json).parent if args.json and not is_stdout(args.json) else Path(tmp)
         for name in names:
             js, md = folder / f"bench_{name}.json", folder / f"bench_{name}.md"
             for stale in (js, md):
@@ -188,8 +200,8 @@ def run_all(argv: Sequence[str]) -> int:
                 rc = e.code if isinstance(e.code, int) else 2
                 reason = f"exited with status {rc} (bad options?)"
             except Exception as e:  # one failing suite does not stop the others
-                traceback.print_exc()
                 rc, reason = 1, f"{type(e).__name__}: {e}"
+                print(f"[all] {name}: {reason} — {_log_traceback(name, e)}", file=sys.stderr)
             wall = time.perf_counter() - t0
             _release_device_memory()
             combined["runs"][name] = {"rc": rc, "wall_s": round(wall, 1), "argv": sub}

@@ -21,7 +21,6 @@ import argparse
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +113,7 @@ def _clip_record(
         "runs": {},
     }
     for stride in strides:
-        s = replace(settings, stride=stride)
+        s = settings.replace(stride=stride)
         result = pipeline.postprocess(audio, phon, raw, s)
         kin = dict(result.kinematics)
         jr, js = pose_jerk(result.sampled), pose_jerk(result.smoothed)

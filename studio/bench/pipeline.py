@@ -33,7 +33,6 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -323,8 +322,8 @@ def run_pipeline_suite(
     dev = resolve_device(device)
     repeats = repeats if repeats is not None else (3 if dev.type == "cuda" else 1)
     base = RenderSettings(backend="ditto", stride="1", size=CROP_SIDE, precision=precision)
-    base = replace(base, memory=memory, batch=batch, seed=seed, steps=steps)
-    base = replace(base, compile=compile, preset=x264_preset)
+    base = base.replace(memory=memory, batch=batch, seed=seed, steps=steps)
+    base = base.replace(compile=compile, preset=x264_preset)
     base = base.validate()
     audio = speech_clip(frames / layout.FPS, seed)
     result: dict[str, Any] = {
@@ -386,7 +385,7 @@ def run_pipeline_suite(
             hubert_fallback=engine.hubert.fallback,
         )
         for variant in variants:
-            settings = replace(base, frame=variant).validate()
+            settings = base.replace(frame=variant)
             passes: list[dict[str, Any]] = []
             with _peak_memory(dev) as mem:
                 for i in range(warmup + repeats):

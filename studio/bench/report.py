@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from studio.errors import OutputError
-from studio.files import check_writable_folder, write_atomic
+from studio.files import check_writable_folder, is_stdout, write_atomic
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -133,7 +133,8 @@ def int_list(text: str, lo: int, hi: int, what: str = "values") -> tuple[int, ..
 
 def check_output_targets(argv: Sequence[str]) -> None:
     """OutputError, before a suite runs, for a ``--json``/``--markdown`` target that could
-    not be written afterwards: a folder, or under a folder that cannot take files."""
+    not be written afterwards: a folder, or under a folder that cannot take files (``-``,
+    stdout, is always fine)."""
     rest = list(argv)
     for i, arg in enumerate(rest):
         option, _, value = arg.partition("=")
@@ -141,8 +142,8 @@ def check_output_targets(argv: Sequence[str]) -> None:
             continue
         if not value and i + 1 < len(rest):
             value = rest[i + 1]
-        if not value:
-            continue  # argparse reports the missing value
+        if not value or is_stdout(value):
+            continue  # argparse reports a missing value; - is stdout
         path = Path(value)
         if path.is_dir():
             raise OutputError(f"{option} {path}: is a directory; give a file name")
@@ -158,12 +159,16 @@ def write_outputs(
     result: dict[str, Any], markdown: str, json_path: str | None, markdown_path: str | None
 ) -> None:
     """Write the result as strict JSON and the Markdown text where asked (folders made; each
-    file whole or not at all)."""
+    file whole or not at all; ``-`` writes to stdout)."""
     for target, payload in (
         (json_path, lambda: json.dumps(jsonable(result), indent=2, allow_nan=False) + "\n"),
         (markdown_path, lambda: markdown),
     ):
-        if target:
+        if is_stdout(target):
+            text = payload()
+            sys.stdout.write(text if text.endswith("\n") else text + "\n")
+            sys.stdout.flush()
+        elif target:
             write_atomic(target, payload(), make_parents=True)
 
 
@@ -172,8 +177,8 @@ def write_outputs(
 
 COMMON_HELP: dict[str, str] = {
     "device": "default: cuda if seen",
-    "json": "write the full result as JSON",
-    "markdown": "write the tables as Markdown",
+    "json": "write the full result as JSON (- for stdout)",
+    "markdown": "write the tables as Markdown (- for stdout)",
     "plots": "write PNG plots (needs matplotlib)",
     "repeats": "timed runs per point (default: auto)",
     "warmup": "untimed runs per point",
@@ -316,7 +321,8 @@ def run_main(
 ) -> int:
     """A suite's whole ``main(argv)``: ``argv`` parsed (``sys.argv`` when None; argparse exits
     2 on a bad option), ``--repeats``/``--warmup`` checked (:func:`count_error`), the result
-    from ``run(args, progress)`` (``progress`` prints a line on stderr), then
+    from ``run(args, progress)`` (``progress`` prints a line on stderr, above the suite's
+    :class:`~studio.progress.StageProgress` stage, which counts those lines), then
     :func:`finish_main`. Returns 0, or 2 with a line on stderr for a bad count or one of
     ``errors`` raised by ``run``."""
     args = parser.parse_args(argv)
@@ -324,8 +330,20 @@ def run_main(
     if problem:
         print(problem, file=sys.stderr)
         return 2
+    from studio.progress import StageProgress
+
+    stage = f"measuring: {suite}"
     try:
-        result = run(args, progress_line)
+        with StageProgress(sys.stderr) as progress:
+            said = [0]
+
+            def say(line: str) -> None:
+                progress.note(line)
+                said[0] += 1
+                progress(stage, said[0], 0)
+
+            progress(stage, 0, 0)
+            result = run(args, say)
     except errors as e:
         print(f"studio bench {suite}: {e}", file=sys.stderr)
         return 2
@@ -375,5 +393,6 @@ def finish_main(
         del result[key]
     text = to_markdown(result)
     write_outputs(result, text, args.json, args.markdown)
-    print(text)
+    if not is_stdout(args.markdown):  # printed already; beside JSON on stdout, on stderr
+        print(text, file=sys.stderr if is_stdout(args.json) else sys.stdout)
     return 0

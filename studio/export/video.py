@@ -34,6 +34,7 @@ from av.video.stream import VideoStream
 
 from studio.audio.io import Audio
 from studio.errors import Cancelled, OptionError, OutputError
+from studio.files import check_file_name
 from studio.layout import FPS
 
 AAC_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000)
@@ -59,11 +60,13 @@ _AUDIO_CHUNK = 1 << 16  # samples per AudioFrame handed to the resampler at clos
 def check_output_path(path: str | os.PathLike) -> Path:
     """Validate an export target before any rendering; return it resolved.
 
-    Raises OutputError when the path is a directory, does not end in .mp4, or its folder
-    is missing, not a folder, or not writable (checked by creating a probe file, which
-    also works for root and read-only mounts).
+    Raises OutputError when the path is a directory, does not end in .mp4, has a file name
+    longer than the file system takes ("file name too long"), or its folder is missing, not
+    a folder, or not writable (checked by creating a probe file, which also works for root
+    and read-only mounts). A symlink is followed: the path returned is the file written.
     """
     p = Path(path).expanduser()
+    check_file_name(p, "--out")  # first: the system refuses even to look up a longer name
     if p.is_dir():
         raise OutputError(
             f"Output path '{path}' is a directory; give a file name such as '{p / 'video.mp4'}'."
@@ -82,7 +85,7 @@ def check_output_path(path: str | os.PathLike) -> Path:
         raise OutputError(
             f"Output folder '{folder}' for '{p.name}' is not a folder; choose another location."
         )
-    probe = folder / f".{p.name}.probe-{secrets.token_hex(4)}"
+    probe = folder / f".studio-probe-{secrets.token_hex(4)}"  # short: any legal name passes
     try:
         fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     except OSError as e:
@@ -252,7 +255,8 @@ class VideoWriter:
 
     def _open(self) -> None:
         token = secrets.token_hex(4)
-        tmp = self.path.with_name(f".{self.path.stem}.partial-{token}.mp4")
+        stem = os.fsdecode(os.fsencode(self.path.stem)[:200])  # a 255-byte name stays legal
+        tmp = self.path.with_name(f".{stem}.partial-{token}.mp4")
         try:
             fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
         except OSError as e:

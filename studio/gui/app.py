@@ -1,11 +1,26 @@
-"""`studio gui`: create the application, open the window, optionally take a screenshot."""
+"""`studio gui`: create the application, open the window, optionally take a screenshot.
+
+Ctrl-C in the terminal (SIGINT), SIGTERM and SIGHUP close the window and quit with one line
+and status 130; an ignored signal (``nohup``) stays ignored. Python runs its signal handlers
+only when the interpreter gets control, so a timer lets it in a few times a second while Qt's
+loop runs. An unexpected exception in the window's code (a slot, an event) opens the error
+dialog, with its traceback in a log file under the cache's ``logs/`` (one line on stderr says
+where), and the window stays usable. With ``--screenshot``, an error dialog up at any time
+makes the command fail (status 2) instead of saving the picture.
+"""
 
 from __future__ import annotations
 
 import sys
+import traceback
+from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
+from typing import Any
 
 SCREENSHOT_TIMEOUT_MS = 180_000
+SIGNAL_POLL_MS = 200  # how often Python gets the chance to run a signal handler
+EXIT_ERROR, EXIT_CANCELLED = 2, 130
 
 
 def run(
@@ -25,33 +40,144 @@ def run(
     app.setApplicationName("Talking-head studio")
     app.setOrganizationName("talkinghead-studio")
     theme.apply(app)
+    restore_hook = install_excepthook(lambda: window)
     window = MainWindow(audio=audio, avatar=avatar)
     if size is not None:
         window.resize(*size)
     window.show()
     status = {"code": 0}
+    restore_signals = quit_on_signals(window, app, status)
     if screenshot:
         target = Path(screenshot)
 
-        def shoot(_stats=None) -> None:
-            QTimer.singleShot(300, lambda: _save(window, target, status, app))
-
         def fail(message: str) -> None:
-            print(f"studio gui: error: {message}", file=sys.stderr)
-            status["code"] = 2
+            if status["code"] == 0:
+                print(f"studio gui: error: {message.splitlines()[0]}", file=sys.stderr)
+                status["code"] = EXIT_ERROR
             app.quit()
+
+        def shoot(_stats: object = None) -> None:
+            QTimer.singleShot(300, lambda: _save(window, target, status, app, fail))
+
+        def fail_if_shown() -> None:  # a dialog opened while the window was being made
+            message = error_shown(window)
+            if message:
+                fail(message)
 
         window.renderFinished.connect(shoot)
         window.errorShown.connect(fail)
+        QTimer.singleShot(0, fail_if_shown)
         QTimer.singleShot(SCREENSHOT_TIMEOUT_MS, lambda: fail("no render finished in time"))
-    app.exec()
+    try:
+        app.exec()
+    finally:
+        restore_signals()
+        restore_hook()
     return status["code"]
 
 
-def _save(window, target: Path, status: dict, app) -> None:
+def error_shown(window: Any) -> str | None:
+    """The text of the error dialog the window shows now, else None."""
+    box = getattr(window, "error_box", None)
+    if box is None or not box.isVisible():
+        return None
+    return box.text() or "an error dialog is open"
+
+
+def _save(window: Any, target: Path, status: dict, app: Any, fail: Callable[[str], None]) -> None:
+    message = error_shown(window)
+    if message:  # a render finished, but something else went wrong: not a success
+        fail(message)
+        return
     image = window.grab()
     if not image.save(str(target)):
-        print(f"studio gui: error: cannot write the screenshot {target}", file=sys.stderr)
-        status["code"] = 2
+        fail(f"cannot write the screenshot {target}")
+        return
     window.close()
     app.quit()
+
+
+def quit_on_signals(window: Any, app: Any, status: dict) -> Callable[[], None]:
+    """While Qt's loop runs: SIGINT, SIGTERM and SIGHUP (unless ignored) close ``window``,
+    quit ``app`` and set ``status["code"]`` to 130, with one line on stderr. Returns the undo
+    (the previous handlers back, the timer stopped)."""
+    import signal
+    import threading
+
+    from PySide6.QtCore import QTimer
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def stop(_signum: int, _frame: object) -> None:
+        if status.get("stopping"):
+            return
+        status["stopping"] = True
+        status["code"] = EXIT_CANCELLED
+        print("\nstudio gui: interrupted; closing the window", file=sys.stderr)
+        window.close()
+        app.quit()
+
+    before: dict[int, Any] = {}
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        sig = getattr(signal, name, None)
+        if sig is None:
+            continue
+        current = signal.getsignal(sig)
+        if current == signal.SIG_IGN:
+            continue  # inherited ignore (nohup): respected
+        before[sig] = signal.SIG_DFL if current is None else current
+        signal.signal(sig, stop)
+    timer = QTimer()
+    timer.timeout.connect(lambda: None)  # Python runs, and with it any pending handler
+    timer.start(SIGNAL_POLL_MS)
+
+    def restore() -> None:
+        timer.stop()
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+    return restore
+
+
+def install_excepthook(window: Callable[[], Any]) -> Callable[[], None]:
+    """``sys.excepthook`` for the GUI: an unexpected exception (raised in a slot or an event
+    handler, which Qt reports through the hook) gets its traceback written to a log file, one
+    line on stderr, and the error dialog of ``window()`` (when it exists by then); the app
+    goes on. Returns the undo."""
+    before = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        if issubclass(kind, KeyboardInterrupt | SystemExit):
+            from PySide6.QtWidgets import QApplication
+
+            QApplication.quit()
+            return
+        text = "".join(traceback.format_exception(kind, value, tb))
+        where = _write_log(text)
+        first = (str(value).strip().splitlines() or [""])[0][:200]
+        what = f"{kind.__name__}: {first}" if first else kind.__name__
+        print(f"studio gui: internal error: {what} — {where}", file=sys.stderr)
+        try:
+            w = window()
+        except NameError:  # the window is not made yet
+            w = None
+        if w is not None:
+            w.show_error(
+                f"Something went wrong inside the studio ({what}); it keeps running. "
+                f"The details are in the log file.",
+                f"{text}\n{where}",
+            )
+
+    sys.excepthook = hook
+    return lambda: setattr(sys, "excepthook", before)
+
+
+def _write_log(text: str) -> str:
+    """``text`` in a new log file of the cache's ``logs/``: where, or why not."""
+    from studio.paths import write_log
+
+    try:
+        return f"details in {write_log('studio-gui-error', text)}"
+    except OSError as e:
+        return f"no log file could be written ({e.strerror or e})"

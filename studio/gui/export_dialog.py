@@ -25,8 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.files import unused_name
-from studio.gui.widgets.controls import SIZES, combo_box, size_label, spin_box
-from studio.settings import PRESETS
+from studio.gui.widgets.controls import SIZES, combo_box, setting_combo, setting_spin, size_label
 
 
 class ExportDialog(QDialog):
@@ -67,14 +66,14 @@ class ExportDialog(QDialog):
             self.size_note = QLabel("Square output side. With Ditto it applies to crop frames.")
         self.size_note.setWordWrap(True)
         self.size_note.setObjectName("size_note")
-        self.crf = spin_box(
-            0, 51, "H.264 constant rate factor: lower is better quality, 18 is visually lossless"
+        self.crf = setting_spin(
+            "crf", "H.264 constant rate factor: lower is better quality, 18 is visually lossless"
         )
         self.crf.setValue(crf)
-        self.preset = combo_box(
-            ((p, p) for p in PRESETS),
-            "x264 speed preset: faster presets encode sooner at the same quality (CRF) but make "
-            "larger files; on a fast GPU, 'veryfast' keeps the encoder from setting the pace",
+        self.preset = setting_combo(
+            "preset",
+            tip="x264 speed preset: faster presets encode sooner at the same quality (CRF) but "
+            "make larger files; on a fast GPU, 'veryfast' keeps the encoder from setting the pace",
         )
         self.preset.setCurrentIndex(max(0, self.preset.findData(preset)))
         self.progress = QProgressBar()

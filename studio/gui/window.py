@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -927,7 +926,7 @@ class MainWindow(QMainWindow):
             return None
         s = self.current_settings()
         w, h = self.engine.frame_size(s)
-        other = replace(s, size=s.size + 2 if s.size + 2 <= MAX_SIZE else s.size - 2)
+        other = s.replace(size=s.size + 2 if s.size + 2 <= MAX_SIZE else s.size - 2)
         return None if self.engine.frame_size(other) != (w, h) else (h, w)
 
     def open_export_dialog(self) -> ExportDialog:
@@ -978,7 +977,7 @@ class MainWindow(QMainWindow):
         p = self.preview_settings
         if p is None or self.preview_result is not self.result:
             return None
-        if replace(settings, size=p.size, crf=p.crf, preset=p.preset) != p:
+        if settings.replace(size=p.size, crf=p.crf, preset=p.preset) != p:
             return None
         if self.engine is None or self.engine.renderer_key(settings) != self.engine.renderer_key(p):
             return None

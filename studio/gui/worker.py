@@ -19,7 +19,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -491,7 +491,7 @@ def export_settings(
 ) -> RenderSettings:
     """The settings an export runs with: the preview's, with the dialog's size, quality and
     x264 speed preset."""
-    return replace(settings, size=size, crf=crf, preset=preset or settings.preset).validate()
+    return settings.replace(size=size, crf=crf, preset=preset or settings.preset)
 
 
 def default_export_path(audio_path: str | None) -> str:

@@ -19,7 +19,6 @@ each backend can run here is :mod:`studio.runtime.precision`;
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from torch import Tensor
 
 from studio.errors import InputError, StudioError
 from studio.models import NamedIO
+from studio.paths import engine_cache_dir
 
 HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -261,12 +261,9 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
 
 
 def default_cache_dir() -> Path:
-    """Where exported ONNX files and engines are cached (``$STUDIO_ENGINE_CACHE`` wins)."""
-    env = os.environ.get("STUDIO_ENGINE_CACHE")
-    if env:
-        return Path(env).expanduser()
-    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return base / "talkinghead-studio" / "engines"
+    """Where exported ONNX files and engines are cached: :func:`studio.paths.engine_cache_dir`
+    (``$STUDIO_ENGINE_CACHE``, else ``engines/`` under the studio's cache root)."""
+    return engine_cache_dir()
 
 
 def sdpa_backend(name: str) -> contextlib.AbstractContextManager[None]:

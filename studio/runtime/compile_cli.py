@@ -11,8 +11,10 @@ strongly typed fp16/bf16 engines a typed half graph). Engines are written as
 ``OUT/<stem>_<precision>.engine`` with ``<engine>.json`` beside them (the cache key); the
 timing cache is ``OUT/timing.cache``. An engine that is current is kept; one that is stale
 (another GPU, TensorRT version, precision, ONNX file or builder settings) is rebuilt with a
-message. Every argument is checked before TensorRT is imported; without TensorRT the command
-exits with status 2 and says how to install it.
+message. Every argument is checked before TensorRT is imported (``--json`` too: ``-`` is
+stdout, and then the summary goes to stderr); without TensorRT the command exits with status 2
+and says how to install it. The builds are one stage of :mod:`studio.progress` (a bar on a
+terminal, a line per network otherwise); the builder's messages appear above it.
 
 Importing this module is light (no torch, no tensorrt), so ``studio --help`` stays fast.
 """
@@ -20,7 +22,6 @@ Importing this module is light (no torch, no tensorrt), so ``studio --help`` sta
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -98,7 +99,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--device", default="cuda", metavar="DEV", help="cuda or cuda:N")
     p.add_argument("--force", action="store_true", help="rebuild even current engines")
-    p.add_argument("--json", metavar="OUT.json", help="also write the summary here")
+    p.add_argument("--json", metavar="OUT.json", help="also write the summary here (- for stdout)")
 
 
 def _networks(text: str | None) -> list[str] | None:
@@ -181,6 +182,7 @@ def _source(
 def run(args: argparse.Namespace) -> int:
     """`studio compile`; returns the exit status (StudioErrors propagate to the CLI)."""
     from studio.errors import InputError, OptionError, OutputError
+    from studio.files import check_output_file, is_stdout, write_json
     from studio.models.checkpoints import discover
     from studio.runtime.precision import ENGINE_NETWORKS, parse_precision
     from studio.runtime.tensorrt.support import BuildSettings
@@ -190,6 +192,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out).expanduser()
     if out.exists() and not out.is_dir():
         raise OutputError(f"--out {out} exists and is not a folder")
+    inputs = {"--checkpoints": args.checkpoints, "--plugin": args.plugin}
+    json_out = check_output_file(args.json, "--json", {**inputs, "--calibration": args.calibration})
     if not isinstance(args.batch, int) or args.batch < 1:
         raise OptionError("--batch", f"must be a positive integer, got {args.batch}")
     settings = BuildSettings(
@@ -235,9 +239,8 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         raise OutputError(f"cannot create {out}: {e.strerror or e}") from None
 
-    # 3. One engine per network.
-    def log(message: str) -> None:
-        print(f"  {message}", file=sys.stderr, flush=True)
+    # 3. One engine per network: one progress stage, the builder's messages above it.
+    from studio.progress import StageProgress
 
     summary: dict[str, Any] = {
         "checkpoints": str(found.root),
@@ -253,51 +256,58 @@ def run(args: argparse.Namespace) -> int:
         },
         "networks": {},
     }
-    for name in names:
-        precision = plan.of(name)
-        graph = graph_precision(precision, typing)
-        record: dict[str, Any] = {"precision": precision}
-        started = time.perf_counter()
-        print(f"{name} ({precision}):", file=sys.stderr, flush=True)
-        try:
-            onnx, origin = _source(
-                name,
-                files[name],
-                graph,
-                args.batch,
-                settings.plugin is not None,
-                out / "onnx",
-                device,
-                log,
-            )
-            record.update({"onnx": str(onnx), "onnx_source": origin})
-            path, decision, _ = ensure_engine(
-                name,
-                onnx,
-                precision,
-                device,
-                out,
-                settings,
-                engine_stem(name, args.batch),
-                args.force,
-                log,
-            )
-            record.update(
-                {
-                    "engine": str(path),
-                    "action": decision.action,
-                    "reasons": list(decision.reasons),
-                    "ok": True,
-                }
-            )
-        except Exception as e:  # noqa: BLE001 - one failed build does not stop the others
-            record.update({"ok": False, "error": f"{type(e).__name__}: {e}"})
-        record["seconds"] = round(time.perf_counter() - started, 1)
-        summary["networks"][name] = record
+    with StageProgress(sys.stderr) as progress:
+
+        def log(message: str) -> None:
+            progress.note(f"  {message}")
+
+        for i, name in enumerate(names):
+            precision = plan.of(name)
+            graph = graph_precision(precision, typing)
+            record: dict[str, Any] = {"precision": precision}
+            started = time.perf_counter()
+            progress(f"building TensorRT engines: {name} ({precision})", i, len(names))
+            try:
+                onnx, origin = _source(
+                    name,
+                    files[name],
+                    graph,
+                    args.batch,
+                    settings.plugin is not None,
+                    out / "onnx",
+                    device,
+                    log,
+                )
+                record.update({"onnx": str(onnx), "onnx_source": origin})
+                path, decision, _ = ensure_engine(
+                    name,
+                    onnx,
+                    precision,
+                    device,
+                    out,
+                    settings,
+                    engine_stem(name, args.batch),
+                    args.force,
+                    log,
+                )
+                record.update(
+                    {
+                        "engine": str(path),
+                        "action": decision.action,
+                        "reasons": list(decision.reasons),
+                        "ok": True,
+                    }
+                )
+            except Exception as e:  # noqa: BLE001 - one failed build does not stop the others
+                record.update({"ok": False, "error": f"{type(e).__name__}: {e}"})
+                log(f"{name}: FAILED: {record['error']}")
+            record["seconds"] = round(time.perf_counter() - started, 1)
+            summary["networks"][name] = record
+            progress(f"building TensorRT engines: {name} ({precision})", i + 1, len(names))
     summary["ok"] = all(r["ok"] for r in summary["networks"].values())
     if args.json:
-        Path(args.json).expanduser().write_text(json.dumps(summary, indent=2))
-    print(format_summary(summary))
+        write_json(json_out or args.json, summary)  # a file, or - (stdout)
+    print(format_summary(summary), file=sys.stderr if is_stdout(args.json) else sys.stdout)
     return 0 if summary["ok"] else 1
 
 

@@ -14,7 +14,8 @@ fp32 the ONNX Runtime parity check) wrapped in a
 
 The file name carries a key over the network, batch, precision, opset, torch version and a
 SHA-256 of the module's state dict, so a changed checkpoint is exported anew and an unchanged
-one is reused.
+one is reused. Concurrent processes export a file once: the export holds
+:func:`studio.paths.build_lock`, and a process that waited for it finds the file made.
 
 Before an export writes a file (hundreds of MB for the full-size warp network) it says so,
 with the size estimated from the network's parameters, through ``log`` when the caller
@@ -38,6 +39,7 @@ import torch
 from torch import nn
 
 from studio.errors import OutputError
+from studio.paths import build_lock
 
 __all__ = [
     "EXPORT_FORMAT",
@@ -171,12 +173,18 @@ def export_for_engine(
     dev = torch.device(device) if device is not None else None
     if dev is None:
         dev = next((p.device for p in module.parameters()), torch.device("cpu"))
-    size = estimated_onnx_bytes(module, graph_precision)
-    detail = f"batch {batch}, {graph_precision}"
-    (log or _log.info)(export_notice(network, size, out, _PURPOSE.get(), detail))
-    adapter = _BatchedAdapter(PrecisionAdapter(network, module, graph_precision, dev), batch).eval()
-    half = graph_precision != "fp32"
-    record: dict[str, Any] = export_module(adapter, target, opset=opset, verify=verify and not half)
+    # one export per file at a time: a second process waits, then finds the first's file
+    with build_lock(target, f"{network}'s ONNX file"):
+        if target.is_file():
+            return target
+        size = estimated_onnx_bytes(module, graph_precision)
+        detail = f"batch {batch}, {graph_precision}"
+        (log or _log.info)(export_notice(network, size, out, _PURPOSE.get(), detail))
+        adapter = _BatchedAdapter(PrecisionAdapter(network, module, graph_precision, dev), batch)
+        half = graph_precision != "fp32"
+        record: dict[str, Any] = export_module(
+            adapter.eval(), target, opset=opset, verify=verify and not half
+        )
     if not record["ok"]:
         raise RuntimeError(f"{network}: {record.get('error', 'export failed')}")
     return target

@@ -211,7 +211,7 @@ def _bad_audio(tmp_path, kind):
         ("short", "too short"),
         ("text", ""),
         ("image", ""),
-        ("fake mp3", "no decoder recognises"),  # libsndfile said the file did not exist
+        ("fake mp3", "is a text file"),  # named for what it holds, not for its suffix
     ],
 )
 def test_bad_audio_is_one_clear_line_and_no_output(tmp_path, capsys, kind, words):
@@ -240,6 +240,13 @@ def test_bad_audio_is_one_clear_line_and_no_output(tmp_path, capsys, kind, words
         (["--crf", "99"], "--crf"),
         (["--seed", "-3"], "--seed"),
         (["--x264-preset", "warp"], "--x264-preset"),
+        (["--smooth-window", "151"], "--smooth-window: 151 is above the maximum, 101"),
+        (["--accel-limit", "0.0001"], "--accel-limit: 0.0001 is below the minimum, 0.001"),
+        (["--accel-limit", "inf"], "--accel-limit: inf is not a finite number"),
+        (["--seed", "2147483648"], "--seed: 2147483648 is above the maximum"),
+        (["--memory", "lots"], "--memory"),
+        (["--precision", "fp8"], "--precision"),
+        (["--device", "banana"], "--device banana: not a device"),
     ],
 )
 def test_invalid_options(tmp_path, capsys, opts, option):
@@ -281,13 +288,18 @@ def test_preset_round_trip_and_bad_preset(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text('{"smooth_window": 4}')
     code, _, err = _run(["analyze", "--demo", "--preset", str(bad)], capsys)
-    assert code == 2 and "bad.json" in err and "--smooth-window" in err
+    assert code == 2 and "bad.json: smooth_window: 4 is even; must be an odd integer 3..101" in err
     bad.write_text("{not json")
     code, _, err = _run(["analyze", "--demo", "--preset", str(bad)], capsys)
     assert code == 2 and "bad.json" in err
     bad.write_text('{"compile": "yes"}')
     code, _, err = _run(["analyze", "--demo", "--preset", str(bad)], capsys)
-    assert code == 2 and "--compile" in err and "must be true or false" in err
+    assert code == 2 and "bad.json: compile: got the string 'yes'; must be true or false" in err
+    assert len(err.strip().splitlines()) == 1
+    bad.write_text('{"smooth_window": 51, "accel_limit": 20}')  # kept as they are
+    code, _, err = _run(["analyze", "--demo", "--preset", str(bad), "--json", str(j)], capsys)
+    s = json.loads(j.read_text())["settings"]
+    assert code == 0 and (s["smooth_window"], s["accel_limit"]) == (51, 20.0)
 
 
 def test_doctor(capsys):
@@ -559,7 +571,7 @@ def test_export_notice_is_said_before_writing_with_the_estimated_size(tmp_path, 
 
 
 def test_doctor_calls_a_folder_render_can_use_complete_for_pytorch(tmp_path, capsys):
-    from test_checkpoints import PYTORCH_FILES, make_tree
+    from conftest import PYTORCH_FILES, make_tree
 
     files = [f for f in PYTORCH_FILES if not f.endswith("face_landmarker.task")]
     tree = make_tree(tmp_path / "ck", [*files, "ditto_cfg/v0.4_hubert_cfg_pytorch.pkl"])
@@ -606,7 +618,7 @@ def test_doctor_lists_encoders_as_built_in_and_hardware_present_or_not(capsys):
 def bad_inputs(tmp_path):
     """A complete checkpoint tree of empty files, an incomplete one, an empty folder, text
     notes FFmpeg opens as "tty" video, and a real video."""
-    from test_checkpoints import PYTORCH_FILES, make_tree
+    from conftest import PYTORCH_FILES, make_tree
 
     notes = tmp_path / "notes.txt"
     notes.write_text("Meeting notes\n\n- item one: something to do\n- item two\n" * 30)
@@ -681,3 +693,350 @@ def test_compile_without_a_gpu_to_compile_for_is_a_note_not_an_error(capsys, tmp
     assert code == 0 and out_mp4.exists()
     (note,) = [line for line in err.splitlines() if "note:" in line]
     assert note.startswith("studio render: note: --compile is ignored by the demo engine")
+
+
+# --- conventions and the last line of defence: stdout, -v/-q, caches, errors, signals -----------
+
+
+def test_json_outputs_take_dash_for_stdout_and_the_summary_moves_to_stderr(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)  # a file named "-" would land here
+    code, out, err = _run(["analyze", "--demo", "--json", "-"], capsys)
+    assert code == 0 and json.loads(out)["frames"] > 0 and "pose jerk" in err
+    video = tmp_path / "o.mp4"
+    argv = ["render", "--demo", "--size", "128", "--x264-preset", "ultrafast", "--out", str(video)]
+    code, out, err = _run([*argv, "--report", "-"], capsys)
+    assert code == 0 and json.loads(out)["output"] == str(video) and "wrote" in err
+    argv = ["bench", "--suite", "kinematics", "--repeats", "1", "--strides", "auto", "--json", "-"]
+    code, out, err = _run(argv, capsys)
+    assert code == 0 and json.loads(out)["suite"] == "kinematics" and "Kinematics" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o.mp4"]
+
+
+def test_export_onnx_json_to_stdout(tmp_path, capsys):
+    pytest.importorskip("onnx")
+    from studio.fixtures.random_tree import write_checkpoint_tree
+
+    tree = write_checkpoint_tree(tmp_path / "ckpt", reduced=True, networks=["stitch_network"])
+    argv = ["export-onnx", "--checkpoints", str(tree), "--out", str(tmp_path / "onnx")]
+    code, out, err = _run([*argv, "--no-verify", "--json", "-"], capsys)
+    assert code == 0 and json.loads(out)["networks"]["stitch_network"]["ok"]
+    assert "ONNX export of" in err
+
+
+def test_help_lists_every_command_and_completion_is_printed(capsys):
+    from studio.cli import COMMANDS
+
+    code, out, _ = _run(["--help"], capsys)
+    assert code == 0 and all(f"    {c} " in out for c in COMMANDS)
+    assert "-v, --verbose" in out and "-q, --quiet" in out and "--cache-dir DIR" in out
+    for shell in ("bash", "zsh"):
+        code, out, _ = _run(["--print-completion", shell], capsys)
+        assert code == 0 and "export-onnx" in out and "--x264-preset" in out
+    code, out, _ = _run(["bench", "--help"], capsys)  # the suites' own usage, forwarded
+    assert code == 0 and "--suite" in out
+    code, _, err = _run(["-v", "-q", "doctor"], capsys)
+    assert code == 2 and "cannot be combined" in err
+
+
+def test_quiet_hides_progress_and_notices_and_verbose_adds_debug_lines(
+    tmp_path, capsys, monkeypatch
+):
+    import logging
+
+    import studio.cli as cli
+
+    video = tmp_path / "o.mp4"
+    argv = ["render", "--demo", "--size", "128", "--x264-preset", "ultrafast", "--out", str(video)]
+    code, out, err = _run(argv, capsys)
+    assert code == 0 and "rendering frames:" in err
+    code, out, err = _run([*argv, "-q"], capsys)
+    assert code == 0 and err == "" and "wrote" in out
+
+    def talk(args):
+        log = logging.getLogger("studio.test")
+        log.debug("a detail")
+        log.info("a notice")
+        return 0
+
+    monkeypatch.setattr(cli, "cmd_doctor", talk)
+    assert _run(["doctor"], capsys)[2] == "a notice\n"
+    assert _run(["-q", "doctor"], capsys)[2] == ""
+    assert _run(["doctor", "-v"], capsys)[2] == "debug: studio.test: a detail\na notice\n"
+
+
+def test_the_cache_root_follows_the_option_then_the_variable(tmp_path, capsys, monkeypatch):
+    import os
+    from pathlib import Path
+
+    import studio.cli as cli
+    from studio import paths
+
+    monkeypatch.chdir(tmp_path)
+    seen = []
+    monkeypatch.setattr(
+        cli,
+        "cmd_doctor",
+        lambda args: seen.append((paths.engine_cache_dir(), os.environ["TRITON_CACHE_DIR"])),
+    )
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.setenv(paths.CACHE_ENV, str(tmp_path / "env"))
+    monkeypatch.delenv(paths.ENGINE_ENV, raising=False)
+    for argv in (["--cache-dir", str(tmp_path / "opt"), "doctor"], ["doctor", "--cache-dir", "o2"]):
+        _run(argv, capsys)
+    _run(["doctor"], capsys)
+    opt, o2, env = (Path(e) for e, _ in seen)
+    assert opt == tmp_path / "opt" / "engines" and o2 == Path("o2").absolute() / "engines"
+    assert env == tmp_path / "env" / "engines"
+    assert seen[0][1] == str(tmp_path / "opt" / "compiled" / "triton")
+    assert os.environ[paths.CACHE_ENV] == str(tmp_path / "env")  # put back after each command
+    assert "TRITON_CACHE_DIR" not in os.environ
+    (tmp_path / "f").write_text("")
+    code, _, err = _run(["--cache-dir", str(tmp_path / "f"), "doctor"], capsys)
+    assert code == 2 and "--cache-dir" in err and "is a file" in err
+
+
+def test_an_unexpected_error_is_one_line_with_its_traceback_in_a_log_file(
+    tmp_path, capsys, monkeypatch
+):
+    import re
+    import struct
+    import threading
+    from pathlib import Path
+
+    import studio.cli as cli
+
+    def crash(args):
+        struct.unpack("<I", b"\x00")  # the kind of bug a hand-written header parser had
+
+    monkeypatch.setattr(cli, "cmd_analyze", crash)
+    code, out, err = _run(["--cache-dir", str(tmp_path), "analyze", "--demo"], capsys)
+    assert code == 1 and out == "" and "Traceback" not in err
+    (line,) = err.splitlines()
+    m = re.fullmatch(
+        r"studio analyze: internal error: struct\.error: unpack requires a buffer of 4 bytes"
+        r" — details in (\S+\.log)",
+        line,
+    )
+    assert m, line
+    log = Path(m.group(1))
+    assert log.parent == tmp_path / "logs"
+    text = log.read_text()
+    assert "Traceback" in text and "struct.unpack" in text and "command: studio" in text
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_analyze", interrupted)
+    code, _, err = _run(["analyze", "--demo"], capsys)
+    assert code == 130 and err.strip() == "studio analyze: interrupted; nothing was written"
+
+    def worker_crash(args):
+        t = threading.Thread(target=lambda: [][1])
+        t.start()
+        t.join()
+        return 0
+
+    monkeypatch.setattr(cli, "cmd_analyze", worker_crash)
+    code, _, err = _run(["--cache-dir", str(tmp_path), "analyze", "--demo"], capsys)
+    assert code == 0 and "Traceback" not in err
+    assert err.startswith("studio analyze: internal error: IndexError: list index out of range")
+
+
+def _render_process(tmp_path, *extra, seconds=None, **popen):
+    """`studio render --demo` (on ``seconds`` of speech when given) as a child process."""
+    argv = [sys.executable, "-m", "studio", "render", "--demo", "--size", "128"]
+    argv += ["--x264-preset", "ultrafast", "--out", str(tmp_path / "o.mp4"), *extra]
+    if seconds is not None:
+        rate = 16000
+        t = np.arange(int(seconds * rate)) / rate
+        speech = (0.3 * np.sin(2 * math.pi * 220 * t) * (1 + np.sin(2 * math.pi * 3 * t))) / 2
+        sf.write(tmp_path / "long.wav", speech.astype(np.float32), rate)
+        argv += ["--audio", str(tmp_path / "long.wav")]
+    return subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
+    )
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT", "SIGHUP"])
+def test_a_signal_in_the_first_second_is_one_line_and_status_130(tmp_path, name):
+    """Sent while torch and the engine are still importing: no traceback, no 143."""
+    import signal
+    import time
+
+    proc = _render_process(tmp_path)
+    time.sleep(0.3)
+    proc.send_signal(getattr(signal, name))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == "studio render: interrupted; nothing was written"
+    assert not (tmp_path / "o.mp4").exists()
+
+
+def test_an_inherited_sighup_ignore_is_respected(tmp_path):
+    """Under nohup (SIGHUP ignored by the parent) a closed terminal does not stop a render."""
+    import signal
+    import time
+
+    def ignore_hangups():
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    proc = _render_process(tmp_path, seconds=30, preexec_fn=ignore_hangups)
+    for delay in (0.3, 1.0):
+        time.sleep(delay)
+        assert proc.poll() is None, "the render ended before the hang-up"
+        proc.send_signal(signal.SIGHUP)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    assert "wrote" in out and (tmp_path / "o.mp4").is_file()
+
+
+def test_outputs_never_overwrite_inputs_through_symlinks(tmp_path, capsys):
+    wav = tmp_path / "speech.wav"
+    wav.write_bytes(demo_audio_path().read_bytes())
+    before = wav.read_bytes()
+    link = tmp_path / "o.mp4"
+    link.symlink_to(wav)
+    code, _, err = _run(["render", "--audio", str(wav), "--out", str(link)], capsys)
+    assert code == 2 and "--audio" in err and "overwritten" in err
+    alias = tmp_path / "a.json"
+    alias.symlink_to(wav)
+    code, _, err = _run(["analyze", "--audio", str(wav), "--json", str(alias)], capsys)
+    assert code == 2 and "--json" in err and "--audio" in err
+    preset = tmp_path / "p.json"
+    preset.write_text("{}")
+    argv = ["analyze", "--demo", "--preset", str(preset), "--json", str(preset)]
+    code, _, err = _run(argv, capsys)
+    assert code == 2 and "--preset" in err and preset.read_text() == "{}"
+    assert wav.read_bytes() == before and len(err.strip().splitlines()) == 1
+
+
+def test_long_but_legal_output_names_are_accepted_and_too_long_ones_say_so(tmp_path, capsys):
+    legal = tmp_path / ("n" * 250 + ".json")  # 255 bytes
+    code, _, err = _run(["analyze", "--demo", "--json", str(legal)], capsys)
+    assert code == 0 and json.loads(legal.read_text())["frames"] > 0, err
+    for option, name in (("--json", "n" * 251 + ".json"), ("--out", "n" * 252 + ".mp4")):
+        command = "analyze" if option == "--json" else "render"
+        code, _, err = _run([command, "--demo", option, str(tmp_path / name)], capsys)
+        assert code == 2 and "file name too long" in err and "cannot write in" not in err
+        assert len(err.strip().splitlines()) == 1
+
+
+def test_ctrl_c_quits_the_gui(tmp_path):
+    """SIGINT a second into Qt's loop (as Ctrl-C in the terminal): the window closes, one line,
+    status 130. In a child process: a QApplication whose loop has run cannot run another."""
+    import os
+
+    child = """if True:
+        import os, signal, sys
+        from PySide6.QtCore import QTimer
+        from PySide6.QtWidgets import QApplication
+        from studio.cli import main
+        app = QApplication(sys.argv[:1])
+        QTimer.singleShot(1000, lambda: os.kill(os.getpid(), signal.SIGINT))
+        sys.exit(main(["gui"]))
+    """
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "STUDIO_CONFIG_DIR": str(tmp_path / "c")}
+    r = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert r.returncode == 130, r.stderr[-2000:]
+    assert "studio gui: interrupted; closing the window" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_screenshot_with_an_error_dialog_up_fails(tmp_path):
+    """The window opens on the demo (its render finishes) with an avatar folder it refuses:
+    not a success."""
+    import os
+
+    (tmp_path / "not-an-avatar").mkdir()
+    shot = tmp_path / "shot.png"
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "STUDIO_CONFIG_DIR": str(tmp_path / "c")}
+    argv = ["gui", "--screenshot", str(shot), "--avatar", str(tmp_path / "not-an-avatar")]
+    r = subprocess.run(
+        [sys.executable, "-m", "studio", *argv, "--window-size", "640x480"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert r.returncode == 2 and not shot.exists(), r.stderr[-2000:]
+    assert "not a registered avatar folder" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.qt_no_exception_capture
+def test_an_unexpected_error_in_the_gui_opens_the_dialog_and_the_window_goes_on(
+    qtbot, tmp_path, monkeypatch, capsys
+):
+    from PySide6.QtCore import QTimer
+
+    from studio.gui.app import install_excepthook
+    from studio.gui.window import MainWindow
+
+    monkeypatch.setenv("STUDIO_CONFIG_DIR", str(tmp_path / "cfg"))
+    monkeypatch.setenv("STUDIO_CACHE_DIR", str(tmp_path / "cache"))
+    w = MainWindow()
+    qtbot.addWidget(w)
+    w.show()
+    with qtbot.waitSignal(w.renderFinished, timeout=120_000):
+        pass
+    restore = install_excepthook(lambda: w)
+    try:
+
+        def slot_with_a_bug():
+            raise ZeroDivisionError("a bug in a slot")
+
+        QTimer.singleShot(0, slot_with_a_bug)
+        qtbot.waitUntil(lambda: w.error_box is not None and w.error_box.isVisible())
+    finally:
+        restore()
+    assert "ZeroDivisionError: a bug in a slot" in w.error_box.text()
+    (log,) = (tmp_path / "cache" / "logs").glob("studio-gui-error-*.log")
+    assert "Traceback" in log.read_text() and "slot_with_a_bug" in log.read_text()
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "internal error: ZeroDivisionError" in err
+    w.error_box.close()
+    with qtbot.waitSignal(w.renderFinished, timeout=120_000):  # the window goes on
+        w.controls.window.setValue(15)
+
+
+def test_the_demo_engine_checks_the_device(tmp_path, capsys):
+    import torch
+
+    out = tmp_path / "o.json"
+    code, _, err = _run(["analyze", "--demo", "--device", "cpu", "--json", str(out)], capsys)
+    assert code == 0 and out.exists() and "note" not in err
+    if not torch.cuda.is_available():
+        code, _, err = _run(["analyze", "--demo", "--device", "cuda"], capsys)
+        assert code == 2 and "cuda" in err and "no CUDA GPU" in err
+        assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_torch_compile_caches_its_kernels_under_the_cache_root(tmp_path):
+    """A command that compiles (here a stand-in for --compile) leaves Inductor's artifacts
+    in <cache>/compiled/inductor, not in /tmp/torchinductor_<user>."""
+    import os
+
+    child = """if True:
+        import sys, torch
+        import studio.cli as cli
+        def compiled(args):
+            f = torch.compile(lambda x: (x * 2).sin() + 1)
+            return int(f(torch.ones(8)).shape[0] != 8)
+        cli.cmd_doctor = compiled
+        sys.exit(cli.main(["--cache-dir", sys.argv[1], "doctor"]))
+    """
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR",)}
+    r = subprocess.run(
+        [sys.executable, "-c", child, str(tmp_path / "c")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert any((tmp_path / "c" / "compiled" / "inductor").iterdir())

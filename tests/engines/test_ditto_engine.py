@@ -230,8 +230,6 @@ def _same_frames(a: np.ndarray, b: np.ndarray) -> None:
 
 
 def test_crop_frames_and_pose_delta(render_nets) -> None:
-    from dataclasses import replace
-
     from studio.settings import RenderSettings
 
     motion = _motion(2)
@@ -240,7 +238,7 @@ def test_crop_frames_and_pose_delta(render_nets) -> None:
     r.prepare(motion)
     crop = r.render_frames(np.arange(2))
     assert crop.shape == (2, 256, 256, 3)
-    turned = _renderer(render_nets, replace(s, delta_yaw=20.0), size=256)
+    turned = _renderer(render_nets, s.replace(delta_yaw=20.0), size=256)
     turned.prepare(motion)
     assert np.abs(turned.render_frames(np.arange(2)).astype(int) - crop).mean() > 1.0
     with pytest.raises(RuntimeError, match="prepare"):

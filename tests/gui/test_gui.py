@@ -316,3 +316,18 @@ def test_settings_panel_fits_its_dock_without_a_horizontal_scrollbar(window, qtb
     qtbot.wait(100)  # let the dock's layout settle
     assert panel.minimumSizeHint().width() <= scroll.viewport().width()
     assert panel.width() <= scroll.viewport().width()
+
+
+def test_a_preset_loads_as_it_is_or_is_an_error_naming_the_key(window, qtbot, tmp_path):
+    preset = tmp_path / "wide.json"
+    preset.write_text('{"smooth_window": 51, "accel_limit": 20, "cadence": {"fast_flux": 0.625}}')
+    window.load_preset(str(preset))  # the clamps: 51 -> 31, 20 -> 10
+    s = window.controls.settings()
+    assert (s.smooth_window, s.accel_limit, s.cadence.fast_flux) == (51, 20.0, 0.625)
+    before = window.controls.settings()
+    preset.write_text('{"smooth_window": 151}')
+    with qtbot.waitSignal(window.errorShown, timeout=10_000) as blocker:
+        window.load_preset(str(preset))
+    assert blocker.args[0] == f"{preset}: smooth_window: 151 is above the maximum, 101"
+    assert window.controls.settings() == before
+    window.error_box.close()

@@ -5,7 +5,6 @@ face; short clips and 2 DDIM steps keep it quick on a CPU."""
 from __future__ import annotations
 
 import shutil
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -69,7 +68,7 @@ def _to_ditto(w: MainWindow, qtbot, assets) -> dict:
     """Checkpoints, avatar, 2 steps and stride 3 (quietly), then the ditto backend."""
     assert _set_checkpoints(w, qtbot, assets["tree"])
     w.open_path(str(assets["face"]))
-    w.controls.set_settings(replace(w.current_settings(), steps=2, stride="3"))
+    w.controls.set_settings(w.current_settings().replace(steps=2, stride="3"))
     with qtbot.waitSignal(
         w.renderFinished, timeout=TIMEOUT_MS, check_params_cb=_is_ditto
     ) as blocker:
@@ -241,7 +240,7 @@ def test_checkpoints_and_the_ditto_backend_survive_a_restart(qtbot, assets):
     w = _open(qtbot, assets)
     assert _set_checkpoints(w, qtbot, assets["tree"])
     w.open_path(str(assets["face"]))
-    w.controls.set_settings(replace(w.current_settings(), steps=2, stride="3", emotion=6))
+    w.controls.set_settings(w.current_settings().replace(steps=2, stride="3", emotion=6))
     w.controls.set_backend("ditto")  # saved with the settings, without rendering here
     w.close()
 

@@ -12,24 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import PYTORCH_FILES, make_tree
 
 from studio.errors import InputError
 from studio.models import checkpoints as ck
 from studio.models.checkpoints import NETWORKS, discover, load_cfg
 
-PYTORCH_FILES = [
-    "ditto_pytorch/models/appearance_extractor.pth",
-    "ditto_pytorch/models/motion_extractor.pth",
-    "ditto_pytorch/models/warp_network.pth",
-    "ditto_pytorch/models/decoder.pth",
-    "ditto_pytorch/models/stitch_network.pth",
-    "ditto_pytorch/models/lmdm_v0.4_hubert.pth",
-    "ditto_pytorch/aux_models/det_10g.onnx",
-    "ditto_pytorch/aux_models/2d106det.onnx",
-    "ditto_pytorch/aux_models/landmark203.onnx",
-    "ditto_pytorch/aux_models/face_landmarker.task",
-    "ditto_pytorch/aux_models/hubert_streaming_fix_kv.onnx",
-]
 ONNX_NAMES = (
     "appearance_extractor motion_extractor warp_network decoder stitch_network lmdm_v0.4_hubert "
     "hubert insightface_det landmark106 landmark203 blaze_face face_mesh"
@@ -47,14 +35,6 @@ CFG_FILES = [
     "ditto_cfg/v0.4_hubert_cfg_pytorch.pkl",
 ]
 ALL_FILES = PYTORCH_FILES + ONNX_FILES + TRT_FILES + CFG_FILES
-
-
-def make_tree(base: Path, files: list[str], content: bytes = b"") -> Path:
-    for rel in files:
-        p = base / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(content)
-    return base
 
 
 # --- discovery -------------------------------------------------------------------------------

@@ -211,3 +211,24 @@ def test_calm_motion_with_a_few_spikes_needs_no_interior_point_steps():
     assert np.all(np.abs(K.second_difference(x)) <= 0.5)
     assert _kkt_gap(y, x, np.array([0.5, 0.5])) < 1e-6
     np.testing.assert_allclose(x[:20], y[:20], rtol=0, atol=1e-12)  # far from the spikes
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_smallest_accepted_accel_limit_is_honoured(seed):
+    """At MIN_ACCEL_LIMIT (the settings schema's minimum) the bound holds after the angles are
+    stored as float32 bin logits, for head poses anywhere in ±60° and any window."""
+    rng = np.random.default_rng(seed)
+    n = 300
+    angles = [
+        np.clip(b + np.cumsum(rng.normal(0, 2, n)), -85, 85) for b in rng.uniform(-60, 60, 3)
+    ]
+    m = _motion(*angles, seed=seed)
+    for window in (3, 9, 31):
+        out = K.smooth_motion(m, K.SmoothingSettings(True, window, 2, K.MIN_ACCEL_LIMIT))
+        assert K.accel_max(out) <= K.MIN_ACCEL_LIMIT
+
+
+def test_a_limit_below_the_smallest_honoured_is_refused_not_ignored():
+    m = _motion(np.linspace(0, 20, 50) ** 1.5, np.zeros(50), np.zeros(50))
+    with pytest.raises(ValueError, match="below 0.001"):
+        K.smooth_motion(m, K.SmoothingSettings(True, 5, 2, 1e-6))

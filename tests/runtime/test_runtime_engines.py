@@ -3,6 +3,8 @@ and (on a GPU) fp16/bf16/CUDA-graph paths against fp32 eager."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -467,3 +469,54 @@ def test_compiled_engines_get_room_in_dynamos_cache(nets, monkeypatch):
             compile=True,
         )
     assert len(compiled) == 3 and getattr(cfg, name) >= 64
+
+
+def _export_in_a_process(out_dir: str, barrier, results) -> None:
+    """One process of the cold-cache race: the reduced stitch network exported for an engine,
+    the export slowed down so that the other process arrives while it runs."""
+    import logging
+
+    from test_paths import slow_down
+
+    import studio.models.onnx_export as onnx_export
+
+    torch.set_num_threads(1)
+    slow_down(onnx_export, "export_module")
+    said: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
+    log = logging.getLogger("studio")
+    log.addHandler(Keep())
+    log.setLevel(logging.INFO)
+    net = random_network("stitch_network", reduced=True)  # the same weights in both
+    barrier.wait()
+    path = export_for_engine("stitch_network", net, out_dir, verify=False)
+    results.put((str(path), said))
+
+
+def test_two_processes_on_a_cold_cache_export_once(tmp_path, monkeypatch):
+    """Two real processes export the same network into an empty cache at the same time: one
+    exports (one notice, one file), the other waits for it and reuses its file."""
+    import multiprocessing
+
+    monkeypatch.setenv("STUDIO_CACHE_DIR", str(tmp_path / "cache"))  # the locks go here
+    out = tmp_path / "onnx"
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    procs = [
+        ctx.Process(target=_export_in_a_process, args=(str(out), barrier, results))
+        for _ in range(2)
+    ]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    (path,) = {g[0] for g in got}  # both have the same file
+    notices = [m for _, said in got for m in said if m.startswith("exporting")]
+    assert len(notices) == 1, [said for _, said in got]
+    assert [p.name for p in out.iterdir()] == [Path(path).name]  # one file, no partial left

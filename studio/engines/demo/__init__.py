@@ -20,16 +20,32 @@ CAPABILITIES = Capabilities(
 
 def prepare(request: EngineRequest) -> Prepared:
     """The demo engine takes no checkpoints and no avatar (it draws its own character);
+    ``--device`` is checked as every engine checks it, though the demo renders on the CPU;
     compile has nothing to act on."""
     if request.checkpoints:
         raise OptionError("--checkpoints", "selects the Ditto engine, not the demo engine")
     if request.avatar:
         raise OptionError("--avatar", "needs --checkpoints DIR (the demo engine has its own)")
-    notes = ()
+    notes = _device_notes(request.device)
     if request.settings.compile:
-        notes = ("--compile is ignored by the demo engine: it has no networks to compile "
-                 "(--checkpoints selects Ditto)",)
+        notes += (
+            "--compile is ignored by the demo engine: it has no networks to compile "
+            "(--checkpoints selects Ditto)",
+        )
     return Prepared(request, notes=notes)
+
+
+def _device_notes(device: str | None) -> tuple[str, ...]:
+    """``--device`` through :func:`studio.runtime.base.resolve_device` (InputError for a name
+    that is not a device, or a GPU that is not there); a note that a GPU goes unused. Torch is
+    imported only when a device is named."""
+    if device is None or device == "auto":
+        return ()
+    from studio.runtime.base import resolve_device
+
+    if resolve_device(device).type == "cpu":
+        return ()
+    return (f"--device {device} is not used by the demo engine: it renders on the CPU",)
 
 
 def open(prepared: Prepared, progress: Progress | None = None):  # noqa: A001 - the face's verb

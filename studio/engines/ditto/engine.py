@@ -32,8 +32,9 @@ from studio.audio.features import HubertFeatures
 from studio.audio.io import Audio
 from studio.audio.phonetics import PhoneticFrames
 from studio.avatar.folder import avatar_source
+from studio.avatar.image import load_image
 from studio.avatar.putback import PasteBack
-from studio.avatar.register import REGISTRATION_ROLES, load_image, register_avatar
+from studio.avatar.register import REGISTRATION_ROLES, register_avatar
 from studio.engines.base import EngineRequest, Prepared, Progress, Renderer
 from studio.engines.ditto import CAPABILITIES
 from studio.engines.ditto.warp_decode import WarpDecodeEngines, render_precisions

@@ -9,7 +9,6 @@ frame mode, pose deltas).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
 from typing import TypeVar
 
 from PySide6.QtCore import Signal
@@ -29,17 +28,17 @@ from studio.engines.base import Capabilities
 from studio.layout import EMOTIONS
 from studio.motion.cadence import CadenceThresholds
 from studio.render.engines import ENGINES, capabilities
-from studio.settings import (
-    MAX_DELTA_DEG,
-    MAX_SIZE,
-    MAX_STEPS,
-    MIN_SIZE,
-    RUNTIMES,
-    RenderSettings,
-)
+from studio.settings import RUNTIMES, RenderSettings, spec
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-SIZES = (256, 384, 512, 768, 1024)
+PRECISIONS = spec("precision").choices
+SIZES = (256, 384, 512, 768, 1024)  # the Size menu's sides, each within the schema's range
+STRIDE_LABELS = {
+    "auto": "auto (from speech)",
+    "1": "every frame (1)",
+    "2": "every 2nd (2)",
+    "3": "every 3rd (3)",
+}
+FRAME_LABELS = {"full": "full image (paste-back)", "crop": "face crop (size × size)"}
 
 NEEDS_CHECKPOINTS = "set a checkpoint folder (File → Checkpoints…) to enable"
 COMPILE_TIP = (
@@ -88,6 +87,40 @@ def combo_box(items: Iterable[tuple[str, object]], tip: str = "") -> QComboBox:
         combo.addItem(label, data)
     combo.setToolTip(tip)
     return combo
+
+
+def setting_spin(key: str, tip: str | None = None) -> QSpinBox:
+    """An integer box for the setting ``key``: the schema's range and step (its help as the
+    tooltip unless ``tip``)."""
+    s = spec(key)
+    return spin_box(int(s.low or 0), int(s.high or 0), tip or s.help, step=int(s.step))
+
+
+def setting_number(key: str, tip: str | None = None) -> QDoubleSpinBox:
+    """A decimal box for the setting ``key``: the schema's range, step, decimals and unit."""
+    s = spec(key)
+    suffix = f" {s.unit}" if s.unit else ""
+    low, high = float(s.low or 0.0), float(s.high or 0.0)
+    return number_box(low, high, tip or s.help, s.step, suffix=suffix, decimals=s.decimals)
+
+
+def setting_combo(key: str, labels: dict[str, str] | None = None, tip: str = "") -> QComboBox:
+    """A menu of the setting ``key``'s choices from the schema (``labels`` name some)."""
+    labels = labels or {}
+    return combo_box(((labels.get(c, c), c) for c in spec(key).choices), tip or spec(key).help)
+
+
+def show_exactly(box: QDoubleSpinBox, value: float, decimals: int) -> None:
+    """Set ``value`` with as many decimals as it needs (at least ``decimals``): a preset's
+    0.125 is shown as 0.125, never rounded to the box's usual display."""
+    need = next((d for d in range(decimals, 16) if round(value, d) == value), 15)
+    box.setDecimals(need)
+    box.setValue(value)
+
+
+def _exact(box: QDoubleSpinBox) -> float:
+    """A box's value without the binary noise of its arithmetic."""
+    return round(box.value(), box.decimals())
 
 
 W = TypeVar("W", bound=QWidget)
@@ -160,50 +193,47 @@ class ControlsPanel(QWidget):
             if caps.needs_checkpoints:
                 _disable_item(self.backend, i, NEEDS_CHECKPOINTS)
         self.precision = engine.row("Precision", combo_box((p, p) for p in PRECISIONS))
-        self.seed = engine.row("Seed", spin_box(0, 2**31 - 1, "seed of the motion generator"))
+        self.seed = engine.row("Seed", setting_spin("seed"))
         layout.addWidget(engine)
 
         options = self.engine_box = FormGroup("Engine options")
+        emotions = spec("emotion")
         self.emotion = options.row(
             "Emotion",
             combo_box(
-                ((f"{i} {name}", i) for i, name in enumerate(EMOTIONS)),
+                (
+                    (f"{i} {EMOTIONS[i]}", i)
+                    for i in range(int(emotions.low or 0), int(emotions.high or 0) + 1)
+                ),
                 "emotion label of LMDM's condition (re-runs the motion)",
             ),
         )
         self.steps = options.row(
             "Sampling steps",
-            spin_box(
-                1, MAX_STEPS, "LMDM DDIM sampling steps (re-runs the motion; fewer is faster)"
-            ),
+            setting_spin("steps", "LMDM DDIM sampling steps (re-runs the motion; fewer is faster)"),
         )
         self.deltas: dict[str, QDoubleSpinBox] = {
             axis: options.row(
                 f"Δ {axis}",
-                number_box(
-                    -MAX_DELTA_DEG,
-                    MAX_DELTA_DEG,
-                    f"constant head {axis} added at stitching (re-renders only)",
-                    step=1.0,
-                    suffix=" °",
-                    decimals=1,
+                setting_number(
+                    f"delta_{axis}", f"constant head {axis} added at stitching (re-renders only)"
                 ),
             )
             for axis in ("pitch", "yaw", "roll")
         }
         self.frame = options.row(
             "Frame",
-            combo_box(
-                (("full image (paste-back)", "full"), ("face crop (size × size)", "crop")),
+            setting_combo(
+                "frame",
+                FRAME_LABELS,
                 "full: the avatar image at its own resolution with the face pasted back; "
                 "crop: the 512² face render, resized to the output size",
             ),
         )
         self.runtime = options.row(
             "Runtime",
-            combo_box(
-                ((name, name) for name in RUNTIMES),
-                "engine backend of the warp network and decoder (re-renders)",
+            setting_combo(
+                "runtime", tip="engine backend of the warp network and decoder (re-renders)"
             ),
         )
         self.set_runtimes({"torch": None})
@@ -227,55 +257,45 @@ class ControlsPanel(QWidget):
             "acceleration limit; expression is never touched"
         )
         self.window = smooth.row(
-            "Window", spin_box(3, 31, "Savitzky–Golay window in frames (odd)", step=2)
+            "Window", setting_spin("smooth_window", "Savitzky–Golay window in frames (odd)")
         )
         self.order = smooth.row(
-            "Order", spin_box(0, 6, "polynomial order of the local fit (below the window)")
+            "Order",
+            setting_spin("smooth_order", "polynomial order of the local fit (below the window)"),
         )
         self.accel = smooth.row(
             "Accel limit",
-            number_box(
-                0.01,
-                10.0,
-                "largest head-angle acceleration allowed after smoothing",
-                step=0.05,
-                suffix=" °/frame²",
+            setting_number(
+                "accel_limit", "largest head-angle acceleration allowed after smoothing"
             ),
         )
         layout.addWidget(smooth)
 
         cadence = FormGroup("Cadence")
-        self.stride = cadence.row(
-            "Stride",
-            combo_box(
-                (
-                    ("auto (from speech)", "auto"),
-                    ("every frame (1)", "1"),
-                    ("every 2nd (2)", "2"),
-                    ("every 3rd (3)", "3"),
-                )
-            ),
-        )
+        self.stride = cadence.row("Stride", setting_combo("stride", STRIDE_LABELS))
         self.guard = cadence.row(
             "Plosive guard",
-            spin_box(0, 6, "frames around a plosive burst or onset kept at stride 1"),
+            setting_spin(
+                "cadence.plosive_guard", "frames around a plosive burst or onset kept at stride 1"
+            ),
         )
         self.fast_flux = cadence.row(
             "Fast flux ≥",
-            number_box(0.05, 1.0, "spectral flux above which articulation counts as fast", 0.05),
+            setting_number(
+                "cadence.fast_flux", "spectral flux above which articulation counts as fast"
+            ),
         )
         self.calm_flux = cadence.row(
             "Calm flux ≤",
-            number_box(0.0, 0.95, "flux below which a voiced sound counts as sustained", 0.05),
+            setting_number(
+                "cadence.calm_flux", "flux below which a voiced sound counts as sustained"
+            ),
         )
         self.pose_gap = cadence.row(
             "Max gap turn",
-            number_box(
-                0.1,
-                20.0,
+            setting_number(
+                "cadence.max_pose_gap_deg",
                 "most head rotation a blended gap may span (less ghosting)",
-                step=0.25,
-                suffix=" °",
             ),
         )
         layout.addWidget(cadence)
@@ -292,9 +312,31 @@ class ControlsPanel(QWidget):
         layout.addWidget(output)
         layout.addStretch(1)
 
+        # the schema's setting each widget edits (its range and choices are the schema's)
+        self.fields: dict[str, QWidget] = {
+            "seed": self.seed,
+            "precision": self.precision,
+            "emotion": self.emotion,
+            "steps": self.steps,
+            **{f"delta_{axis}": box for axis, box in self.deltas.items()},
+            "frame": self.frame,
+            "runtime": self.runtime,
+            "compile": self.compile,
+            "smooth": self.smooth,
+            "smooth_window": self.window,
+            "smooth_order": self.order,
+            "accel_limit": self.accel,
+            "stride": self.stride,
+            "cadence.plosive_guard": self.guard,
+            "cadence.fast_flux": self.fast_flux,
+            "cadence.calm_flux": self.calm_flux,
+            "cadence.max_pose_gap_deg": self.pose_gap,
+            "size": self.size,
+        }
         self._crf = 18
         self._preset = "medium"
         self._memory, self._batch = "auto", 0
+        self._cadence = CadenceThresholds()  # keeps the thresholds no widget shows
         self.set_settings(RenderSettings())
         for w in (self.seed, self.window, self.order, self.guard, self.steps):
             w.valueChanged.connect(self._motion_changed)
@@ -406,7 +448,7 @@ class ControlsPanel(QWidget):
         if value % 2 == 0:  # typed an even number: move to the next odd one
             self.window.setValue(value + 1)
             return
-        self.order.setMaximum(min(6, value - 1))
+        self.order.setMaximum(min(int(spec("smooth_order").high or 0), value - 1))
 
     def _motion_changed(self, *_args) -> None:
         self._emit("motion")
@@ -420,31 +462,31 @@ class ControlsPanel(QWidget):
 
     def settings(self) -> RenderSettings:
         """The settings the controls show (validated)."""
+        fast, calm = _exact(self.fast_flux), _exact(self.calm_flux)
         cadence = CadenceThresholds(
             plosive_guard=self.guard.value(),
-            fast_flux=round(self.fast_flux.value(), 4),
-            calm_flux=min(
-                round(self.calm_flux.value(), 4), round(self.fast_flux.value(), 4) - 0.01
-            ),
-            max_pose_gap_deg=round(self.pose_gap.value(), 4),
+            fast_flux=fast,
+            calm_flux=calm if calm < fast else max(0.0, round(fast - 0.01, 4)),
+            calm_voicing=self._cadence.calm_voicing,
+            calm_level_step=self._cadence.calm_level_step,
+            max_pose_gap_deg=_exact(self.pose_gap),
         )
-        size = int(self.size.currentData())
         return RenderSettings(
             smooth=self.smooth.isChecked(),
             smooth_window=self.window.value(),
             smooth_order=self.order.value(),
-            accel_limit=round(self.accel.value(), 4),
+            accel_limit=_exact(self.accel),
             stride=str(self.stride.currentData()),
             cadence=cadence,
             seed=self.seed.value(),
-            size=min(max(size, MIN_SIZE), MAX_SIZE),
+            size=int(self.size.currentData()),
             crf=self._crf,
             preset=self._preset,
             backend=self.backend_name(),
             emotion=int(self.emotion.currentData()),
-            delta_pitch=round(self.deltas["pitch"].value(), 2),
-            delta_yaw=round(self.deltas["yaw"].value(), 2),
-            delta_roll=round(self.deltas["roll"].value(), 2),
+            delta_pitch=_exact(self.deltas["pitch"]),
+            delta_yaw=_exact(self.deltas["yaw"]),
+            delta_roll=_exact(self.deltas["roll"]),
             steps=self.steps.value(),
             memory=self._memory,
             batch=self._batch,
@@ -452,10 +494,11 @@ class ControlsPanel(QWidget):
             frame=str(self.frame.currentData()),
             compile=self.compile.isChecked() and self._cuda,
             runtime=str(self.runtime.currentData()),
-        ).validate()
+        )
 
     def set_settings(self, s: RenderSettings) -> None:
-        """Show ``s`` without emitting ``changed``.
+        """Show ``s`` without emitting ``changed``: every value as it is (the widgets' ranges
+        are the schema's, and decimal boxes show as many decimals as a value needs).
 
         A backend that is not available here (ditto without checkpoints) falls back to demo;
         a precision the backend cannot run here (fp16 without CUDA) to the backend's default.
@@ -464,15 +507,24 @@ class ControlsPanel(QWidget):
         try:
             self.seed.setValue(s.seed)
             self.smooth.setChecked(s.smooth)
-            self.window.setValue(min(31, s.smooth_window))
-            self.order.setMaximum(min(6, self.window.value() - 1))
+            self.window.setValue(s.smooth_window)
+            self._window_changed(s.smooth_window)
             self.order.setValue(s.smooth_order)
-            self.accel.setValue(s.accel_limit)
+            numbers = {
+                "accel_limit": (self.accel, s.accel_limit),
+                "cadence.fast_flux": (self.fast_flux, s.cadence.fast_flux),
+                "cadence.calm_flux": (self.calm_flux, s.cadence.calm_flux),
+                "cadence.max_pose_gap_deg": (self.pose_gap, s.cadence.max_pose_gap_deg),
+                **{
+                    f"delta_{axis}": (box, float(getattr(s, f"delta_{axis}")))
+                    for axis, box in self.deltas.items()
+                },
+            }
+            for key, (box, value) in numbers.items():
+                show_exactly(box, value, spec(key).decimals)
+            self._cadence = s.cadence
             self.stride.setCurrentIndex(max(0, self.stride.findData(str(s.stride))))
             self.guard.setValue(s.cadence.plosive_guard)
-            self.fast_flux.setValue(s.cadence.fast_flux)
-            self.calm_flux.setValue(s.cadence.calm_flux)
-            self.pose_gap.setValue(s.cadence.max_pose_gap_deg)
             idx = self.size.findData(s.size)
             if idx < 0:
                 self.size.addItem(size_label(s.size), s.size)
@@ -482,8 +534,6 @@ class ControlsPanel(QWidget):
             self._memory, self._batch = s.memory, s.batch
             self.emotion.setCurrentIndex(max(0, self.emotion.findData(int(s.emotion))))
             self.steps.setValue(s.steps)
-            for axis, box in self.deltas.items():
-                box.setValue(float(getattr(s, f"delta_{axis}")))
             self.frame.setCurrentIndex(max(0, self.frame.findData(s.frame)))
             self.compile.setChecked(bool(s.compile) and self._cuda)
             want = RUNTIMES.index(s.runtime) if s.runtime in RUNTIMES else 0
@@ -503,7 +553,7 @@ class ControlsPanel(QWidget):
         want = self._precision_for.get(backend, caps.default_precision)
         if want not in self.precision_choices(backend):
             want = caps.default_precision
-        return replace(s, backend=backend, precision=want).validate()
+        return s.replace(backend=backend, precision=want)
 
     def set_enabled_for_render(self, enabled: bool) -> None:
         """Grey out what must not change during an export."""

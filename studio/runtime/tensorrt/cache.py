@@ -4,7 +4,9 @@
 
 The engine file's metadata (:mod:`studio.runtime.engine_cache`) decides reuse, build or rebuild
 (stale GPU, TensorRT version, precision, ONNX or builder settings, truncated file, or a file
-TensorRT refuses to deserialize), with a message that says why and what a build costs.
+TensorRT refuses to deserialize), with a message that says why and what a build costs. A
+build holds :func:`studio.paths.build_lock`: two processes on a cold cache build an engine once,
+the second finding it current once the first is done.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from studio.paths import build_lock
 from studio.runtime.engine_cache import CacheDecision, decide, engine_file
 from studio.runtime.tensorrt.build import build_engine, engine_key
 from studio.runtime.tensorrt.load import EngineLoadError
@@ -68,9 +71,16 @@ def ensure_engine(
     decision = decide(path, key)
     if force and decision.action == "reuse":
         decision = CacheDecision("rebuild", path, ("asked to (--force)",))
-    if decision.action != "reuse":
-        say(f"{decision.message} ({_build_note(onnx_path)})")
-        build_engine(network, onnx_path, path, precision, dev, base, say)
+    if decision.action == "reuse":
+        return path, decision, base
+    # one build per engine at a time: a second process waits, then finds the first's engine
+    # current (unless --force, which rebuilds once more, as asked)
+    with build_lock(path, path.name):
+        if not force:
+            decision = decide(path, key)
+        if decision.action != "reuse":
+            say(f"{decision.message} ({_build_note(onnx_path)})")
+            build_engine(network, onnx_path, path, precision, dev, base, say)
     return path, decision, base
 
 
@@ -114,6 +124,7 @@ def cached_engine(
     try:
         return TensorRTEngine(network, path, device, precision, base.plugin)
     except EngineLoadError as e:
-        say(f"rebuilding {path.name}: {e}")
-        build_engine(network, onnx_path, path, precision, device, base, say)
+        with build_lock(path, path.name):
+            say(f"rebuilding {path.name}: {e}")
+            build_engine(network, onnx_path, path, precision, device, base, say)
         return TensorRTEngine(network, path, device, precision, base.plugin)
