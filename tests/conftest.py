@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import time
 
 import pytest
 
@@ -192,3 +193,15 @@ def make_tree(base, files, content: bytes = b""):
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(content)
     return base
+
+
+def slow_down(module: object, name: str, seconds: float = 1.0) -> None:
+    """Make ``module.name`` (a build step) wait ``seconds`` before it runs: in a process of a
+    cold-cache race, so that the other process arrives while the build is under way."""
+    step = getattr(module, name)
+
+    def slowed(*args: object, **kwargs: object) -> object:
+        time.sleep(seconds)
+        return step(*args, **kwargs)
+
+    setattr(module, name, slowed)

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import slow_down
 
 from studio import paths
 
@@ -125,18 +126,6 @@ def test_build_lock_runs_unlocked_where_no_lock_file_can_be_made(
     with paths.build_lock(clean_env / "x"):
         ran.append(True)
     assert ran == [True]
-
-
-def slow_down(module: object, name: str, seconds: float = 1.0) -> None:
-    """Make ``module.name`` (a build step) wait ``seconds`` before it runs: in a process of a
-    cold-cache race, so that the other process arrives while the build is under way."""
-    step = getattr(module, name)
-
-    def slowed(*args: object, **kwargs: object) -> object:
-        time.sleep(seconds)
-        return step(*args, **kwargs)
-
-    setattr(module, name, slowed)
 
 
 def _register_in_a_process(image: str, tree: str, cache: str, barrier, results) -> None:

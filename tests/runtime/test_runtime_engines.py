@@ -476,7 +476,7 @@ def _export_in_a_process(out_dir: str, barrier, results) -> None:
     the export slowed down so that the other process arrives while it runs."""
     import logging
 
-    from test_paths import slow_down
+    from conftest import slow_down
 
     import studio.models.onnx_export as onnx_export
 
