@@ -133,6 +133,24 @@ class Renderer:
         return {"device": "CPU", "precision": "fp32"}
 
 
+LATENCIES = ("low", "balanced", "smooth")  # live: less lookahead, or smoother motion
+
+
+class MotionStream(Protocol):
+    """Incremental motion for live audio: an engine's :meth:`Engine.generate`, a chunk at a
+    time. ``push`` takes the next 16 kHz mono samples and the phonetic frames that became
+    final with them (:class:`studio.audio.phonetics.PhoneticStream`), and returns the motion
+    rows ``[k, 265]`` that became final (frames in order from 0, none twice); ``finish``
+    returns the rest once the audio has ended. A row for frame ``j`` needs the audio up to
+    frame ``j + lookahead_frames``: the stream's algorithmic latency."""
+
+    lookahead_frames: int
+
+    def push(self, samples: np.ndarray, phon: PhoneticFrames) -> np.ndarray: ...
+
+    def finish(self) -> np.ndarray: ...
+
+
 class Engine(Protocol):
     """A talking-head engine: the clip's motion, and renderers of its frames."""
 
@@ -147,6 +165,11 @@ class Engine(Protocol):
 
     def with_settings(self, settings: RenderSettings) -> Engine:
         """The same engine (networks, avatar) under other settings."""
+        ...
+
+    def motion_stream(self, seed: int, latency: str = "balanced") -> MotionStream:
+        """Motion for live audio (``latency`` one of :data:`LATENCIES`), frame for frame the
+        clip's :meth:`generate` where the engine's layout allows it."""
         ...
 
     def motion_key(self, settings: RenderSettings) -> tuple:
