@@ -1,8 +1,11 @@
 """Loading and validating the input speech audio.
 
-Everything downstream (the audio encoder, the motion model, the export) works on
-float32 mono at ``layout.SAMPLE_RATE``; the export also keeps the audio as decoded,
-at its own rate, so the AAC track is not degraded by a round trip through 16 kHz.
+Everything downstream (the audio encoder, the motion model) works on float32 mono at
+``layout.SAMPLE_RATE``; the export encodes the audio as decoded, at its own rate, so the
+AAC track is not degraded by a round trip through 16 kHz. Memory follows the 16 kHz mono
+input, not the file: a file is decoded a block at a time into the model input, and the
+original is decoded again, block by block, when the export asks for it
+(:meth:`Audio.original_blocks`); it is never held whole.
 
 The libraries made for it judge the files: libsndfile (python-soundfile) reads WAV,
 RF64, FLAC, Ogg, AIFF, CAF, GSM 6.10 and the other formats it knows, and its header
@@ -14,19 +17,20 @@ Opus in MP4, MKV, and the audio track of a video. soxr resamples (HQ), as libros
 Ditto's loader, does.
 
 Reads are bounded: a declared length is checked against what the file's size can
-hold before anything is allocated, the samples are decoded block by block into one
-array, and a decoder that produces more than the size allows is stopped. Audio that
-ends early or breaks off in the middle is refused with where it broke, never
-silently shortened.
+hold before anything is allocated, the samples are decoded block by block (each one
+downmixed and resampled, then let go), and a decoder that produces more than the size
+allows is stopped. Audio that ends early or breaks off in the middle is refused with
+where it broke, never silently shortened.
 """
 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import os
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -49,9 +53,11 @@ FORMATS = (
     "or a video with an audio track"
 )
 _BLOCK_SAMPLES = 1 << 13  # samples per read, all channels: where damage is found, to 0.2 s
-_RESAMPLE_BLOCK = 1 << 18  # frames downmixed and resampled at a time
+_RESAMPLE_BLOCK = 1 << 18  # frames of an array downmixed and resampled at a time
+_ARRAY_BLOCK = 1 << 16  # frames of an array's original per block handed to the export
 _MAX_FRAMES_PER_BYTE = 8192  # denser than any codec (FLAC constant subframes, Opus DTX)
 _LIKELY_FRAMES_PER_BYTE = 64  # speech at 6 kb/s (Opus at 48 kHz); past it the buffer grows
+_GUESS_S = 600  # seconds expected of a file that declares no length; past it the buffer grows
 _SHORTFALL_S = 0.1  # less missing than this is encoder padding or container rounding
 _UNKNOWN_LENGTH = 2**63 - 1  # libsndfile's frame count when the header gives none
 _HEAD_BYTES = 512
@@ -83,19 +89,33 @@ _FILE_KINDS = {
 }
 
 
+@dataclass(frozen=True)
+class OriginalFile:
+    """What a loaded file's original is read again from: the file, its layout, and its size
+    and modification time when it was loaded (a file changed since is refused, not read)."""
+
+    path: str
+    channels: int
+    frames: int
+    size: int
+    mtime_ns: int
+
+
 @dataclass(frozen=True, eq=False)
 class Audio:
     """Validated speech audio.
 
-    ``samples`` is float32 mono at ``SAMPLE_RATE`` clipped to [-1, 1] (the model input);
-    ``original`` is float32 ``[n, channels]`` at ``original_rate`` as decoded (for the
-    AAC track); for 16 kHz mono input the two share memory. ``eq=False``: arrays do
-    not compare element-wise, so identity is used.
+    ``samples`` is float32 mono at ``SAMPLE_RATE`` clipped to [-1, 1] (the model input).
+    The original, float32 ``[n, channels]`` at ``original_rate`` as decoded (for the AAC
+    track), is ``source`` itself for audio given as an array (16 kHz mono shares memory
+    with ``samples``); a loaded file keeps no copy of it, only an :class:`OriginalFile` to
+    decode it again from: read it with :meth:`original_blocks`. ``eq=False``: arrays do not
+    compare element-wise, so identity is used.
     """
 
     path: str | None
     samples: np.ndarray
-    original: np.ndarray
+    source: np.ndarray | OriginalFile
     original_rate: int
 
     @property
@@ -108,31 +128,86 @@ class Audio:
         """Video frames needed to cover the audio: ceil(len * FPS / SAMPLE_RATE), exactly."""
         return -(-len(self.samples) * FPS // SAMPLE_RATE)
 
+    @property
+    def channels(self) -> int:
+        """Channels of the original."""
+        src = self.source
+        return src.channels if isinstance(src, OriginalFile) else src.shape[1]
+
+    @property
+    def original(self) -> np.ndarray:
+        """The whole original, ``[n, channels]`` float32 at ``original_rate``.
+
+        Costly for a loaded file: decoded again into a new array (23 MB a minute at 48 kHz
+        stereo), so prefer :meth:`original_blocks`. InputError as for that method.
+        """
+        src = self.source
+        if not isinstance(src, OriginalFile):
+            return src
+        out = np.empty((src.frames, src.channels), np.float32)
+        at = 0
+        blocks = self.original_blocks()
+        try:
+            for block in blocks:
+                if at + len(block) > src.frames:
+                    raise _changed(src.path)
+                out[at : at + len(block)] = block
+                at += len(block)
+        finally:
+            blocks.close()
+        return out
+
+    def original_blocks(self) -> Generator[np.ndarray, None, None]:
+        """The original as ``[k, channels]`` float32 blocks at ``original_rate``, in order.
+
+        Views of ``source`` for audio given as an array; for a loaded file, a fresh decode a
+        block at a time by the loader's own decoders. The file is opened now: InputError
+        when it changed since it was loaded (size or modification time), or if it turns out
+        so while read. ``close()`` the generator when stopping early.
+        """
+        src = self.source
+        if not isinstance(src, OriginalFile):
+            return _slices(src, _ARRAY_BLOCK)
+        blocks = _reread(src, self.original_rate)
+        next(blocks)  # the empty first block: the file is open, unchanged and decoding
+        return blocks
+
 
 def load_audio(path: str | os.PathLike) -> Audio:
     """Decode an audio file (or a video's audio track), by content, not extension; validate it.
 
-    Raises InputError with a one-sentence message naming the file when it is missing, not
-    a regular file (a folder, a FIFO, a device), unreadable, empty, not audio, damaged or
-    truncated, too long for memory, too short, silent or non-finite.
+    The 16 kHz mono model input is built a block at a time as the file decodes; the original
+    is not kept (see :meth:`Audio.original_blocks`). Raises InputError with a one-sentence
+    message naming the file when it is missing, not a regular file (a folder, a FIFO, a
+    device), unreadable, empty, not audio, damaged or truncated, too long for memory, too
+    short, silent or non-finite.
     """
     p = Path(path).expanduser()
     name = str(path)
     with _open_regular(p, name) as fh:
+        st = os.fstat(fh.fileno())
         try:
-            data, rate = _decode(p, fh, name, os.fstat(fh.fileno()).st_size)
-            return _validated(data, rate, name, path=str(p))
+            with _decoding(p, fh, name, st.st_size) as dec:
+                values, mono = _Values(), _Mono(dec.rate, dec.channels, dec.expected)
+                for block in dec.blocks:
+                    values.add(block)
+                    mono.add(block)
+            values.check(name, dec.rate, dec.channels)
+            samples = mono.result()
         except MemoryError:
             raise InputError(
                 f"Audio file '{name}' is too long to load into memory; split it into shorter clips."
             ) from None
+    source = OriginalFile(str(p), dec.channels, values.n, st.st_size, st.st_mtime_ns)
+    return Audio(path=str(p), samples=samples, source=source, original_rate=dec.rate)
 
 
 def audio_from_array(samples: np.ndarray, rate: int, path: str | None = None) -> Audio:
     """Build an Audio from ``[n]`` or ``[n, channels]`` samples at ``rate`` Hz.
 
     Float input is taken as is; integer PCM is scaled to [-1, 1]. The same checks as
-    ``load_audio`` apply (InputError naming ``path``, or "generated audio").
+    ``load_audio`` apply (InputError naming ``path``, or "generated audio"). The array
+    (as float32 ``[n, channels]``) is kept as the original.
     """
     name = path if path is not None else "<generated audio>"
     rate_i = int(rate)
@@ -147,7 +222,18 @@ def audio_from_array(samples: np.ndarray, rate: int, path: str | None = None) ->
             f"got {list(data.shape)}."
         )
     _check_stream(name, rate_i, data.shape[1])
-    return _validated(np.ascontiguousarray(data), rate_i, name, path=path)
+    data = np.ascontiguousarray(data)
+    values = _Values()
+    values.add(data)  # the extremes read in place: no temporary as large as the clip
+    peak = values.check(name, rate_i, data.shape[1])
+    if rate_i == SAMPLE_RATE and data.shape[1] == 1 and peak <= 1.0:
+        mono = data[:, 0]  # the model input is the original's one channel: shared
+    else:
+        builder = _Mono(rate_i, data.shape[1], len(data))
+        for block in _slices(data, _RESAMPLE_BLOCK):
+            builder.add(block)
+        mono = builder.result()
+    return Audio(path=path, samples=mono, source=data, original_rate=rate_i)
 
 
 # --- the file ------------------------------------------------------------------
@@ -196,8 +282,22 @@ def _check_kind(mode: int, name: str) -> None:
     )
 
 
-def _decode(p: Path, fh: BinaryIO, name: str, size: int) -> tuple[np.ndarray, int]:
-    """``([n, channels] float32, rate)`` decoded by libsndfile or FFmpeg, whichever takes it.
+@dataclass(frozen=True)
+class _Decoded:
+    """A file being decoded: its rate and channels, the frames to expect (to size the model
+    input) and its ``[k, channels]`` float32 blocks, checked as they come (bounded, damage)
+    and at their end (truncation)."""
+
+    rate: int
+    channels: int
+    expected: int
+    blocks: Iterator[np.ndarray]
+
+
+@contextlib.contextmanager
+def _decoding(p: Path, fh: BinaryIO, name: str, size: int) -> Iterator[_Decoded]:
+    """The file decoded by libsndfile or FFmpeg, whichever takes it; the one decode path of
+    loading and of reading the original again.
 
     MPEG audio never reaches libsndfile, even when FFmpeg refuses it: libsndfile's mpg123
     would print its notes on stderr and the CLI promises one line.
@@ -208,12 +308,16 @@ def _decode(p: Path, fh: BinaryIO, name: str, size: int) -> tuple[np.ndarray, in
         mpeg = _MPEG_START.match(fh.read(4)) is not None
         if not mpeg and (container is None or container.format.name not in _FFMPEG_FIRST):
             try:
-                return _read_sndfile(fh, name, size, defer=container is not None)
+                f = _open_sndfile(fh, name, defer=container is not None)
             except _NotSndfile as e:
                 why = e.reason
+            else:
+                with f:
+                    yield _sndfile_decoded(f, name, size)
+                return
         if container is None:
             raise _not_audio(fh, name, why)
-        return _read_container(container, fh, name, size)
+        yield _container_decoded(container, fh, name, size)
     finally:
         if container is not None:
             container.close()
@@ -227,8 +331,8 @@ class _NotSndfile(Exception):
         self.reason = reason
 
 
-def _read_sndfile(fh: BinaryIO, name: str, size: int, defer: bool) -> tuple[np.ndarray, int]:
-    """Decode with libsndfile, judged by it: its errors, its header log, its frame count.
+def _open_sndfile(fh: BinaryIO, name: str, defer: bool) -> sf.SoundFile:
+    """The file opened by libsndfile, judged by it: its errors, its rate and channels.
 
     A stream that declares no length (a FLAC from a live encoder) is left to FFmpeg when
     ``defer``: libsndfile fails at its end, which cannot be told from damage.
@@ -243,33 +347,53 @@ def _read_sndfile(fh: BinaryIO, name: str, size: int, defer: bool) -> tuple[np.n
         raise _undecodable(name, _reason(e)) from None
     except (sf.SoundFileError, RuntimeError, TypeError, ValueError) as e:
         raise _undecodable(name, _reason(e)) from None
-    with f:
-        rate, channels, log = int(f.samplerate), int(f.channels), f.extra_info
-        _check_stream(name, rate, channels)
-        bits = 0.0 if f.format in _COMPRESSED_FORMATS else _PCM_BITS.get(f.subtype, 0.0)
-        known = f.frames if f.frames < _UNKNOWN_LENGTH else None
-        if known is None and defer:
+    try:
+        _check_stream(name, int(f.samplerate), int(f.channels))
+        if f.frames >= _UNKNOWN_LENGTH and defer:
             raise _NotSndfile("its length is not declared")
-        if known is not None:  # a data chunk cut short: refused before reading
-            _check_length(name, known, _logged_length(log, known, bits, channels), rate)
-        buf = _Samples(name, rate, channels, size, bits, known)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def _sndfile_decoded(f: sf.SoundFile, name: str, size: int) -> _Decoded:
+    """libsndfile's decode of ``f``; a data chunk its header log says is cut short is refused
+    before reading."""
+    rate, channels, log = int(f.samplerate), int(f.channels), f.extra_info
+    bits = 0.0 if f.format in _COMPRESSED_FORMATS else _PCM_BITS.get(f.subtype, 0.0)
+    known = f.frames if f.frames < _UNKNOWN_LENGTH else None
+    if known is not None:
+        _check_length(name, known, _logged_length(log, known, bits, channels), rate)
+    bound = _Bound(name, rate, channels, size, bits, known)
+    return _Decoded(rate, channels, bound.expected, _sndfile_blocks(f, name, log, bound, known))
+
+
+def _sndfile_blocks(
+    f: sf.SoundFile, name: str, log: str, bound: _Bound, known: int | None
+) -> Iterator[np.ndarray]:
+    """``f``'s samples a block at a time; then its length and its Ogg log judged."""
+    rate = bound.rate
+    while known is None or bound.n < known:
+        want = bound.block if known is None else min(bound.block, known - bound.n)
         try:
-            while known is None or buf.n < known:
-                want = buf.block if known is None else min(buf.block, known - buf.n)
-                got = f.read(want, dtype="float32", always_2d=True)
-                buf.append(got)
-                if len(got) < want:
-                    break
+            got = f.read(want, dtype="float32", always_2d=True)
         except (sf.SoundFileError, RuntimeError, ValueError) as e:
             raise _damaged(
-                name, f"decoding stopped ({_reason(e)})", buf.n / rate, known, rate
+                name, f"decoding stopped ({_reason(e)})", bound.n / rate, known, rate
             ) from None
-    _check_length(name, buf.n, known, rate)
+        bound.add(len(got))
+        if len(got):
+            yield got
+        if len(got) < want:
+            break
+    _check_length(name, bound.n, known, rate)
     if _LOG_OGG_CUT.search(log):
-        raise _damaged(name, "the Ogg stream stops before its last page (truncated)", buf.n / rate)
+        raise _damaged(
+            name, "the Ogg stream stops before its last page (truncated)", bound.n / rate
+        )
     if _LOG_OGG_HOLE.search(log):
         raise _damaged(name, "pages of the Ogg stream are missing (corrupted bitstream)")
-    return buf.result(), rate
 
 
 def _logged_length(log: str, frames: int, bits: float, channels: int) -> int:
@@ -298,10 +422,10 @@ def _open_container(p: Path) -> tuple[av.container.InputContainer | None, str]:
         return None, _reason(e)
 
 
-def _read_container(
+def _container_decoded(
     container: av.container.InputContainer, fh: BinaryIO, name: str, size: int
-) -> tuple[np.ndarray, int]:
-    """Decode the best audio stream with FFmpeg; a decoding error is damage at that point."""
+) -> _Decoded:
+    """FFmpeg's decode of the best audio stream."""
     stream = container.streams.best("audio")
     if stream is None:
         # rawvideo: FFmpeg's guess from a name like '.raw', not a picture
@@ -320,16 +444,29 @@ def _read_container(
     length_s, estimated = _container_length(container, stream, size)
     total = None if length_s is None else round(length_s * rate)
     declared = None if estimated else total  # an estimate says nothing of truncation
-    buf = _Samples(name, rate, channels, size, 0.0, total)
-    try:
-        for block in _decoded_blocks(container, stream, name, rate, channels):
-            buf.append(block)
-    except (av.error.FFmpegError, ValueError) as e:
-        raise _damaged(
-            name, f"decoding stopped ({_reason(e)})", buf.n / rate, total, rate
-        ) from None
-    _check_length(name, buf.n, declared, rate)
-    return buf.result(), rate
+    bound = _Bound(name, rate, channels, size, 0.0, total)
+    decoded = _decoded_blocks(container, stream, name, rate, channels)
+    return _Decoded(rate, channels, bound.expected, _container_blocks(decoded, bound, declared))
+
+
+def _container_blocks(
+    decoded: Iterator[np.ndarray], bound: _Bound, declared: int | None
+) -> Iterator[np.ndarray]:
+    """``decoded`` counted against ``bound`` (a decoding error is damage at that point), then
+    its length judged."""
+    name, rate = bound.name, bound.rate
+    while True:
+        try:
+            block = next(decoded, None)
+        except (av.error.FFmpegError, ValueError) as e:
+            raise _damaged(
+                name, f"decoding stopped ({_reason(e)})", bound.n / rate, bound.declared, rate
+            ) from None
+        if block is None:
+            break
+        bound.add(len(block))
+        yield block
+    _check_length(name, bound.n, declared, rate)
 
 
 def _decoded_blocks(
@@ -382,19 +519,15 @@ def _container_length(
 # --- bounded decoding --------------------------------------------------------------
 
 
-class _Samples:
-    """Decoded ``[n, channels]`` float32 audio gathered block by block into one array.
-
-    Sized once from the declared length when the file's size can hold it (no copy at the
-    end); grown by half otherwise; never past what ``size`` bytes can hold (``bits`` per
+class _Bound:
+    """The frames decoded so far, never past what ``size`` bytes can hold (``bits`` per
     sample for fixed-rate encodings, else _MAX_FRAMES_PER_BYTE), so a corrupt header or a
-    runaway decoder is refused instead of exhausting memory.
-    """
+    runaway decoder is refused instead of exhausting memory; and the frames to expect."""
 
     def __init__(
         self, name: str, rate: int, channels: int, size: int, bits: float, declared: int | None
     ) -> None:
-        self.name, self.rate, self.channels = name, rate, channels
+        self.name, self.rate, self.declared = name, rate, declared
         if bits:  # 2 % and a block of slack: a codec's last block may be partial (GSM 6.10)
             self.limit = int(size * 8 / (bits * channels) * 1.02) + 1024
         else:
@@ -406,29 +539,18 @@ class _Samples:
             )
         # a compressed file's declared length is believed only as far as speech codecs go
         likely = self.limit if bits else size * _LIKELY_FRAMES_PER_BYTE
-        capacity = min(likely, declared if declared is not None else self.limit)
-        self.data = np.empty((max(capacity, 1), channels), np.float32)
+        guess = declared if declared is not None else min(self.limit, rate * _GUESS_S)
+        self.expected = min(likely, guess)
         self.n = 0
         self.block = max(1, _BLOCK_SAMPLES // channels)
 
-    def append(self, block: np.ndarray) -> None:
-        """Add ``[k, channels]`` samples."""
-        end = self.n + len(block)
-        if end > self.limit:
+    def add(self, frames: int) -> None:
+        """Count ``frames`` more; InputError past the limit."""
+        if self.n + frames > self.limit:
             raise _damaged(
                 self.name, "it decodes to more audio than its size can hold", self.n / self.rate
             )
-        if end > len(self.data):
-            rows = min(self.limit, max(end, len(self.data) * 3 // 2))
-            grown = np.empty((rows, self.channels), np.float32)
-            grown[: self.n] = self.data[: self.n]
-            self.data = grown
-        self.data[self.n : end] = block
-        self.n = end
-
-    def result(self) -> np.ndarray:
-        """The decoded samples (a view: the unused tail was never touched, so never paged in)."""
-        return self.data[: self.n]
+        self.n += frames
 
 
 def _check_length(name: str, decoded: int, declared: int | None, rate: int) -> None:
@@ -465,6 +587,11 @@ def _damaged(
     if at_s is not None:
         where = f" at {at_s:.1f} s" + (f" of {declared / rate:.1f} s" if declared else "")
     return InputError(f"Audio file '{name}' is damaged{where}: {reason}; re-export or re-copy it.")
+
+
+def _changed(name: str) -> InputError:
+    """The one-line error for a loaded file that changed before its original was read again."""
+    return InputError(f"Audio file '{name}' changed since it was loaded; open it again.")
 
 
 def _undecodable(name: str, reason: str) -> InputError:
@@ -519,53 +646,119 @@ def _to_float32(x: np.ndarray) -> np.ndarray:
     raise InputError(f"Audio samples of type {x.dtype} are not supported; use float32 or int16.")
 
 
-def _validated(data: np.ndarray, rate: int, name: str, path: str | None) -> Audio:
-    """Check decoded ``[n, ch]`` float32 audio and derive the 16 kHz mono model input.
+class _Values:
+    """The running values the checks read: frames, extremes (NaN and inf show in them)."""
 
-    No temporary as large as ``data`` is made: the extremes are read in place and the
-    downmix is resampled block by block; 16 kHz mono input is shared, not copied.
+    def __init__(self) -> None:
+        self.n, self.hi, self.lo, self.finite = 0, 0.0, 0.0, True
+
+    def add(self, block: np.ndarray) -> None:
+        """Take ``[k, channels]`` samples into account (read in place)."""
+        if block.size == 0:
+            return
+        hi, lo = float(block.max()), float(block.min())
+        self.finite = self.finite and bool(np.isfinite(hi) and np.isfinite(lo))
+        self.hi, self.lo = max(self.hi, hi), min(self.lo, lo)
+        self.n += len(block)
+
+    def check(self, name: str, rate: int, channels: int) -> float:
+        """InputError for audio that is empty, non-finite, too short or silent; the peak."""
+        if self.n == 0 or channels == 0:
+            raise InputError(
+                f"Audio file '{name}' contains no audio; choose a file with speech in it."
+            )
+        if not self.finite:
+            raise InputError(
+                f"Audio file '{name}' contains NaN or infinite samples; re-export it as 16-bit PCM."
+            )
+        duration = self.n / rate
+        if duration < MIN_DURATION_S:
+            raise InputError(
+                f"Audio file '{name}' is too short ({duration:.3f} s); "
+                f"it must be at least {MIN_DURATION_S} s long."
+            )
+        peak = max(self.hi, -self.lo)
+        if peak < SILENCE_PEAK:
+            raise InputError(
+                f"Audio file '{name}' is silent (peak below -80 dBFS); choose a recording with "
+                "speech."
+            )
+        return peak
+
+
+class _Mono:
+    """The model input built a block at a time: ``[k, channels]`` blocks at ``rate`` are
+    downmixed and resampled (soxr HQ, streamed: the same samples as resampling the whole
+    clip at once) into one float32 array at SAMPLE_RATE, sized from ``expected`` frames."""
+
+    def __init__(self, rate: int, channels: int, expected: int) -> None:
+        self.channels = channels
+        self.resampler = None
+        if rate != SAMPLE_RATE:
+            self.resampler = soxr.ResampleStream(
+                rate, SAMPLE_RATE, 1, dtype="float32", quality=RESAMPLE_QUALITY
+            )
+        self.out = np.empty(round(expected * SAMPLE_RATE / rate) + 64, np.float32)
+        self.k = 0
+
+    def add(self, block: np.ndarray) -> None:
+        """Downmix and resample ``[k, channels]`` samples onto the end."""
+        if len(block) == 0:
+            return
+        mono = block[:, 0] if self.channels == 1 else block.mean(axis=1, dtype=np.float32)
+        if self.resampler is not None:
+            mono = self.resampler.resample_chunk(np.ascontiguousarray(mono))
+        self._put(mono)
+
+    def result(self) -> np.ndarray:
+        """The model input, clipped to [-1, 1] (soxr's ringing and float files pass it)."""
+        if self.resampler is not None:
+            self._put(self.resampler.resample_chunk(np.zeros(0, np.float32), last=True))
+        out, self.out = self.out, np.empty(0, np.float32)
+        out.resize(self.k, refcheck=False)  # realloc: no copy, the unused tail given back
+        return np.clip(out, -1.0, 1.0, out=out)
+
+    def _put(self, y: np.ndarray) -> None:
+        end = self.k + len(y)
+        if end > len(self.out):  # more than expected: grown in place by realloc where it can
+            self.out.resize(max(end, len(self.out) * 3 // 2), refcheck=False)
+        self.out[self.k : end] = y
+        self.k = end
+
+
+# --- the original, read again --------------------------------------------------------
+
+
+def _slices(data: np.ndarray, frames: int) -> Generator[np.ndarray, None, None]:
+    """``data`` as views of ``frames`` rows at a time."""
+    for start in range(0, len(data), frames):
+        yield data[start : start + frames]
+
+
+def _reread(f: OriginalFile, rate: int) -> Generator[np.ndarray, None, None]:
+    """The loaded file decoded again block by block, the way it was loaded.
+
+    The first block is empty, yielded once the file is open, found unchanged since it was
+    loaded and its decoding started; InputError when it changed (before, or while read).
     """
-    n = data.shape[0]
-    if n == 0 or data.shape[1] == 0:
-        raise InputError(f"Audio file '{name}' contains no audio; choose a file with speech in it.")
-    hi, lo = float(data.max()), float(data.min())  # NaN and inf show in the extremes
-    if not (np.isfinite(hi) and np.isfinite(lo)):
-        raise InputError(
-            f"Audio file '{name}' contains NaN or infinite samples; re-export it as 16-bit PCM."
-        )
-    duration = n / rate
-    if duration < MIN_DURATION_S:
-        raise InputError(
-            f"Audio file '{name}' is too short ({duration:.3f} s); "
-            f"it must be at least {MIN_DURATION_S} s long."
-        )
-    if max(hi, -lo) < SILENCE_PEAK:
-        raise InputError(
-            f"Audio file '{name}' is silent (peak below -80 dBFS); choose a recording with speech."
-        )
-    peak = max(hi, -lo)
-    if rate != SAMPLE_RATE:
-        mono = _resampled_mono(data, rate)
-    elif data.shape[1] > 1:
-        mono = data.mean(axis=1, dtype=np.float32)
-    else:  # the model input is the original's one channel: shared unless clipping changes it
-        mono = data[:, 0].copy() if peak > 1.0 else data[:, 0]
-    if rate != SAMPLE_RATE or peak > 1.0:  # soxr's ringing can pass full scale
-        np.clip(mono, -1.0, 1.0, out=mono)
-    return Audio(path=path, samples=mono, original=data, original_rate=rate)
+    p = Path(f.path)
+    with _open_regular(p, f.path) as fh:
+        _check_unchanged(f, fh)
+        with _decoding(p, fh, f.path, f.size) as dec:
+            if (dec.rate, dec.channels) != (rate, f.channels):
+                raise _changed(f.path)
+            yield np.empty((0, f.channels), np.float32)
+            n = 0
+            for block in dec.blocks:
+                n += len(block)
+                yield block
+        if n != f.frames:
+            raise _changed(f.path)
+        _check_unchanged(f, fh)
 
 
-def _resampled_mono(data: np.ndarray, rate: int) -> np.ndarray:
-    """``[n, ch]`` at ``rate`` -> mono float32 at SAMPLE_RATE (soxr HQ), downmixed and resampled
-    a block at a time: no full-rate mono copy of the clip is ever made next to ``data``."""
-    n = len(data)
-    out = np.empty(round(n * SAMPLE_RATE / rate) + 64, np.float32)  # soxr rounds the length
-    stream = soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32", quality=RESAMPLE_QUALITY)
-    k = 0
-    for start in range(0, n, _RESAMPLE_BLOCK):
-        block = data[start : start + _RESAMPLE_BLOCK]
-        mono = block[:, 0] if block.shape[1] == 1 else block.mean(axis=1, dtype=np.float32)
-        y = stream.resample_chunk(np.ascontiguousarray(mono), last=start + _RESAMPLE_BLOCK >= n)
-        out[k : k + len(y)] = y
-        k += len(y)
-    return out[:k]
+def _check_unchanged(f: OriginalFile, fh: BinaryIO) -> None:
+    """InputError when the open file's size or modification time differ from ``f``'s."""
+    st = os.fstat(fh.fileno())
+    if (st.st_size, st.st_mtime_ns) != (f.size, f.mtime_ns):
+        raise _changed(f.path)

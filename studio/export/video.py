@@ -7,11 +7,13 @@ crashed export never leaves a half-written file or damages an existing one.
 Colour: RGB frames are converted to BT.709 limited range and the stream is tagged so,
 which is what players assume for HD and what browsers/Qt assume for untagged H.264.
 
-Audio: ``Audio.original`` is encoded at its own rate when AAC has that rate as a
-standard one (8000..96000 Hz), otherwise resampled to 48000 Hz. Mono and stereo are
-kept; more than two channels are averaged to mono, because libsndfile gives no channel
-map to build a correct stereo downmix from. The audio is interleaved with the video as
-frames arrive, and all of it is written at close, so the track lasts as long as the audio.
+Audio: the original (``Audio.original_blocks``: the input file decoded again a block at
+a time, never held whole) is encoded at its own rate when AAC has that rate as a standard
+one (8000..96000 Hz), otherwise resampled to 48000 Hz. Mono and stereo are kept; more
+than two channels are averaged to mono, because libsndfile gives no channel map to build
+a correct stereo downmix from. The audio is read and interleaved with the video as frames
+arrive (one decoded block held at a time), and the rest is written at close, so the track
+lasts as long as the audio.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Generator, Iterable
 from fractions import Fraction
 from pathlib import Path
 
@@ -54,7 +56,7 @@ X264_PRESETS = (
 )
 _AVCOL_BT709 = 1  # AVColorPrimaries / AVColorTransferCharacteristic / AVColorSpace value
 _AVCOL_RANGE_MPEG = 1
-_AUDIO_CHUNK = 1 << 16  # samples per AudioFrame handed to the resampler at close
+_AUDIO_CHUNK = 1 << 16  # samples per AudioFrame handed to the resampler, at most
 
 
 def check_output_path(path: str | os.PathLike) -> Path:
@@ -146,7 +148,9 @@ class VideoWriter:
         self._container: av.container.OutputContainer | None = None
         self._tmp: Path | None = None
         self._state = "new"  # new -> open -> committed | discarded
-        self._audio_src: np.ndarray | None = None  # [channels, n] float32
+        self._audio_blocks: Generator[np.ndarray, None, None] | None = None  # the original
+        self._audio_block = np.empty((0, 1), np.float32)  # its part not yet encoded
+        self._audio_mix = False  # more than two channels: averaged to mono
         self._audio_pos = 0
 
     # --- context manager ------------------------------------------------------
@@ -202,9 +206,8 @@ class VideoWriter:
                 vf.time_base = Fraction(1, self.fps)
                 self._mux(self._vstream.encode(vf))
                 self.frames_written += 1
-                if self._audio_src is not None:
-                    target = self.frames_written * self._audio_rate_in // self.fps
-                    self._feed_audio(min(target, self._audio_src.shape[1]))
+                if self._audio_blocks is not None:
+                    self._feed_audio(self.frames_written * self._audio_rate_in // self.fps)
             except (av.error.FFmpegError, OSError) as e:
                 self._discard_locked()
                 raise self._output_error(e) from None
@@ -284,36 +287,50 @@ class VideoWriter:
             raise self._output_error(e) from None
 
     def _open_audio(self, out: av.container.OutputContainer, audio: Audio) -> None:
-        src = np.asarray(audio.original, dtype=np.float32)
-        if src.ndim == 1:
-            src = src[:, None]
-        if src.shape[1] > 2:
-            src = src.mean(axis=1, keepdims=True, dtype=np.float64).astype(np.float32)
-        self._audio_src = np.ascontiguousarray(src.T)  # planar [channels, n]
-        self._audio_layout = "mono" if src.shape[1] == 1 else "stereo"
+        """Add the AAC stream and open the original (InputError if its file changed)."""
+        stereo = audio.channels == 2
+        self._audio_mix = audio.channels > 2
+        self._audio_layout = "stereo" if stereo else "mono"
         self._audio_rate_in = int(audio.original_rate)
         rate = self._audio_rate_in if self._audio_rate_in in AAC_RATES else AAC_FALLBACK_RATE
         astream = out.add_stream("aac", rate=rate, layout=self._audio_layout)
         # The native AAC encoder caps at 6 bits per sample per channel.
-        astream.codec_context.bit_rate = min(96_000, 6 * rate) * src.shape[1]
+        astream.codec_context.bit_rate = min(96_000, 6 * rate) * (2 if stereo else 1)
         self._astream = astream
         self._resampler = av.AudioResampler(
             format="fltp", layout=self._audio_layout, rate=rate, frame_size=AAC_FRAME_SIZE
         )
+        self._audio_blocks = audio.original_blocks()
 
-    def _feed_audio(self, upto: int) -> None:
-        """Encode the source audio from the cursor up to sample ``upto`` (None: flush)."""
-        assert self._audio_src is not None
-        while self._audio_pos < upto:
-            end = min(upto, self._audio_pos + _AUDIO_CHUNK)
-            chunk = np.ascontiguousarray(self._audio_src[:, self._audio_pos : end])
-            af = av.AudioFrame.from_ndarray(chunk, format="fltp", layout=self._audio_layout)
+    def _feed_audio(self, upto: int | None) -> None:
+        """Encode the original from the cursor up to sample ``upto`` or its end (None), reading
+        its blocks as they are needed."""
+        assert self._audio_blocks is not None
+        while upto is None or self._audio_pos < upto:
+            if not len(self._audio_block):
+                block = next(self._audio_blocks, None)
+                if block is None:
+                    return
+                self._audio_block = block
+            want = _AUDIO_CHUNK if upto is None else min(_AUDIO_CHUNK, upto - self._audio_pos)
+            chunk, self._audio_block = self._audio_block[:want], self._audio_block[want:]
+            if self._audio_mix:
+                chunk = chunk.mean(axis=1, keepdims=True, dtype=np.float64).astype(np.float32)
+            packed = np.ascontiguousarray(chunk, dtype=np.float32).reshape(1, -1)
+            af = av.AudioFrame.from_ndarray(packed, format="flt", layout=self._audio_layout)
             af.sample_rate = self._audio_rate_in
             af.pts = self._audio_pos
             af.time_base = Fraction(1, self._audio_rate_in)
-            self._audio_pos = end
+            self._audio_pos += len(chunk)
             for rf in self._resampler.resample(af):
                 self._mux(self._astream.encode(rf))
+
+    def _close_audio(self) -> None:
+        """Let go of the original's reader (its file) and what was left of its block."""
+        blocks, self._audio_blocks = self._audio_blocks, None
+        self._audio_block = self._audio_block[:0]
+        if blocks is not None:
+            blocks.close()
 
     def _mux(self, packets: list[av.Packet]) -> None:
         assert self._container is not None
@@ -329,8 +346,9 @@ class VideoWriter:
                 )
             try:
                 self._mux(self._vstream.encode(None))
-                if self._audio_src is not None:
-                    self._feed_audio(self._audio_src.shape[1])
+                if self._audio_blocks is not None:
+                    self._feed_audio(None)
+                    self._close_audio()
                     for rf in self._resampler.resample(None):
                         self._mux(self._astream.encode(rf))
                     self._mux(self._astream.encode(None))
@@ -354,6 +372,7 @@ class VideoWriter:
     def _discard_locked(self) -> None:
         """Close the container (ignoring its errors) and delete the temporary file."""
         self._state = "discarded"
+        self._close_audio()
         container, self._container = self._container, None
         if container is not None:
             with contextlib.suppress(Exception):  # already failing; the file goes anyway

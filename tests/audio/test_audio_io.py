@@ -17,8 +17,16 @@ import av
 import numpy as np
 import pytest
 import soundfile as sf
+import soxr
 
-from studio.audio.io import MIN_DURATION_S, Audio, audio_from_array, load_audio
+from studio.audio.io import (
+    MIN_DURATION_S,
+    Audio,
+    OriginalFile,
+    _Mono,
+    audio_from_array,
+    load_audio,
+)
 from studio.errors import InputError
 from studio.layout import FPS, SAMPLE_RATE
 
@@ -257,12 +265,88 @@ def test_tone_in_the_passband_keeps_its_level():
     assert abs(level_db(44100, 7200.0)) < 0.1  # resample_poly lost 1.2 dB
 
 
-def test_16k_mono_shares_memory_and_clipping_spares_the_original(tmp_path):
-    audio = load_audio(write(tmp_path / "a.wav", tone(1.0, SAMPLE_RATE), SAMPLE_RATE))
+def test_16k_mono_array_shares_memory_and_clipping_spares_the_original(tmp_path):
+    audio = audio_from_array(tone(1.0, SAMPLE_RATE), SAMPLE_RATE)
     assert np.shares_memory(audio.samples, audio.original)  # one copy of the clip
     loud = tone(1.0, SAMPLE_RATE) * 3.0  # float WAV above full scale
     audio = load_audio(write(tmp_path / "loud.wav", loud, SAMPLE_RATE, subtype="FLOAT"))
     assert float(audio.samples.max()) == 1.0 and float(audio.original.max()) > 1.4
+
+
+@pytest.mark.parametrize(("rate", "channels"), [(44100, 2), (8000, 1), (48000, 3)])
+def test_streamed_resampling_equals_resampling_the_whole_clip(tmp_path, rate, channels):
+    data = tone(3.0, rate, channels, freq=330.0)
+    audio = load_audio(write(tmp_path / "r.wav", data, rate, subtype="FLOAT"))
+    mono = data.mean(axis=1, dtype=np.float32) if channels > 1 else data[:, 0]
+    whole = soxr.resample(mono, rate, SAMPLE_RATE, quality="HQ")
+    np.testing.assert_array_equal(audio.samples, np.clip(whole, -1.0, 1.0))
+
+
+def test_model_input_grows_past_a_short_guess():
+    # a file that declares no length is sized from a guess; more audio grows the buffer
+    data = tone(3.0, 44100, channels=2)
+    mono = _Mono(44100, 2, expected=100)
+    for start in range(0, len(data), 5000):
+        mono.add(data[start : start + 5000])
+    whole = soxr.resample(data.mean(axis=1, dtype=np.float32), 44100, SAMPLE_RATE, quality="HQ")
+    np.testing.assert_array_equal(mono.result(), np.clip(whole, -1.0, 1.0))
+
+
+# --- the original, read again -------------------------------------------------------------
+
+
+def test_loaded_file_keeps_no_original_and_reads_it_again_in_blocks(tmp_path):
+    data = tone(2.0, 44100, channels=2)
+    path = write(tmp_path / "s.wav", data, 44100, subtype="FLOAT")
+    audio = load_audio(path)
+    assert isinstance(audio.source, OriginalFile) and audio.source.frames == len(data)
+    assert audio.channels == 2 and audio.original_rate == 44100
+    blocks = list(audio.original_blocks())
+    assert all(b.dtype == np.float32 and b.shape[1] == 2 for b in blocks)
+    assert len(blocks) > 1 and max(len(b) for b in blocks) < len(data) // 4
+    np.testing.assert_array_equal(np.concatenate(blocks), data)
+    np.testing.assert_array_equal(audio.original, data)  # made on demand, a new array
+    assert audio.original is not audio.original
+
+
+@pytest.mark.parametrize(
+    ("name", "fmt", "codec"), [("a.m4a", "mp4", "aac"), ("a.mp3", "mp3", None)]
+)
+def test_original_of_ffmpeg_formats_is_what_was_loaded(tmp_path, name, fmt, codec):
+    if codec is None:  # MP3: FFmpeg's decoder, the file written by libsndfile
+        path = write(tmp_path / name, tone(2.0, 44100, 2), 44100, format="MP3")
+    else:
+        path = encode(tmp_path / name, fmt, codec, seconds=2.0)
+    audio = load_audio(path)
+    original = audio.original
+    assert len(original) == audio.source.frames and original.shape[1] == audio.channels
+    whole = soxr.resample(original.mean(axis=1), audio.original_rate, SAMPLE_RATE, quality="HQ")
+    np.testing.assert_array_equal(audio.samples, np.clip(whole, -1.0, 1.0))
+
+
+def test_array_original_blocks_are_views():
+    data = tone(1.0, 22050, channels=2)
+    audio = audio_from_array(data, 22050)
+    assert audio.channels == 2 and audio.original_rate == 22050
+    blocks = list(audio.original_blocks())
+    assert all(np.shares_memory(b, audio.original) for b in blocks)
+    np.testing.assert_array_equal(np.concatenate(blocks), data)
+
+
+@pytest.mark.parametrize("change", ["touched", "rewritten"])
+def test_file_changed_since_loading_is_refused(tmp_path, change):
+    path = write(tmp_path / "take.wav", tone(1.0, 22050), 22050)
+    audio = load_audio(path)
+    if change == "touched":
+        st = os.stat(path)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))
+    else:
+        write(path, tone(1.5, 22050), 22050)
+    for read in (audio.original_blocks, lambda: audio.original):
+        with pytest.raises(InputError) as info:
+            read()
+        msg = str(info.value)
+        assert "take.wav' changed since it was loaded; open it again" in msg and "\n" not in msg
 
 
 # --- formats FFmpeg decodes -------------------------------------------------------------

@@ -9,9 +9,10 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
+import soundfile as sf
 
-from studio.audio.io import Audio, audio_from_array
-from studio.errors import Cancelled, OptionError, OutputError
+from studio.audio.io import Audio, audio_from_array, load_audio
+from studio.errors import Cancelled, InputError, OptionError, OutputError
 from studio.export.video import VideoWriter, check_output_path
 from studio.layout import FPS
 
@@ -100,6 +101,37 @@ def test_audio_track_rate_and_layout(tmp_path, rate, channels, want_rate, want_c
     assert info["arate"] == want_rate and info["achannels"] == want_channels
     assert abs(info["asamples"] / want_rate - 0.8) < 0.1
     assert info["frames"] == 5
+
+
+def decoded_track(path: Path) -> np.ndarray:
+    """The MP4's audio track decoded: [channels, n] float32."""
+    with av.open(str(path)) as c:
+        return np.concatenate([f.to_ndarray() for f in c.decode(audio=0)], axis=1)
+
+
+@pytest.mark.parametrize(("rate", "channels"), [(48000, 2), (22000, 1), (44100, 3)])
+def test_track_streamed_from_the_file_equals_the_track_from_memory(tmp_path, rate, channels):
+    data = speech(2.5, rate, channels).original
+    wav = tmp_path / "in.wav"
+    sf.write(str(wav), data, rate, subtype="FLOAT")  # float: the file holds the array exactly
+    tracks = []
+    for name, audio in (("file", load_audio(wav)), ("array", audio_from_array(data, rate))):
+        with VideoWriter(tmp_path / f"{name}.mp4", W, H, audio=audio, preset="ultrafast") as w:
+            w.write_many(frames(7))  # most of the track is written at close
+        tracks.append(decoded_track(tmp_path / f"{name}.mp4"))
+    assert tracks[0].shape == tracks[1].shape and tracks[0].shape[1] > 2.4 * min(rate, 48000)
+    np.testing.assert_array_equal(tracks[0], tracks[1])
+
+
+def test_audio_file_changed_since_loading_is_refused_before_any_frame(tmp_path):
+    wav = tmp_path / "speech.wav"
+    sf.write(str(wav), speech(1.0, 44100).original, 44100)
+    audio = load_audio(wav)
+    sf.write(str(wav), speech(1.5, 44100).original, 44100)  # re-recorded meanwhile
+    with pytest.raises(InputError, match="speech.wav' changed since it was loaded; open it again"):
+        with VideoWriter(tmp_path / "o.mp4", W, H, audio=audio, preset="ultrafast") as w:
+            w.write_many(frames(2))
+    assert os.listdir(tmp_path) == ["speech.wav"]
 
 
 def test_video_only(tmp_path):
