@@ -176,6 +176,32 @@ def _backend_lines(b: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _live() -> dict[str, Any]:
+    """Live mode's inputs and outputs here: microphone, WebRTC, virtual camera."""
+    from studio.live.sinks import virtual_camera_status
+    from studio.live.sources import microphone_status
+
+    mic, mic_why = microphone_status()
+    cam, cam_why = virtual_camera_status()
+    return {
+        "microphone": {"available": mic, "detail": mic_why},
+        "webrtc": {"available": _version("aiortc") is not None, "aiortc": _version("aiortc")},
+        "virtual_camera": {"available": cam, "detail": cam_why},
+    }
+
+
+def _live_lines(v: dict[str, Any]) -> list[str]:
+    mic, web, cam = v["microphone"], v["webrtc"], v["virtual_camera"]
+    return [
+        "live: microphone (CLI) "
+        + (f"yes: {mic['detail']}" if mic["available"] else f"no: {mic['detail']}"),
+        "live: WebRTC (--serve) "
+        + (f"yes: aiortc {web['aiortc']}" if web["available"] else "no: aiortc is not installed"),
+        "live: virtual camera "
+        + (f"yes: {cam['detail']}" if cam["available"] else f"no: {cam['detail']}"),
+    ]
+
+
 def collect() -> dict[str, Any]:
     """Every probe, as a JSON-ready dict."""
     from studio.gui.probe import qt_report  # Qt lives under gui/; the probe works without it
@@ -190,6 +216,7 @@ def collect() -> dict[str, Any]:
         "qt": qt_report(),
         "pyav": _pyav(),
         "backends": _backends(),
+        "live": _live(),
         "numpy": _version("numpy"),
         "scipy": _version("scipy"),
         "soundfile": _version("soundfile"),
@@ -235,4 +262,6 @@ def format_text(info: dict[str, Any]) -> str:
         lines.append(f"PyAV: not usable ({a['reason']})")
     if "backends" in info:
         lines.extend(_backend_lines(info["backends"]))
+    if "live" in info:
+        lines.extend(_live_lines(info["live"]))
     return "\n".join(lines)

@@ -126,6 +126,7 @@ class VideoWriter:
         crf: int = 18,
         preset: str = "medium",
         fps: int = FPS,
+        audio_rate: int | None = None,
     ) -> None:
         for label, value in (("width", width), ("height", height)):
             if int(value) != value or value <= 0 or value % 2:
@@ -138,6 +139,11 @@ class VideoWriter:
             raise OptionError(
                 "preset", f"must be one of {', '.join(X264_PRESETS)}; got {preset!r}."
             )
+        if audio is not None and audio_rate is not None:
+            raise ValueError("give the clip's audio or a rate for audio written as it comes")
+        if audio_rate is not None and int(audio_rate) not in AAC_RATES:
+            raise ValueError(f"audio_rate must be one of {AAC_RATES}, got {audio_rate}")
+        self.audio_rate = None if audio_rate is None else int(audio_rate)
         self.path = check_output_path(path)
         self.width, self.height, self.fps = int(width), int(height), int(fps)
         self.audio, self.crf, self.preset = audio, int(crf), preset
@@ -227,6 +233,26 @@ class VideoWriter:
             dst_color_range=ColorRange.MPEG,
         )
 
+    def write_audio(self, samples: np.ndarray) -> None:
+        """Encode the next mono float32 samples at ``audio_rate`` (a live recording: the
+        audio comes with its frames instead of from a clip). ValueError without that rate."""
+        if self.audio_rate is None:
+            raise ValueError("write_audio() needs a VideoWriter opened with audio_rate")
+        x = np.asarray(samples, np.float32).reshape(-1, 1)
+        if self._cancel.is_set():
+            raise Cancelled(f"the export to '{self.path}' was cancelled")
+        with self._lock:
+            self._require_open()
+            t0 = time.perf_counter()
+            try:
+                for start in range(0, len(x), _AUDIO_CHUNK):
+                    self._encode_audio(x[start : start + _AUDIO_CHUNK])
+            except (av.error.FFmpegError, OSError) as e:
+                self._discard_locked()
+                raise self._output_error(e) from None
+            finally:
+                self.encode_seconds += time.perf_counter() - t0
+
     def write_many(self, frames: np.ndarray | Iterable[np.ndarray]) -> None:
         """Encode a [N, H, W, 3] array or any iterable of frames, in order."""
         for frame in frames:
@@ -283,15 +309,24 @@ class VideoWriter:
             self._reformatter = VideoReformatter()
             if self.audio is not None:
                 self._open_audio(out, self.audio)
+            elif self.audio_rate is not None:
+                self._add_audio_stream(out, self.audio_rate, 1)
         except (av.error.FFmpegError, OSError) as e:
             raise self._output_error(e) from None
 
     def _open_audio(self, out: av.container.OutputContainer, audio: Audio) -> None:
         """Add the AAC stream and open the original (InputError if its file changed)."""
-        stereo = audio.channels == 2
-        self._audio_mix = audio.channels > 2
+        self._add_audio_stream(out, int(audio.original_rate), audio.channels)
+        self._audio_blocks = audio.original_blocks()
+
+    def _add_audio_stream(
+        self, out: av.container.OutputContainer, rate_in: int, channels: int
+    ) -> None:
+        """The AAC stream for ``channels`` of audio at ``rate_in`` Hz, and its resampler."""
+        stereo = channels == 2
+        self._audio_mix = channels > 2
         self._audio_layout = "stereo" if stereo else "mono"
-        self._audio_rate_in = int(audio.original_rate)
+        self._audio_rate_in = int(rate_in)
         rate = self._audio_rate_in if self._audio_rate_in in AAC_RATES else AAC_FALLBACK_RATE
         astream = out.add_stream("aac", rate=rate, layout=self._audio_layout)
         # The native AAC encoder caps at 6 bits per sample per channel.
@@ -300,7 +335,6 @@ class VideoWriter:
         self._resampler = av.AudioResampler(
             format="fltp", layout=self._audio_layout, rate=rate, frame_size=AAC_FRAME_SIZE
         )
-        self._audio_blocks = audio.original_blocks()
 
     def _feed_audio(self, upto: int | None) -> None:
         """Encode the original from the cursor up to sample ``upto`` or its end (None), reading
@@ -314,16 +348,20 @@ class VideoWriter:
                 self._audio_block = block
             want = _AUDIO_CHUNK if upto is None else min(_AUDIO_CHUNK, upto - self._audio_pos)
             chunk, self._audio_block = self._audio_block[:want], self._audio_block[want:]
-            if self._audio_mix:
-                chunk = chunk.mean(axis=1, keepdims=True, dtype=np.float64).astype(np.float32)
-            packed = np.ascontiguousarray(chunk, dtype=np.float32).reshape(1, -1)
-            af = av.AudioFrame.from_ndarray(packed, format="flt", layout=self._audio_layout)
-            af.sample_rate = self._audio_rate_in
-            af.pts = self._audio_pos
-            af.time_base = Fraction(1, self._audio_rate_in)
-            self._audio_pos += len(chunk)
-            for rf in self._resampler.resample(af):
-                self._mux(self._astream.encode(rf))
+            self._encode_audio(chunk)
+
+    def _encode_audio(self, chunk: np.ndarray) -> None:
+        """Encode ``[k, channels]`` float32 samples at the cursor (more than two: averaged)."""
+        if self._audio_mix:
+            chunk = chunk.mean(axis=1, keepdims=True, dtype=np.float64).astype(np.float32)
+        packed = np.ascontiguousarray(chunk, dtype=np.float32).reshape(1, -1)
+        af = av.AudioFrame.from_ndarray(packed, format="flt", layout=self._audio_layout)
+        af.sample_rate = self._audio_rate_in
+        af.pts = self._audio_pos
+        af.time_base = Fraction(1, self._audio_rate_in)
+        self._audio_pos += len(chunk)
+        for rf in self._resampler.resample(af):
+            self._mux(self._astream.encode(rf))
 
     def _close_audio(self) -> None:
         """Let go of the original's reader (its file) and what was left of its block."""
@@ -346,9 +384,11 @@ class VideoWriter:
                 )
             try:
                 self._mux(self._vstream.encode(None))
+                has_audio = self._audio_blocks is not None or self.audio_rate is not None
                 if self._audio_blocks is not None:
                     self._feed_audio(None)
                     self._close_audio()
+                if has_audio:
                     for rf in self._resampler.resample(None):
                         self._mux(self._astream.encode(rf))
                     self._mux(self._astream.encode(None))
