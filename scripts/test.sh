@@ -9,6 +9,13 @@ if ! ldconfig -p 2>/dev/null | grep -q "libpulse.so.0"; then
     (apt-get update -qq && apt-get install -y -qq libpulse0) >/dev/null 2>&1 || true
   fi
 fi
+# The WebRTC test drives a real headless Chromium (Debian's package); install it where we can.
+if ! command -v chromium >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
+      >/dev/null 2>&1 || true
+  fi
+fi
 .venv/bin/ruff check studio tests
 # the house plan: layers that only look down, Qt only under gui/ (pyproject [tool.importlinter])
 .venv/bin/lint-imports

@@ -15,10 +15,10 @@ import numpy as np
 
 from studio.audio.io import Audio
 from studio.audio.phonetics import PhoneticFrames
-from studio.engines.base import Progress
+from studio.engines.base import LATENCIES, Progress
 from studio.engines.demo import CAPABILITIES
 from studio.engines.demo.avatar import DemoAvatar
-from studio.engines.demo.motion import generate_motion
+from studio.engines.demo.motion import LOOKAHEAD, OFFLINE_LATENCY, DemoMotion, generate_motion
 from studio.settings import RenderSettings
 
 
@@ -40,6 +40,14 @@ class DemoEngine:
 
     def generate(self, audio: Audio, phon: PhoneticFrames, seed: int) -> np.ndarray:
         return generate_motion(phon, seed)
+
+    def motion_stream(self, seed: int, latency: str = OFFLINE_LATENCY) -> DemoMotion:
+        """Live motion from the phonetic frames (the samples are not read): 1, 2 or 4 frames
+        of lookahead for "low", "balanced", "smooth"; "balanced" is :meth:`generate` frame for
+        frame."""
+        if latency not in LATENCIES:
+            raise ValueError(f"latency must be one of {', '.join(LATENCIES)}, got {latency!r}")
+        return DemoMotion(seed, LOOKAHEAD[latency])
 
     def with_settings(self, settings: RenderSettings) -> DemoEngine:
         return DemoEngine(settings)
