@@ -10,7 +10,9 @@
 # most 8 files, give a folder under /tmp and tar it into $OUT afterwards. Runs with the
 # python3 that holds a CUDA torch; PYTHONPATH must reach the studio package (and PyAV,
 # soundfile).
-# Steps (lmdm render pipeline tests) may be named after OUT_DIR to run only those: a device
+# The live engine's suite (streaming: first frame, latency per setting, concurrent streams, a
+# 10-minute session's memory) runs when named.
+# Steps (lmdm render pipeline tests streaming) may be named after OUT_DIR to run only those: a device
 # call lasts at most 10 minutes, so the session is two calls, e.g. `lmdm pipeline tests`
 # then `render`.
 set -uo pipefail
@@ -30,6 +32,7 @@ want lmdm && run lmdm 120 --suite lmdm --device cuda --compile --no-onnx --steps
   --paths eager_fp32,fast_fp32_window_graph,fast_fp16_window_graph,fast_bf16_window_compiled_graph,fast_bf16_window_flash_compiled_graph,fast_fp16_window_flash_compiled_graph
 want render && run render 300 --suite render --device cuda --batches 32 --precisions fp16 --compile \
   --target-ms 150 --paths graph_split_padded_fp16,compiled_graph_fp16,compiled_graph_split_fp16,compiled_graph_split_padded_fp16
+want streaming && run streaming 420 --suite streaming --device cuda --long-minutes 10
 want pipeline && run pipeline 260 --suite pipeline --device cuda --compile --x264-preset veryfast --plots "$out"
 want tests || exit 0
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/engines/test_warp_decode.py \

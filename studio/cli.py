@@ -1,4 +1,5 @@
-"""The `studio` command: gui (default), render, analyze, doctor, export-onnx, compile, bench.
+"""The `studio` command: gui (default), render, live, analyze, doctor, export-onnx, compile,
+bench.
 
 User errors (bad files, bad options, unwritable outputs) print one line on
 stderr and exit with status 2; nothing is left half-written. Inputs are checked before any
@@ -38,7 +39,7 @@ EXIT_USAGE = 2
 EXIT_INTERNAL = 1
 EXIT_CANCELLED = 130
 SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")  # each ends a command like Ctrl-C
-COMMANDS = ("gui", "render", "analyze", "doctor", "export-onnx", "compile", "bench")
+COMMANDS = ("gui", "render", "live", "analyze", "doctor", "export-onnx", "compile", "bench")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -139,6 +140,79 @@ def build_parser() -> argparse.ArgumentParser:
     _setting(r, "crf", "N")
     _setting(r, "preset", "NAME")
     r.add_argument("--report", metavar="REPORT.json", help="write the JSON report here")
+
+    lv = sub.add_parser(
+        "live",
+        help="animate live audio (a file played as live, a pipe, a socket, the microphone)",
+        description="Turn audio into frames as it arrives: from a file played as live, raw "
+        "PCM on stdin (-) or a socket, the microphone (--mic) or a browser's (--browser-mic); "
+        "frames go to an MP4 recording (--out), a browser page over WebRTC (--serve) and a "
+        "virtual camera. Ctrl-C ends the session and keeps what was recorded.",
+    )
+    _motion_options(lv)
+    src = lv.add_argument_group("live input")
+    src.add_argument("--mic", action="store_true", help="listen to the microphone (PortAudio)")
+    src.add_argument(
+        "--mic-device", metavar="NAME", help="the microphone to use (default: the system's)"
+    )
+    src.add_argument(
+        "--browser-mic",
+        action="store_true",
+        help="listen to the microphone of the browser connected to --serve",
+    )
+    src.add_argument(
+        "--realtime",
+        action="store_true",
+        help="play a file at its own pace (else as fast as possible)",
+    )
+    src.add_argument(
+        "--loop",
+        type=int,
+        default=0,
+        metavar="N",
+        help="play a file N more times (-1: until Ctrl-C)",
+    )
+    src.add_argument("--duration", type=float, metavar="S", help="stop after S seconds of audio")
+    src.add_argument(
+        "--pcm-rate",
+        type=int,
+        default=16000,
+        metavar="HZ",
+        help="raw PCM: sample rate (default 16000)",
+    )
+    src.add_argument(
+        "--pcm-channels", type=int, default=1, metavar="N", help="raw PCM: channels (default 1)"
+    )
+    src.add_argument(
+        "--pcm-format",
+        default="s16le",
+        choices=("s16le", "f32le"),
+        help="raw PCM: sample type (default s16le)",
+    )
+    src.add_argument(
+        "--latency",
+        default="balanced",
+        choices=("low", "balanced", "smooth"),
+        help="less lookahead (low), or smoother motion (smooth); default balanced",
+    )
+    out = lv.add_argument_group("live output")
+    out.add_argument("--out", metavar="REC.mp4", help="record the session (H.264 + AAC)")
+    out.add_argument(
+        "--serve", metavar="[HOST:]PORT", help="serve a page that shows the head over WebRTC"
+    )
+    out.add_argument(
+        "--virtual-camera",
+        nargs="?",
+        const="",
+        metavar="DEVICE",
+        help="send the frames to a virtual camera (v4l2loopback; see `studio doctor`)",
+    )
+    _setting(out, "size", "PX")
+    _setting(out, "crf", "N")
+    _setting(out, "preset", "NAME")
+    out.add_argument(
+        "--report", metavar="REPORT.json", help="write the session's measurements here"
+    )
 
     a = sub.add_parser(
         "analyze",
@@ -360,9 +434,7 @@ def _prepare_engine(args: argparse.Namespace, settings):
 
     if args.checkpoints and args.demo:
         raise OptionError("--demo", "cannot be combined with --checkpoints; pick one engine")
-    request = EngineRequest(
-        settings, args.checkpoints, args.avatar, args.device, args.avatar_cache
-    )
+    request = EngineRequest(settings, args.checkpoints, args.avatar, args.device, args.avatar_cache)
     prepared = prepare_engine(request)
     notes = prepared.notes
     if args.command == "analyze" and settings.compile:  # renders nothing: say that instead
@@ -420,6 +492,186 @@ def cmd_render(args: argparse.Namespace) -> int:
         _write_json(report_path, report)
     _print_result(_summary(report), report_path)
     return 0
+
+
+def _live_source(args: argparse.Namespace):
+    """The one live input the options name (the demo speech when none is named)."""
+    from studio.live import sources
+
+    given = [
+        o
+        for o, on in (
+            ("--audio", args.audio),
+            ("--mic", args.mic),
+            ("--browser-mic", args.browser_mic),
+        )
+        if on
+    ]
+    if len(given) > 1:
+        raise OptionError(given[1], f"cannot be combined with {given[0]}; pick one live input")
+    if args.browser_mic and not args.serve:
+        raise OptionError("--browser-mic", "needs --serve (the page the browser opens)")
+    fmt = sources.PcmFormat(args.pcm_rate, args.pcm_channels, args.pcm_format).check()
+    if args.mic:
+        return sources.MicSource(args.mic_device)
+    if args.audio == "-":
+        return sources.PcmSource(sys.stdin.buffer, fmt, "stdin")
+    if args.audio and args.audio.startswith(("tcp:", "unix:")):
+        print(f"studio live: waiting for raw PCM on {args.audio}", file=sys.stderr)
+        return sources.open_socket_source(args.audio, fmt)
+    if args.browser_mic:
+        return None  # made with the WebRTC sink
+    from studio.engines.demo.engine import demo_audio_path
+
+    return sources.FileSource(args.audio or str(demo_audio_path()), loop=args.loop)
+
+
+def _serve_address(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    try:
+        number = int(port)
+    except ValueError:
+        raise OptionError(
+            "--serve", f"{value}: give [HOST:]PORT, e.g. 8080 or 0.0.0.0:8080"
+        ) from None
+    if not 0 <= number <= 65535:
+        raise OptionError("--serve", f"{value}: the port must be from 0 to 65535")
+    return host or "127.0.0.1", number
+
+
+def _live_summary(report: dict) -> str:
+    lat = report["latency_ms"]
+    first = report["time_to_first_frame_ms"]
+    lines = [
+        f"{report['frames']} frames from {report['audio_s']:.2f} s of audio "
+        f"(latency setting {report['latency_setting']}, lookahead {report['lookahead_frames']} "
+        f"frames = {report['algorithmic_latency_ms']:.0f} ms)",
+    ]
+    if first is not None:
+        lines.append(
+            f"first frame after {first:.1f} ms; audio-to-frame latency p50 {lat['p50']:.0f} ms, "
+            f"p95 {lat['p95']:.0f} ms, max {lat['max']:.0f} ms; late frames {report['late_frames']}"
+        )
+    if report.get("output"):
+        lines.append(f"recorded {report['output']}")
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def _stop_on_signal(stop) -> Iterator[None]:
+    """The first Ctrl-C (or SIGTERM/SIGHUP) ends the live session cleanly (``stop`` set);
+    a second one interrupts at once."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {}
+
+    def ask_stop(signum: int, frame: object) -> None:
+        if stop.is_set():
+            _interrupt(signum, frame)
+        stop.set()
+
+    for name in SIGNALS:
+        sig = getattr(signal, name, None)
+        if sig is not None and signal.getsignal(sig) not in (signal.SIG_IGN, None):
+            before[sig] = signal.signal(sig, ask_stop)
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def cmd_live(args: argparse.Namespace) -> int:
+    import threading
+
+    from studio.live.run import run_live, session_clock, status_line
+    from studio.render.stream import LiveSession
+
+    settings = _settings(args, size=args.size, crf=args.crf, preset=args.x264_preset)
+    outputs = {"--out": args.out} if args.out else {}
+    if args.out:
+        from studio.export.video import check_output_path
+
+        check_output_path(args.out)
+        check_not_input(args.out, "--out", _inputs(args))
+    report_path = _check_json_target(args.report, "--report", {**outputs, **_inputs(args)})
+    serve = _serve_address(args.serve) if args.serve else None
+    sinks: list = []
+    if args.virtual_camera is not None:
+        from studio.live.sinks import VirtualCameraSink
+
+        sinks.append(VirtualCameraSink(args.virtual_camera or None))
+    prepared = _prepare_engine(args, settings)
+    source = _live_source(args)
+    try:
+        with _progress() as progress:
+            engine = _open_engine(prepared, progress)
+        if args.out:
+            from studio.live.sinks import RecordingSink
+
+            sinks.append(RecordingSink(args.out, settings.crf, settings.preset))
+        if serve is not None:
+            from studio.live.webrtc import WebRTCSink
+
+            web = WebRTCSink(*serve, browser_audio=args.browser_mic)
+            sinks.append(web)
+            if source is None:
+                from studio.live.sources import QueueSource
+
+                source = QueueSource(web.browser_audio())
+        _warm_up(engine, settings, args.latency)
+        stop = threading.Event()
+        session = LiveSession(engine, settings, args.latency, session_clock(source, args.realtime))
+
+        def started() -> None:
+            if serve is not None:
+                print(f"studio live: open {web.url} in a browser", file=sys.stderr, flush=True)
+            print(
+                f"studio live: {source.name} -> frames (Ctrl-C stops)", file=sys.stderr, flush=True
+            )
+
+        def status(figures: dict) -> None:
+            if not args.quiet:
+                print(f"studio live: {status_line(figures)}", file=sys.stderr, flush=True)
+
+        with _stop_on_signal(stop):
+            report = run_live(
+                session,
+                source,
+                sinks,
+                realtime=args.realtime,
+                stop=stop,
+                duration_s=args.duration,
+                on_status=status,
+                on_start=started,
+            )
+    finally:
+        if source is not None:
+            source.close()
+    report["output"] = args.out
+    report["stopped"] = "signal" if stop.is_set() else "end of input"
+    report["settings"] = settings.to_dict()
+    report["engine"] = _engine_report(engine)
+    if report_path is not None:
+        _write_json(report_path, report)
+    _print_result(_live_summary(report), report_path)
+    return 0
+
+
+def _warm_up(engine, settings, latency: str) -> None:
+    """Run a throwaway session over half a second of silence, so the first frame of the real
+    one is not the first of the process (kernels loaded, graphs captured, caches filled)."""
+    import numpy as np
+
+    from studio.render.stream import LiveSession
+
+    session = LiveSession(engine, settings, latency)
+    session.feed(np.zeros(8000, np.float32))
+    session.finish()
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
@@ -795,6 +1047,7 @@ def _run(argv: list[str], command: str) -> int:
                     return cmd_bench(rest)
                 handler = {
                     "render": cmd_render,
+                    "live": cmd_live,
                     "analyze": cmd_analyze,
                     "doctor": cmd_doctor,
                     "export-onnx": cmd_export_onnx,

@@ -105,6 +105,11 @@ class ChunkGeometry:
         """The fewest HuBERT frames a chunk must yield for ``keep`` to be whole."""
         return (self.valid + self.right) * 2
 
+    def audio_frames_for(self, feature: int) -> int:
+        """Video frames of audio a chunk needs before feature ``feature`` (offline alignment)
+        exists: its chunk's valid frames and right context, (j // b) * b + b + c."""
+        return (int(feature) // self.valid) * self.valid + self.valid + self.right
+
     @property
     def offline_left_pad(self) -> int:
         """split_len - (b + c) * 640 = a * 640 + 80 (2000)."""
@@ -230,14 +235,27 @@ class HubertFeatures:
         starts = offline_chunk_starts(num_f, g)
         padded = np.zeros(g.offline_left_pad + len(x) + g.split_len, dtype=np.float32)
         padded[g.offline_left_pad : g.offline_left_pad + len(x)] = x
+        return self.chunks(padded, len(starts))[:num_f]
+
+    def chunks(self, signal: np.ndarray, count: int) -> np.ndarray:
+        """[count * b, 1024] features of the first ``count`` chunks of ``signal`` (chunk k at
+        sample k * hop): one batched call on a torch device, a call a chunk in ONNX Runtime."""
+        g = self.geometry
+        if count <= 0:
+            return np.empty((0, HUBERT_DIM), dtype=np.float32)
         if self._torch is not None:
-            return self._torch.features(padded, len(starts))[:num_f]
-        out = np.empty((len(starts) * g.valid, HUBERT_DIM), dtype=np.float32)
-        for k, start in enumerate(starts):
+            return self._torch.features(signal, count)
+        out = np.empty((count * g.valid, HUBERT_DIM), dtype=np.float32)
+        for k in range(count):
+            start = k * g.hop
             self.chunk_features(
-                padded[start : start + g.split_len], out[k * g.valid : (k + 1) * g.valid]
+                signal[start : start + g.split_len], out[k * g.valid : (k + 1) * g.valid]
             )
-        return out[:num_f]
+        return out
+
+    def stream(self) -> HubertStream:
+        """Features of live audio, chunk by chunk, equal to :meth:`offline`'s."""
+        return HubertStream(self)
 
     def online_chunks(self, samples16k: np.ndarray) -> Iterator[np.ndarray]:
         """Yield [b, 1024] blocks as Ditto's online path would (``online_feature_count`` rows)."""
@@ -254,6 +272,61 @@ class HubertFeatures:
             assert len(feats) == n
             self._silence[n] = feats
         return self._silence[n].copy()
+
+
+class HubertStream:
+    """:meth:`HubertFeatures.offline`, incrementally: :meth:`push` samples and get the features
+    whose chunk (right context included) has fully arrived; :meth:`finish` zero-fills the end
+    as the offline path pads it, so the concatenated features equal ``offline()``'s.
+
+    Only the samples of chunks not yet computed are kept (at most ``split_len`` plus one
+    push). Feature j exists once ``geometry.audio_frames_for(j)`` frames of audio have
+    arrived: ``lookahead_frames`` = b - 1 + c frames after its own at worst.
+    """
+
+    def __init__(self, hubert: HubertFeatures) -> None:
+        self.hubert = hubert
+        self.geometry = g = hubert.geometry
+        self._buf = np.zeros(g.offline_left_pad, dtype=np.float32)  # from the next chunk on
+        self.received = 0  # samples pushed
+        self.emitted = 0  # features returned
+        self.ended = False
+
+    @property
+    def lookahead_frames(self) -> int:
+        """Frames of audio after a feature's own that it waits for, at worst."""
+        return self.geometry.valid - 1 + self.geometry.right
+
+    def push(self, samples: np.ndarray) -> np.ndarray:
+        """Take the next 16 kHz samples; the [k, 1024] features that became available."""
+        if self.ended:
+            raise RuntimeError("push() after finish()")
+        x = _check_samples(samples)
+        self.received += len(x)
+        self._buf = np.concatenate([self._buf, x])
+        g = self.geometry
+        return self._take(max(0, (len(self._buf) - g.split_len) // g.hop + 1))
+
+    def finish(self) -> np.ndarray:
+        """The remaining features up to ``num_feature_frames(received)``, zero-filled."""
+        if self.ended:
+            raise RuntimeError("finish() called twice")
+        self.ended = True
+        g = self.geometry
+        left = num_feature_frames(self.received) - self.emitted
+        count = -(-left // g.valid) if left > 0 else 0
+        need = (count - 1) * g.hop + g.split_len
+        if count and len(self._buf) < need:
+            self._buf = np.concatenate([self._buf, np.zeros(need - len(self._buf), np.float32)])
+        return self._take(count, max(left, 0))
+
+    def _take(self, count: int, limit: int | None = None) -> np.ndarray:
+        """Features of the next ``count`` chunks (the first ``limit``); their samples dropped."""
+        feats = self.hubert.chunks(self._buf, count)[:limit]
+        if count:
+            self._buf = self._buf[count * self.geometry.hop :].copy()
+        self.emitted += len(feats)
+        return feats
 
 
 # --- internals ---------------------------------------------------------------

@@ -1,7 +1,8 @@
 """``studio bench``: measured suites with the published reference figures beside ours.
 
 Suites live in their own modules (:mod:`studio.bench.lmdm`, :mod:`studio.bench.render`,
-:mod:`studio.bench.pipeline`: the clip end to end, :mod:`studio.bench.kinematics`), each with
+:mod:`studio.bench.pipeline`: the clip end to end, :mod:`studio.bench.kinematics`,
+:mod:`studio.bench.streaming`: the live engine), each with
 ``main(argv) -> int`` that parses its own options (``--device --json --markdown --plots
 --repeats --warmup`` in common) and writes its JSON and Markdown. They share the timing
 helpers of :mod:`studio.bench.timing` (warm-up, CUDA events on a GPU, ``perf_counter`` on the
@@ -41,6 +42,7 @@ SUITES: dict[str, str] = {
     "render": "studio.bench.render",
     "pipeline": "studio.bench.pipeline",
     "kinematics": "studio.bench.kinematics",
+    "streaming": "studio.bench.streaming",
 }
 ALL = "all"
 ALL_HELP = {  # the common options, as --suite all reads them

@@ -142,9 +142,12 @@ class MotionStream(Protocol):
     final with them (:class:`studio.audio.phonetics.PhoneticStream`), and returns the motion
     rows ``[k, 265]`` that became final (frames in order from 0, none twice); ``finish``
     returns the rest once the audio has ended. A row for frame ``j`` needs the audio up to
-    frame ``j + lookahead_frames``: the stream's algorithmic latency."""
+    frame ``j + lookahead_frames`` (the stream's algorithmic latency), or, for a stream that
+    ``reads_phonetics``, the phonetic frames up to ``j + lookahead_frames``, which come later
+    by the phonetics' own lookahead."""
 
     lookahead_frames: int
+    reads_phonetics: bool  # a stream without the attribute reads the samples only
 
     def push(self, samples: np.ndarray, phon: PhoneticFrames) -> np.ndarray: ...
 

@@ -102,8 +102,8 @@ class CadencePlan:
 def _dilate(mask: np.ndarray, radius: int) -> np.ndarray:
     if radius <= 0 or not mask.any():
         return mask.copy()
-    kernel = np.ones(2 * radius + 1)
-    return np.convolve(mask.astype(float), kernel, mode="same") > 0
+    kernel = np.ones(2 * radius + 1)  # full convolution, centred: also for masks shorter than it
+    return np.convolve(mask.astype(float), kernel)[radius : radius + mask.size] > 0
 
 
 def frame_strides(phon: PhoneticFrames, th: CadenceThresholds | None = None) -> np.ndarray:
@@ -123,20 +123,45 @@ def frame_strides(phon: PhoneticFrames, th: CadenceThresholds | None = None) -> 
     return strides
 
 
-def pose_stride_cap(motion: np.ndarray, max_gap_deg: float) -> np.ndarray:
+POSE_SPEED_SIGMA = 1.5  # frames: the light smoothing of the pose before its speed is taken
+POSE_SPEED_RADIUS = 6  # frames either side that smoothing reads (scipy's default truncation)
+
+
+def pose_stride_cap(
+    motion: np.ndarray, max_gap_deg: float, radius: int = POSE_SPEED_RADIUS
+) -> np.ndarray:
     """Largest stride per frame whose gap spans at most ``max_gap_deg`` of head rotation.
 
     Blending two keyframes of a head that turned between them shows as ghosting;
     this keeps gaps short where the head moves fast (speed from a lightly smoothed
-    pose, so generator jitter does not count).
+    pose, so generator jitter does not count). ``radius`` truncates the smoothing (the
+    frame's reach is radius + 1): a stream with less lookahead passes a smaller one, 0
+    for none (then jitter counts, so strides only get shorter).
     """
-    deg = gaussian_filter1d(layout.pose_degrees(motion), 1.5, axis=0)
+    deg = layout.pose_degrees(motion)
+    if radius > 0:
+        deg = gaussian_filter1d(deg, POSE_SPEED_SIGMA, axis=0, radius=radius)
     speed = np.abs(np.diff(deg, axis=0, prepend=deg[:1])).max(axis=1)
     speed = np.maximum(speed, np.roll(speed, -1))
     cap = np.ones(speed.size, dtype=np.int64)
     for s in STRIDES[1:]:
         cap[speed * s <= max_gap_deg] = s
     return cap
+
+
+def next_keyframe(strides: np.ndarray, k: int) -> int:
+    """The keyframe after keyframe ``k`` (< the last frame): the gap is as long as every
+    frame inside it, both ends included, tolerates. Reads ``strides[k : k + strides[k] + 1]``,
+    so a stream can decide it as soon as those strides are known."""
+    n = len(strides)
+    best = k + 1
+    tolerance = strides[k]
+    for j in range(k + 1, min(n, k + int(strides[k]) + 1)):
+        tolerance = min(tolerance, strides[j])
+        if j - k > tolerance:
+            break
+        best = j
+    return best
 
 
 def keyframes_for(strides: np.ndarray) -> np.ndarray:
@@ -148,14 +173,7 @@ def keyframes_for(strides: np.ndarray) -> np.ndarray:
     keys = [0]
     k = 0
     while k < n - 1:
-        best = k + 1
-        tolerance = s[k]
-        for j in range(k + 1, min(n, k + int(s[k]) + 1)):
-            tolerance = min(tolerance, s[j])
-            if j - k > tolerance:
-                break
-            best = j
-        k = best
+        k = next_keyframe(s, k)
         keys.append(k)
     return np.asarray(keys, dtype=np.int64)
 

@@ -11,6 +11,9 @@ time embeddings hoisted out of the steps, and the whole DDIM loop of a window ca
 per step count as a CUDA graph (kept for the loaded LMDM) and replayed with the window's
 condition and x_T copied into its static buffers. LMDM stays fp32 there (the released set's
 choice); ``tf32=True`` allows TF32 matmuls. On the CPU the eager loop runs.
+
+:func:`stream_motion` is the live composition of the same stages: one :class:`WindowSampler`
+(the same draws in the same order) feeding :class:`~studio.motion.windows.OnlineWindows`.
 """
 
 from __future__ import annotations
@@ -24,7 +27,67 @@ from studio.layout import MOTION_DIM, OVERLAP_OFFLINE, SEQ_FRAMES, SMOOTH_KERNEL
 from studio.models.diffusion import DeviceDDIM, draw_noises
 from studio.models.lmdm import LMDM
 from studio.motion.fast_lmdm import WINDOW, graphed_lmdm
-from studio.motion.windows import KpCondPolicy, offline_starts, run_offline
+from studio.motion.windows import (
+    KpCondPolicy,
+    OnlineWindows,
+    Predictor,
+    offline_starts,
+    run_offline,
+)
+
+
+class WindowSampler:
+    """LMDM windows sampled from one seed, the clip's way: the per-step noises are drawn once
+    (shared by every window), then x_T per window, in window order, from one CPU generator
+    (the same draws on every device). :meth:`sample` runs one window: the captured fast path
+    on CUDA (``fast`` None), the eager DDIM loop on the CPU (``fast=True`` runs the fast path
+    uncaptured there)."""
+
+    def __init__(
+        self,
+        lmdm: LMDM,
+        steps: int,
+        seed: int = 0,
+        fast: bool | None = None,
+        tf32: bool = False,
+    ) -> None:
+        self.device = dev = lmdm.device
+        sched = lmdm.schedule(int(steps))
+        self.generator = torch.Generator().manual_seed(int(seed))
+        _, self.noises = draw_noises(sched, WINDOW, self.generator, dev)
+        use_fast = dev.type == "cuda" if fast is None else fast
+        self._graph = graphed_lmdm(lmdm, tf32).window_graph(sched, WINDOW) if use_fast else None
+        self._lmdm = lmdm
+        self._sampler = None if use_fast else DeviceDDIM(sched, WINDOW, self.noises, dev)
+
+    def draw_x_t(self, count: int) -> Tensor:
+        """The next ``count`` windows' x_T [count, 1, S, 265] on the device (one upload)."""
+        return torch.randn((int(count), *WINDOW), generator=self.generator).to(self.device)
+
+    @torch.no_grad()
+    def sample(self, kp_cond: Tensor, window: Tensor, x_t: Tensor) -> Tensor:
+        """One window's motion [S, 265] (a copy) from kp_cond [265], the condition [S, C]
+        and its x_T."""
+        if self._graph is not None:
+            # the graph is shared by every sampler of this LMDM (clips, live streams): its
+            # noise buffer gets this sampler's noises before each window (a small copy)
+            self._graph.set_noises(self.noises)
+            return self._graph.run(kp_cond, window, x_t)[0].clone()
+        assert self._sampler is not None
+        kp_b, win_b = kp_cond[None], window[None]
+
+        def denoise(x: Tensor, time_cond: Tensor) -> tuple[Tensor, Tensor]:
+            return self._lmdm(x, kp_b, win_b, time_cond)
+
+        return self._sampler.sample(denoise, x_t)[0].clone()
+
+    def predictor(self) -> Predictor:
+        """A window predictor that draws each window's x_T as it is called (in window order)."""
+
+        def predict(kp_cond: Tensor, window: Tensor, start: int) -> Tensor:
+            return self.sample(kp_cond, window, self.draw_x_t(1)[0])
+
+        return predict
 
 
 @torch.no_grad()
@@ -51,39 +114,56 @@ def generate_motion(
     if cond.ndim != 2 or cond.shape[1] != lmdm.cond_dim:
         raise ValueError(f"cond must be [N, {lmdm.cond_dim}], got {list(cond.shape)}")
     cond = cond.to(dev, torch.float32)
-    kp = kp_source.to(dev, torch.float32).reshape(MOTION_DIM)
-    shape = WINDOW
-    sched = lmdm.schedule(int(steps))
-    gen = torch.Generator().manual_seed(int(seed))  # CPU: the same draws on every device
-    _, noises = draw_noises(sched, shape, gen, dev)
+    sampler = WindowSampler(lmdm, steps, seed, fast, tf32)
     starts = offline_starts(cond.shape[0], SEQ_FRAMES, overlap)
     window_index = {start: k for k, start in enumerate(starts)}
-    x_ts = torch.randn((len(starts), *shape), generator=gen).to(dev)  # one upload, all windows
-    use_fast = dev.type == "cuda" if fast is None else fast
-    if use_fast:
-        graph = graphed_lmdm(lmdm, tf32).window_graph(sched, shape)
-        graph.set_noises(noises)
+    x_ts = sampler.draw_x_t(len(starts))  # one upload, all windows
 
-        def predict(kp_cond: Tensor, window: Tensor, start: int) -> Tensor:
-            return graph.run(kp_cond, window, x_ts[window_index[start]])[0].clone()
-
-    else:
-        sampler = DeviceDDIM(sched, shape, noises, dev)
-
-        def predict(kp_cond: Tensor, window: Tensor, start: int) -> Tensor:
-            kp_b, win_b = kp_cond[None], window[None]
-
-            def denoise(x: Tensor, time_cond: Tensor) -> tuple[Tensor, Tensor]:
-                return lmdm(x, kp_b, win_b, time_cond)
-
-            return sampler.sample(denoise, x_ts[window_index[start]])[0].clone()
+    def predict(kp_cond: Tensor, window: Tensor, start: int) -> Tensor:
+        return sampler.sample(kp_cond, window, x_ts[window_index[start]])
 
     return run_offline(
         predict,
         cond,
-        KpCondPolicy(kp),
+        KpCondPolicy(_kp(kp_source, dev)),
         seq=SEQ_FRAMES,
         overlap=overlap,
         smooth_kernel=smooth_kernel,
         on_window=on_window,
     )
+
+
+def stream_motion(
+    lmdm: LMDM,
+    priming: Tensor,
+    kp_source: Tensor,
+    steps: int,
+    seed: int = 0,
+    overlap: int = OVERLAP_OFFLINE,
+    smooth_kernel: int = SMOOTH_KERNEL,
+    final_smooth: bool = True,
+    fast: bool | None = None,
+    tf32: bool = False,
+) -> OnlineWindows:
+    """:func:`generate_motion` for live condition rows: online windows of ``overlap`` after the
+    ``priming`` rows [P, C] (see :class:`OnlineWindows`), sampled by the same
+    :class:`WindowSampler`. With P = 0, ``overlap`` 10 and ``final_smooth`` its frames are
+    the clip's."""
+    dev = lmdm.device
+    if priming.ndim != 2 or priming.shape[1] != lmdm.cond_dim:
+        raise ValueError(f"priming must be [P, {lmdm.cond_dim}], got {list(priming.shape)}")
+    sampler = WindowSampler(lmdm, steps, seed, fast, tf32)
+    return OnlineWindows(
+        sampler.predictor(),
+        priming.to(dev, torch.float32),
+        KpCondPolicy(_kp(kp_source, dev)),
+        seq=SEQ_FRAMES,
+        overlap=overlap,
+        smooth_kernel=smooth_kernel,
+        final_smooth=final_smooth,
+    )
+
+
+def _kp(kp_source: Tensor, dev: torch.device) -> Tensor:
+    """The source motion [265] on ``dev`` (the first kp_cond)."""
+    return kp_source.to(dev, torch.float32).reshape(MOTION_DIM)

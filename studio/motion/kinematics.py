@@ -361,7 +361,12 @@ def pose_jerk(motion: np.ndarray) -> np.ndarray:
 
     Entry j belongs to the frames j..j+3 (length N-3).
     """
-    ang = np.deg2rad(layout.pose_degrees(motion))
+    return angle_jerk(layout.pose_degrees(motion))
+
+
+def angle_jerk(degrees: np.ndarray) -> np.ndarray:
+    """:func:`pose_jerk` of pitch, yaw, roll already in degrees [N, 3]."""
+    ang = np.deg2rad(degrees)
     if ang.shape[0] < 4:
         return np.zeros(0)
     d3 = ang[3:] - 3 * ang[2:-1] + 3 * ang[1:-2] - ang[:-3]

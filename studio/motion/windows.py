@@ -167,12 +167,51 @@ def run_offline(
     return box_smooth(res, 0, num_frames, smooth_kernel)
 
 
-class OnlineWindows:
-    """Streaming motion (reference §1.5): feed feature chunks, get emitted frames back.
+def online_priming(
+    seq: int = SEQ_FRAMES, overlap: int = OVERLAP_OFFLINE, smooth_after: int = 0
+) -> int:
+    """Priming rows before frame 0 that let the first online window emit V frames, the final
+    pass's ``smooth_after`` included: O - V - smooth_after (0 once V >= O, where the windows
+    are the offline ones)."""
+    valid = seq - overlap
+    return max(0, overlap - valid - smooth_after)
 
-    The feature buffer starts with ``priming`` ([O, C] features of silence), which
-    are never emitted; their condition indices are negative. The first window
-    only primes the state; later ones emit the crossfaded region.
+
+def online_frames_needed(
+    frame: int,
+    seq: int = SEQ_FRAMES,
+    overlap: int = OVERLAP_OFFLINE,
+    priming: int = 0,
+    smooth_after: int = 0,
+) -> int:
+    """Condition frames :class:`OnlineWindows` must have been given before it emits ``frame``
+    (streaming, before ``finish``); ``smooth_after`` is the final pass's half kernel (0 off).
+
+    Window k covers priming-offset rows [kV, kV + S) and leaves the rows before
+    S + kV - F final (the next window crossfades the F after them).
+    """
+    valid = seq - overlap
+    fuse = min(overlap, valid)
+    last = int(frame) + smooth_after + priming  # the newest row that must be final
+    k = max(0, -(-(last + fuse + 1 - seq) // valid))
+    return max(int(frame) + 1, k * valid + seq - priming)
+
+
+class OnlineWindows:
+    """Streaming motion (reference §1.5, the first window emitting): feed condition rows, get
+    the frames that became final, each once, in order; :meth:`finish` flushes the rest.
+
+    ``priming`` ([P, C], P <= O) are rows before frame 0 (negative condition indices, never
+    emitted); window k covers rows [kV, kV + S) of priming + condition, so its condition
+    starts at kV - P, and runs once those rows are in. It is fused as offline (crossfade
+    F = min(O, V), seam smoothing, kp_cond policy) and makes the rows before S + kV - F
+    final. P = O is the reference's online mode (the first window only primes);
+    :func:`online_priming` (O - V, less the final pass's lookahead) makes the first window
+    emit V frames; P = 0 with O = 10 are the offline windows. At the end, windows run while
+    kV < N (as :func:`offline_starts`), the last ones padded with the last row; exactly N
+    frames come out. ``final_smooth`` applies the offline whole-clip box pass to the emitted
+    frames (a frame then waits for the next one to be final). Rows and results are trimmed
+    to about 2 S, so memory stays bounded.
     """
 
     def __init__(
@@ -183,77 +222,88 @@ class OnlineWindows:
         seq: int = SEQ_FRAMES,
         overlap: int | None = None,
         smooth_kernel: int = SMOOTH_KERNEL,
+        final_smooth: bool = False,
     ) -> None:
         overlap = priming.shape[0] if overlap is None else overlap
+        if priming.shape[0] > overlap:
+            raise ValueError(f"{priming.shape[0]} priming rows exceed the overlap {overlap}")
         self.predict = predict
         self.fuser = WindowFuser(kp_policy, seq, overlap, smooth_kernel, online=True)
-        self.seq, self.valid = seq, seq - overlap
-        self.feats = priming.clone()
-        self.pending: list[torch.Tensor] = []
-        self.pending_len = 0
-        self.cond_idx_start = -priming.shape[0]
-        self.valid_start: int | None = None
-        self.local_idx = 0
-        self.global_idx = 0
+        self.seq, self.overlap, self.valid = seq, overlap, seq - overlap
+        self.priming = priming.shape[0]
+        self.smooth_after = smooth_kernel // 2 if final_smooth and smooth_kernel > 1 else 0
+        self.feats = priming.clone()  # rows from position feats_start on (priming included)
+        self.feats_start = 0
+        self.received = 0  # condition frames given
+        self.res_start = 0  # position of fuser.res[0]
+        self.final = 0  # positions before it are final
+        self.emitted = 0  # frames emitted
         self.d0: torch.Tensor | None = None  # frame 0 of the first window (the stitch reference)
         self.windows_run = 0
         self.ended = False
 
+    @property
+    def lookahead_frames(self) -> int:
+        """Condition frames after a frame's own that it waits for, at worst (streaming)."""
+        span = 2 * self.seq + self.valid
+        return max(self.frames_needed(j) - 1 - j for j in range(span))
+
+    def frames_needed(self, frame: int) -> int:
+        """Condition frames given before ``frame`` is emitted (:func:`online_frames_needed`)."""
+        return online_frames_needed(frame, self.seq, self.overlap, self.priming, self.smooth_after)
+
     def push(self, features: torch.Tensor) -> torch.Tensor:
-        """Add [k, C] features; returns the motion frames emitted now ([m, 265], m may be 0)."""
+        """Add [k, C] condition rows; returns the motion frames emitted now ([m, 265])."""
         if self.ended:
             raise RuntimeError("stream already finished")
-        self.pending.append(features)
-        self.pending_len += features.shape[0]
-        if self.pending_len < self.valid:
-            return self._empty(features)
-        return self._drain(is_end=False)
+        if features.shape[0]:
+            self.feats = torch.cat([self.feats, features.to(self.feats)], dim=0)
+            self.received += features.shape[0]
+        while self._next_start() + self.seq <= self.priming + self.received:
+            self._run_window(last=False)
+        return self._emit()
 
     def finish(self) -> torch.Tensor:
-        """End of stream: run the padded final window(s); returns the last emitted frames."""
+        """End of stream: the remaining windows (padded) and every frame not yet emitted."""
+        if self.ended:
+            raise RuntimeError("stream already finished")
         self.ended = True
-        return self._drain(is_end=True)
+        while self._next_start() < self.received:
+            self._run_window(last=self._next_start() + self.valid >= self.received)
+        return self._emit()
 
-    def _empty(self, like: torch.Tensor) -> torch.Tensor:
-        return like.new_zeros((0, self.fuser.kp_cond.shape[0]))
+    def _next_start(self) -> int:
+        return self.windows_run * self.valid
 
-    def _drain(self, is_end: bool) -> torch.Tensor:
-        if self.pending:
-            self.feats = torch.cat([self.feats, *self.pending], dim=0)
-            self.pending, self.pending_len = [], 0
-        out: list[torch.Tensor] = []
-        while True:
-            win = self.feats[self.local_idx : self.local_idx + self.seq]
-            real_valid = self.valid
-            if win.shape[0] == 0:
-                break
-            if win.shape[0] < self.seq:
-                if not is_end:
-                    break
-                real_valid = win.shape[0]
-                win = pad_window(win, 0, self.seq)
-            pred = self.predict(self.fuser.kp_cond, win, self.global_idx + self.cond_idx_start)
-            res = self.fuser.add(pred)
-            self.windows_run += 1
-            if self.valid_start is None:
-                self.valid_start = res.shape[0] - self.fuser.fuse_length
-                self.d0 = res[0].clone()
-            else:
-                out.append(res[self.valid_start : self.valid_start + real_valid])
-                self.valid_start += real_valid
-            self.local_idx += real_valid
-            self.global_idx += real_valid
-            n = res.shape[0]
-            if n > 2 * self.seq:
-                cut = n - 2 * self.seq
-                self.fuser.trim_front(cut)
-                self.valid_start -= cut
-            if self.local_idx >= self.feats.shape[0]:
-                break
-        if self.feats.shape[0] > 2 * self.seq:
-            cut = self.feats.shape[0] - 2 * self.seq
-            self.feats = self.feats[cut:]
-            self.local_idx -= cut
-        if not out:
-            return self._empty(self.feats)
-        return torch.cat(out, dim=0)
+    def _run_window(self, last: bool) -> None:
+        start = self._next_start()
+        win = pad_window(self.feats, start - self.feats_start, self.seq)
+        res = self.fuser.add(self.predict(self.fuser.kp_cond, win, start - self.priming))
+        if self.d0 is None:
+            self.d0 = res[0].clone()
+        self.windows_run += 1
+        end = self.res_start + res.shape[0]
+        self.final = end if last else end - self.fuser.fuse_length
+        cut = self._next_start() - self.feats_start  # rows no later window reads
+        if cut > 0:
+            self.feats, self.feats_start = self.feats[cut:], self.feats_start + cut
+
+    def _emit(self) -> torch.Tensor:
+        """The frames that became final (after the final pass, where it is on)."""
+        total = self.received if self.ended else self.final - self.priming - self.smooth_after
+        lo, hi = self.emitted, min(total, self.received)
+        res = self.fuser.res
+        if res is None or hi <= lo:
+            return self.feats.new_zeros((0, self.fuser.kp_cond.shape[0]))
+        h = self.smooth_after
+        a, b = max(0, lo - h), min(hi + h, self.received)  # the pass's neighbours, in the clip
+        off = self.priming - self.res_start
+        kernel = self.fuser.smooth_kernel if h else 1
+        seg = box_smooth(res[a + off : b + off].clone(), lo - a, hi - a, kernel)
+        out = seg[lo - a : hi - a]
+        self.emitted = hi
+        keep = min(res.shape[0] - self.seq, hi - h + off)  # the fuser needs the last S rows
+        if keep > 0:
+            self.fuser.trim_front(keep)
+            self.res_start += keep
+        return out

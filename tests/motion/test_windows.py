@@ -188,3 +188,86 @@ def test_online_memory_stays_bounded():
     out, _, ow, _ = _run_online(1000, 75)
     assert ow.feats.shape[0] <= 160 and ow.fuser.res.shape[0] <= 160
     np.testing.assert_allclose(out[:1000, 0].numpy(), np.arange(1000), atol=1e-4)
+
+
+def _tanh_predictor(width=4, seed=7):
+    """A deterministic nonlinear stub LMDM that reads the window and kp_cond."""
+    rng = np.random.default_rng(seed)
+    w = torch.tensor(rng.normal(size=(width, D)).astype(np.float32) * 0.3)
+    v = torch.tensor(rng.normal(size=(D, D)).astype(np.float32) * 0.01)
+    calls = []
+
+    def predict(kp, win, start):
+        calls.append(start)
+        return torch.tanh(win @ w + kp @ v)
+
+    return predict, calls
+
+
+def _feed(ow, cond, sizes):
+    """Push ``cond`` in chunks of the cycled ``sizes``; (all rows, rows after each push)."""
+    out, counts, i, k = [], [], 0, 0
+    while i < cond.shape[0]:
+        n = sizes[k % len(sizes)]
+        out.append(ow.push(cond[i : i + n]))
+        i, k = i + n, k + 1
+        counts.append((min(i, cond.shape[0]), sum(o.shape[0] for o in out)))
+    out.append(ow.finish())
+    return torch.cat(out), counts
+
+
+@pytest.mark.parametrize("sizes", [[1], [5], [13, 1, 70], [500]])
+def test_online_with_offline_windows_is_the_offline_motion(sizes):
+    """No priming, overlap 10 and the final pass: run_offline's frames and x_T order."""
+    cond = torch.tensor(np.random.default_rng(3).normal(size=(223, 4)).astype(np.float32))
+    kp0 = torch.linspace(-1, 1, D)
+    ref_predict, ref_calls = _tanh_predictor()
+    ref = W.run_offline(ref_predict, cond, W.KpCondPolicy(kp0))
+    predict, calls = _tanh_predictor()
+    ow = W.OnlineWindows(
+        predict, torch.zeros(0, 4), W.KpCondPolicy(kp0), overlap=10, final_smooth=True
+    )
+    out, _ = _feed(ow, cond, sizes)
+    assert calls == ref_calls == W.offline_starts(223)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("overlap, final", [(79, False), (79, True), (78, True), (75, False)])
+def test_online_first_window_emits_and_lookahead_is_tight(overlap, final):
+    """With online_priming rows the first window emits; frame j comes out exactly when
+    frames_needed(j) rows are in, at most lookahead_frames after its own; N frames in all."""
+    valid = 80 - overlap
+    prime = W.online_priming(80, overlap, int(final))
+    assert prime == overlap - valid - int(final)
+    predict, calls = _tanh_predictor()
+    ow = W.OnlineWindows(
+        predict, torch.zeros(prime, 4), _policy(), overlap=overlap, final_smooth=final
+    )
+    assert ow.lookahead_frames == 2 * valid - 1 + int(final)
+    n = 97
+    cond = torch.tensor(np.random.default_rng(4).normal(size=(n, 4)).astype(np.float32))
+    out, counts = _feed(ow, cond, [1])
+    assert out.shape == (n, D) and calls[0] == -prime
+    first = next(c for c, e in counts if e)
+    assert first == ow.frames_needed(0) == 80 - prime  # the first window emits
+    for given, emitted in counts:
+        assert emitted == sum(ow.frames_needed(j) <= given for j in range(n))
+        assert emitted >= given - ow.lookahead_frames
+    again, _ = _feed(
+        W.OnlineWindows(
+            _tanh_predictor()[0],
+            torch.zeros(prime, 4),
+            _policy(),
+            overlap=overlap,
+            final_smooth=final,
+        ),
+        cond,
+        [7, 30, 2],
+    )
+    torch.testing.assert_close(again, out, rtol=0, atol=0)  # the push sizes change nothing
+    assert ow.windows_run == len(W.offline_starts(n, 80, overlap))
+
+
+def test_online_priming_may_not_exceed_the_overlap():
+    with pytest.raises(ValueError, match="priming"):
+        W.OnlineWindows(_index_predictor(), torch.zeros(11, 4), _policy(), overlap=10)

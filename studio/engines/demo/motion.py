@@ -193,6 +193,8 @@ class DemoMotion:
     Satisfies :class:`studio.engines.base.MotionStream` (``push`` ignores the samples).
     """
 
+    reads_phonetics = True  # its lookahead counts in phonetic frames, after the phonetics'
+
     def __init__(self, seed: int = 0, lookahead: int = LOOKAHEAD[OFFLINE_LATENCY]) -> None:
         if lookahead < 1:
             raise ValueError(f"lookahead must be at least 1 frame, got {lookahead}")

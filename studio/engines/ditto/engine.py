@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from studio.audio.features import HubertFeatures
+from studio.audio.features import ChunkGeometry, HubertFeatures
 from studio.audio.io import Audio
 from studio.audio.phonetics import PhoneticFrames
 from studio.avatar.folder import avatar_source
@@ -44,6 +44,7 @@ from studio.layout import MOTION_DIM, motion_from_info
 from studio.models.checkpoints import CheckpointSet, discover, load_cfg
 from studio.motion.condition import ConditionConfig, ConditionSource, assemble
 from studio.motion.generator import generate_motion
+from studio.motion.live_lmdm import LiveMotion, live_plan
 from studio.motion.stitch import StitchConfig, StitchControls, stitch_motion
 from studio.runtime.base import HALF_DTYPES, resolve_device
 from studio.settings import RenderSettings
@@ -532,9 +533,10 @@ class DittoEngine:
         # On a GPU HuBERT runs in torch there (one batched call per clip) unless the caller
         # names ONNX Runtime providers; ORT may have only its CPU provider.
         on_gpu = providers is None and self.device.type == "cuda"
-        self.hubert = HubertFeatures(
-            self.checkpoints.path("hubert"), providers, device=self.device if on_gpu else None
-        )
+        self._hubert_run = {"providers": providers, "device": self.device if on_gpu else None}
+        self.hubert = HubertFeatures(self.checkpoints.path("hubert"), **self._hubert_run)
+        # HuBERT runners of the live plans' chunk geometries (the clip's is self.hubert)
+        self._live_hubert: dict[ChunkGeometry, HubertFeatures] = {self.hubert.geometry: self.hubert}
         self._report(STAGE_LOADING, total, total)
         self.condition, self.cfg_defaults = _condition_config(self.checkpoints, settings.emotion)
         lmdm_c = self.networks.lmdm.cond_dim
@@ -591,6 +593,31 @@ class DittoEngine:
         host = motion.cpu().numpy()  # the one read-back: cadence, smoothing and plots need it
         self.last_timings = {"hubert": t_hubert, "lmdm": (time.perf_counter() - t0) * 1000.0}
         return host
+
+    def motion_stream(
+        self, seed: int, latency: str = "balanced", *, overlap: int | None = None
+    ) -> LiveMotion:
+        """:meth:`generate` for live audio (:class:`studio.motion.live_lmdm.LiveMotion`): the
+        ``latency`` setting's plan (:data:`~studio.motion.live_lmdm.LIVE_PLANS`: HuBERT chunk,
+        LMDM window advance, final smoothing pass), with windows of ``overlap`` if given.
+        ``"smooth"`` with ``overlap=10`` makes the clip's frames."""
+        plan = live_plan(latency, overlap)
+        hubert = self._live_hubert.get(plan.hubert)
+        if hubert is None:
+            path = self.checkpoints.path("hubert")
+            hubert = HubertFeatures(path, chunksize=plan.hubert, **self._hubert_run)
+            self._live_hubert[plan.hubert] = hubert
+        return LiveMotion(
+            hubert,
+            self.hubert.silence(plan.priming),
+            self.networks.lmdm,
+            torch.from_numpy(motion_from_info(self.avatar.x_s_info)),
+            ConditionSource.from_source_info(self.avatar.source_info()),
+            self.condition,
+            self.settings.steps,
+            seed,
+            plan,
+        )
 
     def memory_plan(self, settings: RenderSettings | None = None) -> MemoryPlan:
         s = settings or self.settings
