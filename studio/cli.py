@@ -589,7 +589,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     import threading
 
     from studio.live.run import run_live, session_clock, status_line
-    from studio.render.stream import LiveSession
+    from studio.render.stream import LiveSession, warm_up
 
     settings = _settings(args, size=args.size, crf=args.crf, preset=args.x264_preset)
     outputs = {"--out": args.out} if args.out else {}
@@ -623,7 +623,7 @@ def cmd_live(args: argparse.Namespace) -> int:
                 from studio.live.sources import QueueSource
 
                 source = QueueSource(web.browser_audio())
-        _warm_up(engine, settings, args.latency)
+        warm_up(engine, settings, args.latency)
         stop = threading.Event()
         session = LiveSession(engine, settings, args.latency, session_clock(source, args.realtime))
 
@@ -660,18 +660,6 @@ def cmd_live(args: argparse.Namespace) -> int:
         _write_json(report_path, report)
     _print_result(_live_summary(report), report_path)
     return 0
-
-
-def _warm_up(engine, settings, latency: str) -> None:
-    """Run a throwaway session over half a second of silence, so the first frame of the real
-    one is not the first of the process (kernels loaded, graphs captured, caches filled)."""
-    import numpy as np
-
-    from studio.render.stream import LiveSession
-
-    session = LiveSession(engine, settings, latency)
-    session.feed(np.zeros(8000, np.float32))
-    session.finish()
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:

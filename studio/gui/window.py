@@ -1,7 +1,9 @@
 """The studio's main window: viewer, transport, timeline, plots, controls, metrics.
 
 The window only holds state and widgets. Work happens on two workers (motion and
-render) reached through queued signals; see :mod:`studio.gui.worker`. The motion worker
+render) reached through queued signals; see :mod:`studio.gui.worker`. A toolbar switch picks
+the mode: Clip (the clip's preview, plots and playback) or Live (:mod:`studio.gui.live`: audio
+animated as it arrives, on a session thread of its own). The motion worker
 checks checkpoint folders and builds the Ditto engine; the engine that made a motion result
 travels with every render and export request to the render worker.
 """
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QImageReader, QKeySequence
+from PySide6.QtGui import QAction, QActionGroup, QImageReader, QKeySequence
 from PySide6.QtWidgets import (
     QCheckBox,
     QDockWidget,
@@ -26,6 +28,7 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QScrollArea,
     QSplitter,
+    QStackedWidget,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -36,6 +39,7 @@ from studio.errors import StudioError
 from studio.export.video import check_output_path
 from studio.files import unused_name
 from studio.gui.export_dialog import ExportDialog
+from studio.gui.live import LiveContext, LivePanel
 from studio.gui.notices import NoticeBridge
 from studio.gui.playback import Playback
 from studio.gui.widgets.controls import DEFAULT_BACKEND, ControlsPanel
@@ -206,7 +210,13 @@ class MainWindow(QMainWindow):
         top.setStretchFactor(1, 3)
         top.setChildrenCollapsible(False)
         self.top_splitter = top
-        self.setCentralWidget(top)
+        self.live = LivePanel(self._live_context)
+        self.live.failed.connect(self.show_error)
+        self.live.message.connect(self.statusBar().showMessage)
+        self.modes = QStackedWidget()
+        self.modes.addWidget(top)
+        self.modes.addWidget(self.live)
+        self.setCentralWidget(self.modes)
 
         side = QWidget()
         sl = QVBoxLayout(side)
@@ -274,6 +284,7 @@ class MainWindow(QMainWindow):
         quit_action.setShortcut(QKeySequence.StandardKey.Quit)
 
         play_menu = bar.addMenu("&Playback")
+        self.clip_actions: list[QAction] = []  # Clip mode's: off in Live mode
         for text, key, slot in (
             ("Play / Pause", Qt.Key.Key_Space, self.playback.toggle),
             ("Previous frame", Qt.Key.Key_Left, lambda: self.playback.step(-1)),
@@ -286,11 +297,13 @@ class MainWindow(QMainWindow):
             act.triggered.connect(slot)
             play_menu.addAction(act)
             self.addAction(act)
+            self.clip_actions.append(act)
         self.act_render = play_menu.addAction("&Render preview", self.render_preview)
         self.act_render.setShortcut(QKeySequence("Ctrl+R"))
         self.act_render.setToolTip("Render the preview again (Ctrl+R)")
         self.act_cancel = play_menu.addAction("Cancel render", self.cancel_render)
         self.act_cancel.setShortcut(QKeySequence(Qt.Key.Key_Escape))
+        self.clip_actions += [self.act_render, self.act_cancel, self.act_export]
 
         tools = self.addToolBar("Main")
         tools.setObjectName("main_toolbar")
@@ -301,6 +314,23 @@ class MainWindow(QMainWindow):
         tools.addAction(self.act_render)
         tools.addAction(self.act_cancel)
         tools.addAction(self.act_export)
+        tools.addSeparator()
+        self.mode_group = QActionGroup(self)
+        self.mode_group.setExclusive(True)
+        self.mode_actions: dict[str, QAction] = {}
+        for mode, text, key, tip in (
+            ("clip", "Clip", "Ctrl+1", "Clip mode: preview, plots and export of an audio file"),
+            ("live", "Live", "Ctrl+2", "Live mode: animate a microphone or a file as it plays"),
+        ):
+            act = QAction(text, self)
+            act.setCheckable(True)
+            act.setShortcut(QKeySequence(key))
+            act.setToolTip(f"{tip} ({key})")
+            act.triggered.connect(lambda _=False, m=mode: self.set_mode(m))
+            self.mode_group.addAction(act)
+            tools.addAction(act)
+            self.mode_actions[mode] = act
+        self.mode_actions["clip"].setChecked(True)
         self._rebuild_recent()
 
     def _start_workers(self) -> None:
@@ -984,9 +1014,41 @@ class MainWindow(QMainWindow):
         frames = tuple(self.frames)
         return frames if any(f is not None for f in frames) else None
 
+    # --- modes ----------------------------------------------------------------------------------
+
+    @property
+    def mode(self) -> str:
+        """The central area's mode: "clip" or "live"."""
+        return "live" if self.modes.currentWidget() is self.live else "clip"
+
+    def set_mode(self, mode: str) -> None:
+        """Show Clip or Live mode. Live pauses the clip's playback (and turns its shortcuts
+        off); going back to Clip stops a live session."""
+        if mode not in self.mode_actions:
+            raise ValueError(f"unknown mode {mode!r}")
+        self.mode_actions[mode].setChecked(True)
+        if mode == self.mode:
+            return
+        live = mode == "live"
+        if live:
+            self.playback.pause()
+        else:
+            self.live.stop()
+        for act in self.clip_actions:
+            act.setEnabled(not live)
+        self.modes.setCurrentWidget(self.live if live else self.top_splitter)
+
+    def _live_context(self) -> LiveContext:
+        """What a live session starts from: the current settings, and the engine that made
+        the clip's motion when it is of the chosen backend (reused, not opened again)."""
+        settings = self.current_settings()
+        engine = self.engine if getattr(self.engine, "name", None) == settings.backend else None
+        return LiveContext(settings, engine, self.checkpoints, self.avatar_path, self.audio_path)
+
     # --- shutdown --------------------------------------------------------------------------------
 
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt API
+        self.live.shutdown()
         self._save()
         self.notices.detach()
         self.playback.pause()

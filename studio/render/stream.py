@@ -326,3 +326,11 @@ class LiveSession:
         while len(self._arrivals) > 1 and self._arrivals[0][0] < need:
             self._arrivals.popleft()  # frames come in order: earlier entries are done
         return self._arrivals[0][1]
+
+
+def warm_up(engine: Engine, settings: RenderSettings, latency: str = "balanced") -> None:
+    """Run a throwaway session over half a second of silence, so that the first frame of the
+    real one is not the first of the process (kernels loaded, graphs captured, caches filled)."""
+    session = LiveSession(engine, settings, latency)
+    session.feed(np.zeros(SAMPLE_RATE // 2, np.float32))
+    session.finish()
