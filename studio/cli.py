@@ -589,9 +589,10 @@ def cmd_live(args: argparse.Namespace) -> int:
     import threading
 
     from studio.live.run import run_live, session_clock, status_line
-    from studio.render.stream import LiveSession, warm_up
+    from studio.render.stream import LiveSession, live_settings, warm_up
 
     settings = _settings(args, size=args.size, crf=args.crf, preset=args.x264_preset)
+    settings = live_settings(settings, steps_chosen=args.steps is not None)
     outputs = {"--out": args.out} if args.out else {}
     if args.out:
         from studio.export.video import check_output_path

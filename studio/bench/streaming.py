@@ -25,6 +25,7 @@ Synthetic speech (:func:`studio.bench.pipeline.speech_clip`) drives every measur
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -151,7 +152,12 @@ def motion_difference(
 
 
 def _latency(
-    engine: Any, settings: Any, latencies: Sequence[str], seconds: float, seed: int
+    engine: Any,
+    settings: Any,
+    latencies: Sequence[str],
+    seconds: float,
+    seed: int,
+    say: Callable[[str], None],
 ) -> dict[str, Any]:
     from studio.bench.pipeline import speech_clip
     from studio.render.pipeline import analyze
@@ -167,6 +173,18 @@ def _latency(
         rec["motion_vs_clip"] = motion_difference(raw, clip.raw, post, clip.smoothed)
         rec["budget_ms"] = LATENCY_BUDGET_MS[latency]
         out[latency] = rec
+        brief = {
+            k: rec[k]
+            for k in (
+                "lookahead_frames",
+                "latency_ms",
+                "compute_per_chunk_ms",
+                "late_frames",
+                "stage_ms",
+                "time_to_first_frame_ms",
+            )
+        }
+        say(f"[streaming] {latency}: {json.dumps(brief)}")
     return out
 
 
@@ -282,6 +300,7 @@ def _open_engines(
 ) -> tuple[Any, Callable, Any]:
     """(settings, open_one(i) -> an engine with avatar i, HuBERT record or None)."""
     from studio.render.engines import open_engine
+    from studio.render.stream import live_settings
     from studio.settings import RenderSettings
 
     if name == "demo":
@@ -299,7 +318,7 @@ def _open_engines(
         from studio.models.checkpoints import discover
 
         hub = _hubert_record(discover(checkpoints).path("hubert"), "given")
-    settings = RenderSettings(backend="ditto", size=512).validate()
+    settings = live_settings(RenderSettings(backend="ditto", size=512).validate())
 
     def open_one(i: int) -> Any:
         face = _face_png(work, 512 + 2 * i, 512)  # each stream its own avatar (photo)
@@ -363,8 +382,9 @@ def run_streaming_suite(
             rec: dict[str, Any] = {"hubert": hub}
             say(f"[streaming] {name}: time to first frame")
             rec["time_to_first_frame"] = _ttff(engine, settings, ttff_seconds, seed)
+            say(f"[streaming] {name}: first frame {json.dumps(rec['time_to_first_frame'])}")
             say(f"[streaming] {name}: latency per setting")
-            rec["latency"] = _latency(engine, settings, latencies, latency_seconds, seed)
+            rec["latency"] = _latency(engine, settings, latencies, latency_seconds, seed, say)
             say(f"[streaming] {name}: concurrent streams")
             rec["concurrency"] = _concurrency(
                 open_one, settings, streams, stream_seconds, seed, say

@@ -51,7 +51,7 @@ from studio.gui.widgets.viewer import FrameView
 from studio.layout import FPS, SAMPLE_RATE
 from studio.live.sources import FileSource, PcmConverter, PcmFormat, QueueSource, chunk_samples
 from studio.render.engines import capabilities, open_prepared, prepare_engine
-from studio.render.stream import warm_up
+from studio.render.stream import live_settings, warm_up
 from studio.settings import RenderSettings
 
 SOURCES = (("file", "File as live"), ("mic", "Microphone"))
@@ -102,7 +102,7 @@ class LiveJob:
 def open_live_engine(context: LiveContext) -> Any:
     """The engine a session runs: the window's for the current settings, else one opened
     now (on the session's thread: opening Ditto takes seconds)."""
-    s = context.settings
+    s = live_settings(context.settings)
     engine = context.engine
     if engine is None or engine.name != s.backend:
         caps = capabilities(s.backend)
@@ -294,7 +294,8 @@ class LiveRunner(QObject):
         from studio.live.sinks import RecordingSink
         from studio.render.stream import LiveSession
 
-        job, s = self.job, self.job.context.settings
+        job = self.job
+        s = live_settings(job.context.settings)
         self.stageChanged.emit(self, f"opening the {capabilities(s.backend).label} engine…")
         engine = open_live_engine(job.context)
         warm_up(engine, s, job.latency)

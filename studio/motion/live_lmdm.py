@@ -18,6 +18,7 @@ geometry, overlap 10 and the final pass, the stream's frames are the clip's.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -93,8 +94,8 @@ _LEFT, _, _RIGHT = HUBERT_CHUNK
 LIVE_PLANS: dict[str, LivePlan] = {
     # one frame per window, one feature per HuBERT chunk, no final pass: 3 frames
     "low": LivePlan(ChunkGeometry(_LEFT, 1, _RIGHT), valid=1, final_smooth=False),
-    # the same windows, smoothed twice as offline: 4 frames
-    "balanced": LivePlan(ChunkGeometry(_LEFT, 1, _RIGHT), valid=1),
+    # the same windows: the pose smoothing after them (PostStream) spends the rest
+    "balanced": LivePlan(ChunkGeometry(_LEFT, 1, _RIGHT), valid=1, final_smooth=False),
     # the clip's HuBERT chunks (features equal the render's), 2-frame crossfades: 10 frames
     "smooth": LivePlan(ChunkGeometry.of(HUBERT_CHUNK), valid=2),
 }
@@ -153,16 +154,30 @@ class LiveMotion:
             tf32=tf32,
         )
         self.frames_in = 0  # condition frames assembled so far
+        self.timings_s = {"hubert": 0.0, "lmdm": 0.0}  # where the time went, summed
 
     def push(self, samples: np.ndarray, phon: object = None) -> np.ndarray:
         """The next 16 kHz mono float32 samples -> the motion rows that became final."""
-        return self._motion(self.features.push(samples), end=False)
+        t0 = time.perf_counter()
+        feats = self.features.push(samples)
+        self.timings_s["hubert"] += time.perf_counter() - t0
+        return self._motion(feats, end=False)
 
     def finish(self) -> np.ndarray:
         """The audio has ended: every remaining row (the last HuBERT chunk zero-filled)."""
-        return self._motion(self.features.finish(), end=True)
+        t0 = time.perf_counter()
+        feats = self.features.finish()
+        self.timings_s["hubert"] += time.perf_counter() - t0
+        return self._motion(feats, end=True)
 
     def _motion(self, feats: np.ndarray, end: bool) -> np.ndarray:
+        t0 = time.perf_counter()
+        try:
+            return self._windows(feats, end)
+        finally:
+            self.timings_s["lmdm"] += time.perf_counter() - t0
+
+    def _windows(self, feats: np.ndarray, end: bool) -> np.ndarray:
         rows = []
         if len(feats):
             cond = assemble(feats, self.frames_in, self.source, self.config)

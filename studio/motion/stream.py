@@ -77,8 +77,8 @@ def cadence_frames(max_stride: int, cue_ahead: int) -> int:
 
 
 LATENCY = {
-    # every frame a keyframe, centred Savitzky–Golay (window 5), causal limiter
-    "low": PostPreset(budget=2, max_stride=1),
+    # every frame a keyframe, Savitzky–Golay one frame ahead (off-centre), causal limiter
+    "low": PostPreset(budget=1, max_stride=1),
     # strides up to 2, Savitzky–Golay one frame ahead (off-centre), causal limiter
     "balanced": PostPreset(budget=3, max_stride=2),
     # strides up to 3, centred Savitzky–Golay, limiter sees 2 frames of data ahead

@@ -27,13 +27,24 @@ import numpy as np
 from studio.audio.phonetics import PhoneticStream
 from studio.engines.base import LATENCIES, Engine, Renderer
 from studio.errors import OptionError
-from studio.layout import FPS, SAMPLE_RATE, SAMPLES_PER_FRAME
+from studio.layout import DEFAULT_SAMPLING_STEPS, FPS, SAMPLE_RATE, SAMPLES_PER_FRAME
 from studio.motion.stream import PostChunk, PostStream
 from studio.render.pipeline import blend
 from studio.settings import RenderSettings
 
+# DDIM steps of a live session unless the user chose some: the clip's default (50) makes an
+# LMDM window every frame cost ~100 ms on an H200, 4 steps ~4 ms (docs/benchmarks.md).
+LIVE_STEPS = 4
 # Audio-to-frame latency a frame may take before it counts as late, per latency setting (s).
 LATE_AFTER_S = {"low": 0.2, "balanced": 0.3, "smooth": 0.6}
+
+
+def live_settings(settings: RenderSettings, steps_chosen: bool = False) -> RenderSettings:
+    """The settings a live session runs: the clip's default sampling steps become
+    :data:`LIVE_STEPS` unless the user chose them (``steps_chosen``)."""
+    if steps_chosen or settings.steps != DEFAULT_SAMPLING_STEPS:
+        return settings
+    return settings.replace(steps=LIVE_STEPS)
 
 
 @dataclass(frozen=True)
@@ -257,11 +268,18 @@ class LiveSession:
             "compute_per_chunk_ms": percentiles_ms(s.chunk_compute_s),
             "late_after_ms": self.late_after_s * 1000.0,
             "late_frames": s.late_frames,
-            "stage_ms": {k: round(v * 1000.0, 1) for k, v in s.stage_s.items()},
+            "stage_ms": {k: round(v * 1000.0, 1) for k, v in self._stages().items()},
             "kinematics": self.post.kinematics(),
         }
 
     # --- internals -----------------------------------------------------------------
+
+    def _stages(self) -> dict[str, float]:
+        """Seconds per stage; the motion split as the engine's stream splits it."""
+        stages = dict(self.stats.stage_s)
+        for name, seconds in getattr(self.motion, "timings_s", {}).items():
+            stages[f"motion.{name}"] = seconds
+        return stages
 
     def _stage(self, name: str, t0: float) -> None:
         self.stats.stage_s[name] += time.perf_counter() - t0
