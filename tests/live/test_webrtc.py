@@ -210,3 +210,66 @@ def test_the_browser_microphone_arrives_as_16k_chunks(browser, speech_frames) ->
         feeder.stop.set()
         sink.close()
         feeder.join()
+
+
+def test_studio_live_serve_reaches_a_browser(browser, tmp_path: Path) -> None:
+    """`studio live --serve` end to end: the CLI prints the page's address, the browser's own
+    stats count decoded frames and received audio, its screenshot shows the head, and Ctrl-C
+    ends the session with a report."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    report = tmp_path / "live.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "studio",
+        "live",
+        "--demo",
+        "--realtime",
+        "--loop",
+        "-1",
+        "--size",
+        "192",
+        "--serve",
+        "127.0.0.1:0",
+        "--report",
+        str(report),
+    ]
+    proc = subprocess.Popen(
+        cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
+    try:
+        url = None
+        for line in proc.stderr:
+            found = re.search(r"open (http://\S+) in a browser", line)
+            if found:
+                url = found.group(1)
+                break
+        assert url, "studio live did not print the page's address"
+        page = _open(browser, url)
+        stats = _wait_stats(
+            page,
+            lambda s: (
+                s.get("video", {}).get("framesDecoded", 0) > 25
+                and s.get("audio", {}).get("totalSamplesReceived", 0) > 16000
+            ),
+            timeout_s=20.0,
+        )
+        assert stats["video"]["framesDecoded"] > 25, stats
+        assert stats["audio"]["totalSamplesReceived"] > 16000, stats
+        shot = tmp_path / "studio_live.png"
+        page.locator("video").screenshot(path=str(shot))
+        from PIL import Image
+
+        pixels = np.asarray(Image.open(shot).convert("RGB"), np.float32)
+        assert pixels.std() > 10.0, f"the video area looks blank (std {pixels.std():.1f})"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 0, rest
+    data = __import__("json").loads(report.read_text())
+    assert data["frames"] > 25 and data["stopped"] == "signal"
