@@ -207,7 +207,7 @@ def _feed_live(
 def status_of(session: LiveSession) -> dict[str, Any]:
     """A few live figures for a status line (ms)."""
     s = session.stats
-    recent = list(s.latencies_s)[-250:]
+    recent = s.latencies_s.values()[-250:].tolist()
     return {
         "audio_s": round(session.received_s, 2),
         "frames": s.frames,

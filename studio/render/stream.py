@@ -105,21 +105,44 @@ class ReplayClock:
         return self._start + (time.perf_counter() - self._real)
 
 
+class Ring:
+    """The last ``capacity`` float values in a preallocated float32 array: a session's
+    figures take the same memory in its first minute and its tenth hour."""
+
+    def __init__(self, capacity: int) -> None:
+        self._data = np.zeros(int(capacity), np.float32)
+        self._count = 0
+
+    def append(self, value: float) -> None:
+        self._data[self._count % self._data.size] = value
+        self._count += 1
+
+    def __len__(self) -> int:
+        return min(self._count, self._data.size)
+
+    def values(self) -> np.ndarray:
+        """The kept values, oldest first."""
+        n, cap = len(self), self._data.size
+        if self._count <= cap:
+            return self._data[:n].copy()
+        start = self._count % cap
+        return np.concatenate([self._data[start:], self._data[:start]])
+
+
+FRAMES_KEPT = 90000  # an hour of frames' figures for the percentiles
+
+
 @dataclass
 class LiveStats:
-    """What a session measured, in bounded memory (latencies kept for the last hour)."""
+    """What a session measured, in fixed memory (each figure for the last hour of frames)."""
 
     first_frame_s: float | None = None  # wall time from the session's start to frame 0
     frames: int = 0
     late_frames: int = 0
-    latencies_s: collections.deque = field(default_factory=lambda: collections.deque(maxlen=90000))
-    waits_s: collections.deque = field(default_factory=lambda: collections.deque(maxlen=90000))
-    frame_compute_s: collections.deque = field(
-        default_factory=lambda: collections.deque(maxlen=90000)
-    )
-    chunk_compute_s: collections.deque = field(
-        default_factory=lambda: collections.deque(maxlen=180000)
-    )
+    latencies_s: Ring = field(default_factory=lambda: Ring(FRAMES_KEPT))
+    waits_s: Ring = field(default_factory=lambda: Ring(FRAMES_KEPT))
+    frame_compute_s: Ring = field(default_factory=lambda: Ring(FRAMES_KEPT))
+    chunk_compute_s: Ring = field(default_factory=lambda: Ring(2 * FRAMES_KEPT))
     stage_s: dict[str, float] = field(default_factory=lambda: collections.defaultdict(float))
 
     def add(self, frame: LiveFrame, late_after_s: float) -> None:
@@ -131,9 +154,9 @@ class LiveStats:
             self.late_frames += 1
 
 
-def percentiles_ms(values: Any) -> dict[str, float | None]:
+def percentiles_ms(values: Ring) -> dict[str, float | None]:
     """p50, p95 and max of seconds, in ms (None when there are none)."""
-    a = np.asarray(list(values), np.float64) * 1000.0
+    a = values.values().astype(np.float64) * 1000.0
     if not a.size:
         return {"p50": None, "p95": None, "max": None}
     p50, p95 = np.percentile(a, [50, 95])

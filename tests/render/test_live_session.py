@@ -125,3 +125,16 @@ def test_an_unknown_latency_is_named():
 
     with pytest.raises(OptionError, match="--latency"):
         LiveSession(open_engine(RenderSettings(backend="demo", size=64)), settings(), "fast")
+
+
+def test_the_figures_keep_the_last_values_in_fixed_memory():
+    from studio.render.stream import Ring, percentiles_ms
+
+    ring = Ring(4)
+    assert percentiles_ms(ring) == {"p50": None, "p95": None, "max": None}
+    before = ring._data.nbytes
+    for v in range(10):
+        ring.append(v / 1000.0)
+    assert ring.values().tolist() == pytest.approx([0.006, 0.007, 0.008, 0.009])
+    assert len(ring) == 4 and ring._data.nbytes == before
+    assert percentiles_ms(ring)["max"] == pytest.approx(9.0)
