@@ -205,3 +205,16 @@ def slow_down(module: object, name: str, seconds: float = 1.0) -> None:
         return step(*args, **kwargs)
 
     setattr(module, name, slowed)
+
+
+def run_cli(argv, capsys):
+    """`studio ARGV` in this process: (exit status, stdout, stderr); argparse's own exits
+    count as the status they carry."""
+    from studio.cli import main
+
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err

@@ -23,7 +23,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Generator, Iterable
+from collections.abc import Generator, Iterable, Iterator
 from fractions import Fraction
 from pathlib import Path
 
@@ -201,19 +201,26 @@ class VideoWriter:
             )
         if arr.dtype != np.uint8:
             raise ValueError(f"frame must be uint8, got {arr.dtype}")
+        with self._encoding():
+            vf = self._video_frame(np.ascontiguousarray(arr), planar)
+            vf.pts = self.frames_written
+            vf.time_base = Fraction(1, self.fps)
+            self._mux(self._vstream.encode(vf))
+            self.frames_written += 1
+            if self._audio_blocks is not None:
+                self._feed_audio(self.frames_written * self._audio_rate_in // self.fps)
+
+    @contextlib.contextmanager
+    def _encoding(self) -> Iterator[None]:
+        """Around one encode: the cancel and open checks, the lock, the time it took; a write
+        error discards the file and becomes an OutputError."""
         if self._cancel.is_set():
             raise Cancelled(f"the export to '{self.path}' was cancelled")
         with self._lock:
             self._require_open()
             t0 = time.perf_counter()
             try:
-                vf = self._video_frame(np.ascontiguousarray(arr), planar)
-                vf.pts = self.frames_written
-                vf.time_base = Fraction(1, self.fps)
-                self._mux(self._vstream.encode(vf))
-                self.frames_written += 1
-                if self._audio_blocks is not None:
-                    self._feed_audio(self.frames_written * self._audio_rate_in // self.fps)
+                yield
             except (av.error.FFmpegError, OSError) as e:
                 self._discard_locked()
                 raise self._output_error(e) from None
@@ -239,19 +246,9 @@ class VideoWriter:
         if self.audio_rate is None:
             raise ValueError("write_audio() needs a VideoWriter opened with audio_rate")
         x = np.asarray(samples, np.float32).reshape(-1, 1)
-        if self._cancel.is_set():
-            raise Cancelled(f"the export to '{self.path}' was cancelled")
-        with self._lock:
-            self._require_open()
-            t0 = time.perf_counter()
-            try:
-                for start in range(0, len(x), _AUDIO_CHUNK):
-                    self._encode_audio(x[start : start + _AUDIO_CHUNK])
-            except (av.error.FFmpegError, OSError) as e:
-                self._discard_locked()
-                raise self._output_error(e) from None
-            finally:
-                self.encode_seconds += time.perf_counter() - t0
+        with self._encoding():
+            for start in range(0, len(x), _AUDIO_CHUNK):
+                self._encode_audio(x[start : start + _AUDIO_CHUNK])
 
     def write_many(self, frames: np.ndarray | Iterable[np.ndarray]) -> None:
         """Encode a [N, H, W, 3] array or any iterable of frames, in order."""

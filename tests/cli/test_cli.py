@@ -9,18 +9,10 @@ import av
 import numpy as np
 import pytest
 import soundfile as sf
+from conftest import run_cli as _run
 
 from studio.cli import main
 from studio.engines.demo.engine import demo_audio_path
-
-
-def _run(argv, capsys):
-    try:
-        code = main(argv)
-    except SystemExit as e:  # argparse's own errors exit from parse_args
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.fixture(scope="module")

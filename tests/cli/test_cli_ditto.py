@@ -13,6 +13,7 @@ import av
 import numpy as np
 import pytest
 from conftest import DITTO_CLIP_S, DITTO_FACE_HW
+from conftest import run_cli as _run
 
 from studio.cli import main
 
@@ -21,15 +22,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 FRAMES = round(DITTO_CLIP_S * 25)
 DITTO_TIMINGS = {"hubert", "lmdm", "smoothing", "stitching", "warp_decode", "putback", "encode"}
-
-
-def _run(argv, capsys):
-    try:
-        code = main(argv)
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def _ditto_args(assets, cache, *extra):

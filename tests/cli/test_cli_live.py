@@ -14,8 +14,8 @@ import av
 import numpy as np
 import pytest
 import soundfile as sf
+from conftest import run_cli as run
 
-from studio.cli import main
 from studio.layout import FPS, SAMPLE_RATE
 
 STUDIO = [sys.executable, "-m", "studio"]
@@ -30,15 +30,6 @@ def speech(path, seconds):
     return path, x
 
 
-def run(argv, capsys):
-    try:
-        code = main(argv)
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 def media(path):
     with av.open(str(path)) as c:
         frames = sum(1 for _ in c.decode(video=0))
@@ -51,8 +42,21 @@ def media(path):
 def test_a_file_goes_live_into_a_recording_and_a_report(tmp_path, capsys):
     clip, x = speech(tmp_path / "in.wav", 3.0)
     out, rep = tmp_path / "rec.mp4", tmp_path / "r.json"
-    argv = ["live", "--demo", "--audio", str(clip), "--out", str(out), "--report", str(rep),
-            "--size", "128", "--x264-preset", "ultrafast", "-q"]
+    argv = [
+        "live",
+        "--demo",
+        "--audio",
+        str(clip),
+        "--out",
+        str(out),
+        "--report",
+        str(rep),
+        "--size",
+        "128",
+        "--x264-preset",
+        "ultrafast",
+        "-q",
+    ]
     code, stdout, err = run(argv, capsys)
     assert code == 0, err
     report = json.loads(rep.read_text())
@@ -69,8 +73,20 @@ def test_raw_pcm_on_stdin(tmp_path):
     _, x = speech(tmp_path / "in.wav", 2.0)
     pcm = (x * 32767).astype("<i2").tobytes()
     rep = tmp_path / "r.json"
-    cmd = [*STUDIO, "live", "--demo", "--audio", "-", "--size", "64", "--report", str(rep),
-           "--latency", "low", "-q"]
+    cmd = [
+        *STUDIO,
+        "live",
+        "--demo",
+        "--audio",
+        "-",
+        "--size",
+        "64",
+        "--report",
+        str(rep),
+        "--latency",
+        "low",
+        "-q",
+    ]
     done = subprocess.run(cmd, input=pcm, capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr.decode()
     report = json.loads(rep.read_text())
@@ -82,10 +98,23 @@ def test_raw_pcm_on_stdin(tmp_path):
 def test_ctrl_c_keeps_a_finalised_recording(tmp_path):
     clip, _ = speech(tmp_path / "in.wav", 30.0)
     out = tmp_path / "rec.mp4"
-    cmd = [*STUDIO, "live", "--demo", "--audio", str(clip), "--realtime", "--out", str(out),
-           "--size", "64", "--x264-preset", "ultrafast"]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    cmd = [
+        *STUDIO,
+        "live",
+        "--demo",
+        "--audio",
+        str(clip),
+        "--realtime",
+        "--out",
+        str(out),
+        "--size",
+        "64",
+        "--x264-preset",
+        "ultrafast",
+    ]
+    proc = subprocess.Popen(
+        cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
     lines = []
     deadline = time.monotonic() + 90
     for line in proc.stderr:
