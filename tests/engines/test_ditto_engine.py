@@ -311,3 +311,15 @@ def test_render_engine_sets_of_old_settings_are_dropped(render_nets) -> None:
     assert len(nets._render) == RENDER_CONFIGS
     assert set(nets._render) == {"torch:auto", "torch:bf16"}
     assert nets.warp_decode("auto") is first
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (events)")
+def test_stage_clock_holds_a_bounded_number_of_events():
+    from studio.engines.ditto.engine import StageClock
+
+    clock = StageClock(torch.device("cuda"))
+    for _ in range(3 * StageClock.KEEP):
+        with clock.stage("x"):
+            torch.ones(8, device="cuda").sum()
+    assert len(clock._pending) <= StageClock.KEEP
+    assert clock.ms()["x"] > 0 and not clock._pending

@@ -236,8 +236,12 @@ class StageClock:
     """Per-stage time without host syncs: CUDA events on a GPU, perf_counter on the CPU.
 
     ``ms()`` resolves pending events; call it once the work is known to be done (after a
-    download), so timing never adds a sync of its own.
+    download), so timing never adds a sync of its own. Past :attr:`KEEP` pending stages the
+    oldest half is resolved (long done by then): a live session, which never asks, holds a
+    bounded number of events.
     """
+
+    KEEP = 256
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
@@ -252,17 +256,23 @@ class StageClock:
             yield
             end.record()
             self._pending.append((name, start, end))
+            if len(self._pending) > self.KEEP:
+                self._resolve(self.KEEP // 2)
         else:
             t0 = time.perf_counter()
             yield
             self._ms[name] = self._ms.get(name, 0.0) + (time.perf_counter() - t0) * 1000.0
 
     def ms(self) -> dict[str, float]:
-        for name, start, end in self._pending:
+        self._resolve(len(self._pending))
+        return dict(self._ms)
+
+    def _resolve(self, count: int) -> None:
+        """Add the oldest ``count`` pending stages' times (waiting for their end events)."""
+        for name, start, end in self._pending[:count]:
             end.synchronize()
             self._ms[name] = self._ms.get(name, 0.0) + start.elapsed_time(end)
-        self._pending.clear()
-        return dict(self._ms)
+        del self._pending[:count]
 
 
 # --- renderer -------------------------------------------------------------------------------
