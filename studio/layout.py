@@ -32,6 +32,13 @@ KP_DIMS = 3
 EXP_DIM = NUM_KP * KP_DIMS  # 63
 LIP_KP = (6, 12, 14, 17, 19, 20)
 EYE_KP = (11, 13, 15, 16, 18)
+# Roles within those sets (the demo rig's names; LivePortrait's own expression edits move
+# 11/15 against 13/16 to close an eye, so the lid pairs hold for the learned keypoints too).
+LIP_UPPER_KP = 6
+LIP_LOWER_KP = 14
+EYE_LIDS_KP = ((11, 13), (15, 16))  # (upper, lower) lid of the left and the right eye
+assert {LIP_UPPER_KP, LIP_LOWER_KP} <= set(LIP_KP)
+assert {k for pair in EYE_LIDS_KP for k in pair} <= set(EYE_KP)
 
 # --- pose bins ---------------------------------------------------------------
 NUM_BINS = 66
