@@ -18,7 +18,9 @@ exp fidelity, not the absolute jerk.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -44,10 +46,15 @@ from studio.errors import StudioError
 from studio.motion.cadence import plan_cadence, sample_motion
 from studio.motion.kinematics import pose_jerk, smooth_motion, stride_transitions
 from studio.render import pipeline
+from studio.render.fidelity import inbetween_fidelity
 from studio.settings import RenderSettings
 
 __all__ = [
+    "CADENCE_ENGINES",
+    "CADENCE_TARGETS",
     "DEFAULT_STRIDES",
+    "REAL_SPEECH",
+    "cadence_section",
     "PUBLISHED",
     "main",
     "run_kinematics_suite",
@@ -66,6 +73,17 @@ PUBLISHED: dict[str, Any] = {
     "exp": "untouched",
     "smoothing_ms": 5.3,
     "clip_frames": 165,
+}
+CADENCE_ENGINES = ("demo", "ditto")
+CADENCE_SIZE = 512
+# the real 24 kHz speech beside the repository (absent elsewhere: skipped with a note)
+REAL_SPEECH = (
+    Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "ditto_example_speech_24k.wav"
+)
+CADENCE_TARGETS: dict[str, Any] = {  # issue 19, demo engine
+    "psnr_mean_db": 46.0,
+    "psnr_p5_db": 38.0,
+    "cost_fraction": 0.10,
 }
 HELP = {  # the common options, as this suite reads them
     "device": "recorded; numpy",
@@ -167,6 +185,10 @@ def run_kinematics_suite(
     device: str | None = None,
     demo: bool = True,
     progress: Callable[[str], None] | None = None,
+    cadence_engines: Sequence[str] = ("demo",),
+    cadence_size: int = CADENCE_SIZE,
+    cadence_max_frames: int | None = None,
+    cadence_speech: str | Path | None = REAL_SPEECH,
 ) -> dict[str, Any]:
     """Measure the kinematics per clip and stride; a JSON-ready dict (module docstring).
 
@@ -175,7 +197,9 @@ def run_kinematics_suite(
     :class:`RenderSettings`). ``repeats``/``warmup`` None: 20 and 2. ``device`` is recorded
     and otherwise ignored (the stages are numpy). Keys: suite, facts, config, published,
     clips (label -> path, frames, runs[stride]), summary, notes. Per-clip series for plots
-    are kept in ``result["_series"]`` (dropped from JSON by :func:`main`).
+    are kept in ``result["_series"]`` (dropped from JSON by :func:`main`). ``cadence_*``:
+    the :func:`cadence_section` (engines, frame size, in-betweens measured per clip, the real
+    speech added; no engines: no section), under ``result["cadence"]``.
     """
     say = progress or (lambda _line: None)
     settings = (settings or RenderSettings()).validate()
@@ -234,7 +258,236 @@ def run_kinematics_suite(
             f"({run['pose_jerk_change_pct']:+.1f}%), exp MAE {run['exp_mae']:.3g}"
         )
     result["summary"] = _summary(result)
+    if cadence_engines:
+        section = cadence_section(
+            clips,
+            settings,
+            cadence_engines,
+            cadence_size,
+            cadence_max_frames,
+            None if cadence_speech is None else Path(cadence_speech),
+            device,
+            say,
+        )
+        result["notes"] += section.pop("notes")
+        result["cadence"] = section
+        result["summary"]["cadence"] = _cadence_summary(section)
     return result
+
+
+# --- the cadence section: in-betweens against full renders ----------------------------------
+
+
+def _cadence_clips(
+    clips: Sequence[tuple[str, Audio]], speech: Path | None, notes: list[str]
+) -> list[tuple[str, Audio]]:
+    """The suite's clips, plus ``speech`` (the real recording) when it exists and is new."""
+    out = list(clips)
+    if speech is None:
+        return out
+    if not speech.is_file():
+        notes.append(f"cadence: real speech {speech} absent: measured on the other clips only")
+        return out
+    given = {Path(a.path).resolve() for _, a in clips if a.path}
+    if speech.resolve() not in given:
+        out.append((_label(speech, {label for label, _ in clips}), load_audio(speech)))
+    return out
+
+
+@contextlib.contextmanager
+def _cadence_engine(
+    name: str, settings: RenderSettings, device: str | None, say: Callable[[str], None]
+) -> Iterator[tuple[Any, RenderSettings]]:
+    """The engine ``name`` and its settings: the demo engine, or Ditto on a reduced
+    random-weight tree with a drawn face (written to a temporary folder), on the crop."""
+    if name == "demo":
+        yield DemoEngine(settings), settings
+        return
+    from studio.avatar.register import register_avatar
+    from studio.bench.pipeline import _face_png, write_inputs
+    from studio.engines.base import EngineRequest
+    from studio.models.checkpoints import discover
+    from studio.render.engines import open_prepared, prepare_engine
+    from studio.runtime.base import resolve_device
+
+    dev = resolve_device(device)
+    s = settings.replace(backend="ditto", frame="crop").validate()
+    with tempfile.TemporaryDirectory(prefix="studio-bench-cadence-") as tmp:
+        work = Path(tmp)
+        say("[kinematics] cadence: writing a reduced random Ditto tree")
+        write_inputs(work / "ckpt", reduced=True, hubert="standin")
+        found = discover(work / "ckpt")
+        face = _face_png(work, s.size, s.size)
+        register_avatar(face, found, work / "avatars", device=dev)
+        request = EngineRequest(s, str(found.root), str(face), str(dev), str(work / "avatars"))
+        yield open_prepared(prepare_engine(request)), s
+
+
+def _fidelity_record(
+    engine: Any, settings: RenderSettings, audio: Audio, max_frames: int | None
+) -> dict[str, Any]:
+    """The clip's motion, cadence plan and in-between fidelity on ``engine``."""
+    result = pipeline.analyze(audio, settings, engine)
+    renderer = engine.renderer(settings)
+    rec = inbetween_fidelity(result, renderer, max_frames=max_frames)
+    rec["stride_histogram"] = result.plan.histogram()
+    rec["frame_size"] = [renderer.width, renderer.height]
+    return rec
+
+
+def cadence_section(
+    clips: Sequence[tuple[str, Audio]],
+    settings: RenderSettings,
+    engines: Sequence[str] = ("demo",),
+    size: int = CADENCE_SIZE,
+    max_frames: int | None = None,
+    speech: Path | None = REAL_SPEECH,
+    device: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """In-betweens against full renders per engine and clip (module docstring), at stride
+    auto and ``size``; ``speech`` (None: none) is added to the clips when it exists. Keys:
+    config, targets, engines (name -> {status, clips: label -> the
+    :func:`~studio.render.fidelity.inbetween_fidelity` record, or reason}), notes."""
+    say = progress or (lambda _line: None)
+    bad = [e for e in engines if e not in CADENCE_ENGINES]
+    if bad:
+        raise ValueError(f"cadence engines must be some of {', '.join(CADENCE_ENGINES)}: {bad}")
+    s = settings.replace(stride="auto", size=size).validate()
+    notes: list[str] = []
+    todo = _cadence_clips(clips, speech, notes)
+    out: dict[str, Any] = {
+        "config": {
+            "engines": list(engines),
+            "size": s.size,
+            "stride": s.stride,
+            "max_frames": max_frames,
+            "clips": [label for label, _ in todo],
+        },
+        "targets": CADENCE_TARGETS,
+        "engines": {},
+        "notes": notes,
+    }
+    for name in engines:
+        rec: dict[str, Any] = {"status": "ok", "clips": {}}
+        try:
+            with _cadence_engine(name, s, device, say) as (engine, es):
+                for label, audio in todo:
+                    fid = _fidelity_record(engine, es, audio, max_frames)
+                    rec["clips"][label] = fid
+                    p, t = fid["psnr_db"], fid["timing"]
+                    say(
+                        f"[kinematics] cadence {name} {label}: {fid['inbetweens']} in-betweens "
+                        f"({100 * fid['frames_saved']:.1f}% saved), PSNR mean {fmt(p['mean'])} "
+                        f"p5 {fmt(p['p5'])} worst {fmt(p['worst'])} dB, cost "
+                        f"{fmt(t['cost_fraction'], 3)} of a keyframe"
+                    )
+        except (ImportError, OSError, RuntimeError, StudioError) as e:
+            if name == "demo":
+                raise
+            rec = {"status": "error", "reason": f"{type(e).__name__}: {e}", "clips": rec["clips"]}
+            notes.append(f"cadence: {name} not measured ({rec['reason']})")
+        out["engines"][name] = rec
+    return out
+
+
+def _cadence_summary(section: dict[str, Any]) -> dict[str, Any]:
+    """Per engine and clip: PSNR mean and p5, and whether the issue's targets are met."""
+    t = section["targets"]
+    summary: dict[str, Any] = {}
+    for name, rec in section["engines"].items():
+        for label, c in rec["clips"].items():
+            p, cost = c["psnr_db"], c["timing"]["cost_fraction"]
+            met = (
+                p["mean"] is not None
+                and p["mean"] >= t["psnr_mean_db"]
+                and p["p5"] >= t["psnr_p5_db"]
+            )
+            summary[f"{name}/{label}"] = {
+                "psnr_mean_db": p["mean"],
+                "psnr_p5_db": p["p5"],
+                "frames_saved": c["frames_saved"],
+                "cost_fraction": cost,
+                "psnr_targets_met": bool(met),
+            }
+    return summary
+
+
+def _cadence_markdown(section: dict[str, Any]) -> list[str]:
+    """The cadence section's table, the issue's targets first."""
+    cfg, t = section["config"], section["targets"]
+    out = [
+        "",
+        "### Cadence: in-between frames against full renders of the same motion",
+        "",
+        f"Stride {cfg['stride']}, {cfg['size']}² frames; every in-between"
+        + (f" (at most {cfg['max_frames']} a clip, evenly spread)" if cfg["max_frames"] else "")
+        + " made as the product makes it (`iter_frames`) and rendered in full from its "
+        "smoothed motion row. PSNR over RGB (dB); SSIM on luma (Gaussian window σ 1.5). Cost: "
+        "the making of an in-between (blend/warp) per frame / a full render per frame.",
+        "",
+    ]
+    header = [
+        "engine",
+        "clip",
+        "frames",
+        "in-betweens",
+        "frames saved",
+        "PSNR mean",
+        "PSNR p5",
+        "PSNR worst",
+        "SSIM mean",
+        "SSIM p5",
+        "SSIM worst",
+        "in-between ms",
+        "keyframe ms",
+        "cost",
+    ]
+    rows = [
+        [
+            "target (issue 19)",
+            "demo engine",
+            "–",
+            "–",
+            "same or more",
+            fmt(t["psnr_mean_db"], 1),
+            fmt(t["psnr_p5_db"], 1),
+            "–",
+            "–",
+            "–",
+            "–",
+            "–",
+            "–",
+            f"≤ {100 * t['cost_fraction']:.0f}%",
+        ]
+    ]
+    for name, rec in section["engines"].items():
+        if rec["status"] != "ok":
+            rows.append([name, "–", *(["–"] * 11), f"not measured: {rec['reason']}"])
+            continue
+        for label, c in rec["clips"].items():
+            p, q, tm = c["psnr_db"], c["ssim"], c["timing"]
+            cost = tm["cost_fraction"]
+            rows.append(
+                [
+                    name,
+                    label,
+                    str(c["frames"]),
+                    f"{c['inbetweens']} ({c['measured']} measured)",
+                    f"{100 * c['frames_saved']:.1f}%",
+                    fmt(p["mean"]),
+                    fmt(p["p5"]),
+                    fmt(p["worst"]),
+                    fmt(q["mean"], 4),
+                    fmt(q["p5"], 4),
+                    fmt(q["worst"], 4),
+                    fmt(tm["inbetween_ms"], 3),
+                    fmt(tm["keyframe_ms"], 3),
+                    "–" if cost is None else f"{100 * cost:.1f}%",
+                ]
+            )
+    out += table(header, rows)
+    return out
 
 
 def _summary(result: dict[str, Any]) -> dict[str, Any]:
@@ -318,8 +571,7 @@ def to_markdown(result: dict[str, Any]) -> str:
                 fmt(r["pose_jerk_mean_raw"]),
                 fmt(r["pose_jerk_mean_smoothed"]),
                 f"{r['pose_jerk_change_pct']:+.1f}%",
-                f"{fmt(r['transition_jerk_peak_raw'])} → "
-                f"{fmt(r['transition_jerk_peak_smoothed'])}"
+                f"{fmt(r['transition_jerk_peak_raw'])} → {fmt(r['transition_jerk_peak_smoothed'])}"
                 if r["transitions"]
                 else "no transitions",
                 f"{r['exp_mae']:.3g}",
@@ -355,6 +607,8 @@ def to_markdown(result: dict[str, Any]) -> str:
             for label, c in result["clips"].items()
         ],
     )
+    if "cadence" in result:
+        out += _cadence_markdown(result["cadence"])
     out += markdown_tail(result, notes=(result.get("notes") or [])[1:])  # the first: CAPTION
     return "\n".join(out) + "\n"
 
@@ -402,6 +656,25 @@ def _stride_list(text: str) -> tuple[str, ...]:
     return values
 
 
+def _engine_list(text: str) -> tuple[str, ...]:
+    values = tuple(s.strip() for s in text.split(",") if s.strip() and s.strip() != "none")
+    if any(v not in CADENCE_ENGINES for v in values):
+        raise argparse.ArgumentTypeError(
+            f"cadence engines must be some of {', '.join(CADENCE_ENGINES)} (or none): {text}"
+        )
+    return values
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1: {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The suite's command-line options (``studio bench --suite kinematics`` maps onto these)."""
     d = RenderSettings()
@@ -424,6 +697,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accel-limit", type=float, default=d.accel_limit)
     p.add_argument("--no-smooth", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    g = p.add_argument_group("cadence section (in-betweens against full renders)")
+    g.add_argument(
+        "--cadence-engines",
+        type=_engine_list,
+        default=("demo",),
+        metavar="demo[,ditto]",
+        help="engines to measure (default demo; ditto: a reduced random tree; none: skip)",
+    )
+    g.add_argument("--no-cadence", action="store_true", help="leave the cadence section out")
+    g.add_argument("--cadence-size", type=int, default=CADENCE_SIZE, help="frame side")
+    g.add_argument(
+        "--cadence-max-frames",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="in-betweens measured per clip, evenly spread (default: all)",
+    )
+    g.add_argument(
+        "--cadence-speech",
+        default=str(REAL_SPEECH),
+        metavar="FILE",
+        help="real speech added to the section's clips when present (default ../shared's)",
+    )
+    g.add_argument("--no-cadence-speech", action="store_true", help="no extra real speech")
     return p
 
 
@@ -443,7 +740,13 @@ def _run(args: argparse.Namespace, progress: Callable[[str], None]) -> dict[str,
     ).validate()
     return run_kinematics_suite(
         **args_for(
-            run_kinematics_suite, args, settings=settings, demo=not args.no_demo, progress=progress
+            run_kinematics_suite,
+            args,
+            settings=settings,
+            demo=not args.no_demo,
+            progress=progress,
+            cadence_engines=() if args.no_cadence else args.cadence_engines,
+            cadence_speech=None if args.no_cadence_speech else args.cadence_speech,
         )
     )
 

@@ -27,9 +27,18 @@ from studio.audio.phonetics import PhoneticFrames
 from studio.settings import RenderSettings
 
 Progress = Callable[[str, int, int], None]
+# (prev_image, next_image, prev_kp, next_kp, kp, w) -> the in-between (studio.render.inbetween)
+InbetweenWarp = Callable[[Any, Any, np.ndarray, np.ndarray, np.ndarray, float], Any]
 
 DEFAULT_RENDER_BATCH = 8
 PIXEL_FORMATS = ("rgb24", "yuv420p")
+
+
+def crossfade(a: np.ndarray, b: np.ndarray, w: float) -> np.ndarray:
+    """(1 - w) a + w b for uint8 frames, in 8-bit fixed point."""
+    wi = int(round(w * 256))
+    out = a.astype(np.uint16) * (256 - wi) + b.astype(np.uint16) * wi + 128
+    return (out >> 8).astype(np.uint8)
 
 
 @dataclass(frozen=True)
@@ -117,6 +126,34 @@ class Renderer:
         """:meth:`render_frames` of each chunk, in order."""
         for chunk in chunks:
             yield self.render_frames(chunk)
+
+    def keypoints_2d(self, motion: np.ndarray) -> np.ndarray | None:
+        """[K, motion] rows -> [K, 21, 2] (x, y) pixel positions of the implicit keypoints in
+        the frames it renders (pixel centres at i + 0.5), or None where it cannot say (its
+        in-betweens are then cross-fades)."""
+        return None
+
+    def inbetween(
+        self,
+        prev_image: np.ndarray,
+        next_image: np.ndarray,
+        motion: np.ndarray,
+        w: float,
+        warp: InbetweenWarp | None = None,
+    ) -> np.ndarray:
+        """The frame at weight ``w`` between two rendered keyframes.
+
+        ``motion`` [3, motion]: the rows of the previous keyframe, the next one and the
+        in-between. With ``warp`` (the render layer's
+        :func:`studio.render.inbetween.motion_inbetween`) and keypoints from
+        :meth:`keypoints_2d`, both neighbours are moved to the in-between's keypoints before
+        blending; otherwise a cross-fade in place. A renderer that pastes a crop back
+        overrides this to warp the crop.
+        """
+        kp = None if warp is None else self.keypoints_2d(np.asarray(motion))
+        if kp is None:
+            return crossfade(prev_image, next_image, w)
+        return warp(prev_image, next_image, kp[0], kp[1], kp[2], w)
 
     @property
     def timings_ms(self) -> dict[str, float]:

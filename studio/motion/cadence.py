@@ -70,6 +70,16 @@ class CadenceThresholds:
         unit="°",
     )
 
+    max_warp_px: float = _threshold(
+        8.0,
+        1.0,
+        64.0,
+        "most keypoint displacement between two keyframes that an in-between is warped "
+        "across (pixels of a 512 frame, estimated from the motion); a larger one is rendered",
+        step=0.5,
+        unit="px",
+    )
+
     @field_validator("calm_flux")
     @classmethod
     def _calm_below_fast(cls, value: float, info: ValidationInfo) -> float:
@@ -85,6 +95,7 @@ class CadencePlan:
 
     strides: np.ndarray  # [N] int, 1..3
     keyframes: np.ndarray  # [K] int, sorted, first and last frame included
+    warp_forced: int = 0  # keyframes added because the motion between two was too large to warp
 
     @property
     def num_frames(self) -> int:
@@ -149,6 +160,49 @@ def pose_stride_cap(
     return cap
 
 
+WARP_HEAD_RADIUS = 0.5  # keypoint units: the lever arm a rotation or a scale change moves
+WARP_FRAME_PX = 256.0  # pixels per keypoint unit in a 512 frame (the image spans [-1, 1])
+
+
+def warp_displacement(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Estimated largest 2-D keypoint displacement from rows ``a`` to rows ``b`` [N, 265],
+    in pixels of a 512 frame.
+
+    The motion layer does not know a renderer's canonical keypoints, so this bounds
+    ``x = s (R kp + exp) + t`` with a keypoint at :data:`WARP_HEAD_RADIUS` from the centre:
+    the largest change of ``s * exp`` (x, y) over the keypoints, plus the change of (t_x,
+    t_y), plus the lever arm times (the rotation change in radians times s, plus the change
+    of s).
+    """
+    fa, fb = layout.unpack(np.asarray(a)), layout.unpack(np.asarray(b))
+    ea = fa.exp[:, :, :2] * fa.scale[:, None, None]
+    eb = fb.exp[:, :, :2] * fb.scale[:, None, None]
+    exp = np.linalg.norm(eb - ea, axis=2).max(axis=1)
+    t = np.linalg.norm(fb.t[:, :2] - fa.t[:, :2], axis=1)
+    ang = np.deg2rad(np.abs(layout.pose_degrees(b) - layout.pose_degrees(a)).sum(axis=1))
+    lever = WARP_HEAD_RADIUS * (ang * np.maximum(fa.scale, fb.scale) + np.abs(fb.scale - fa.scale))
+    return (exp + t + lever) * WARP_FRAME_PX
+
+
+def warp_stride_cap(motion: np.ndarray, max_warp_px: float) -> np.ndarray:
+    """Largest stride per frame whose gap moves keypoints at most ``max_warp_px``
+    (:func:`warp_displacement`): beyond it a motion-compensated in-between tears or smears,
+    so the frame is rendered. Stride ``s`` is allowed at a frame when every gap of ``s``
+    frames that contains it (ends included) stays within the bound."""
+    motion = np.asarray(motion, dtype=np.float32)
+    n = motion.shape[0]
+    cap = np.ones(n, dtype=np.int64)
+    for s in STRIDES[1:]:
+        if n <= s:
+            break
+        ok_gap = warp_displacement(motion[:-s], motion[s:]) <= max_warp_px  # gap [k, k + s]
+        # frame j lies in gaps k = j - s .. j; a gap past either end of the clip is fine
+        padded = np.concatenate([np.ones(s, bool), ok_gap, np.ones(s, bool)])
+        windows = np.lib.stride_tricks.sliding_window_view(padded, s + 1)[:n]
+        cap[windows.all(axis=1)] = s
+    return cap
+
+
 def next_keyframe(strides: np.ndarray, k: int) -> int:
     """The keyframe after keyframe ``k`` (< the last frame): the gap is as long as every
     frame inside it, both ends included, tolerates. Reads ``strides[k : k + strides[k] + 1]``,
@@ -186,7 +240,8 @@ def plan_cadence(
     motion: np.ndarray | None = None,
 ) -> CadencePlan:
     """The cadence plan: ``mode`` is "auto" (from ``phon``, capped by the head's speed
-    in ``motion`` when given) or a fixed stride 1, 2 or 3."""
+    in ``motion`` when given, and by the keypoint displacement an in-between can be warped
+    across, counted in :attr:`CadencePlan.warp_forced`) or a fixed stride 1, 2 or 3."""
     if mode == "auto":
         if phon is None:
             raise ValueError("auto cadence needs phonetic frames")
@@ -194,6 +249,9 @@ def plan_cadence(
         strides = frame_strides(phon, th)
         if motion is not None:
             strides = np.minimum(strides, pose_stride_cap(motion, th.max_pose_gap_deg))
+            capped = np.minimum(strides, warp_stride_cap(motion, th.max_warp_px))
+            forced = keyframes_for(capped).size - keyframes_for(strides).size
+            return CadencePlan(capped, keyframes_for(capped), max(int(forced), 0))
     else:
         stride = int(mode)
         if stride not in STRIDES:

@@ -43,6 +43,7 @@ from studio.motion.cadence import (
     next_keyframe,
     pose_stride_cap,
     sample_motion,
+    warp_stride_cap,
 )
 from studio.motion.kinematics import (
     SmoothingSettings,
@@ -374,7 +375,10 @@ class PostStream:
         radius = min(max(self.cue_ahead - 1, 0), 6)
         lo = max(0, q - radius - 1)
         cap = pose_stride_cap(self._raw.get(lo, last + 1), th.max_pose_gap_deg, radius)
-        return min(s, int(cap[q - lo]))
+        s = min(s, int(cap[q - lo]))
+        # the warp bound over the gaps that end at q or before (later ones are not known yet)
+        lo = max(0, q - s)
+        return min(s, int(warp_stride_cap(self._raw.get(lo, last + 1), th.max_warp_px)[q - lo]))
 
     def _decide_keys(self) -> None:
         """Next keyframes while their strides are known; the gaps sampled as offline."""

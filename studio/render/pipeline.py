@@ -21,10 +21,11 @@ from studio import layout
 from studio.audio.io import Audio
 from studio.audio.phonetics import PhoneticFrames
 from studio.audio.phonetics import analyze as analyze_phonetics
-from studio.engines.base import Engine, Progress, Renderer
+from studio.engines.base import Engine, Progress, Renderer, crossfade
 from studio.errors import Cancelled
 from studio.motion.cadence import CadencePlan, blend_weights, plan_cadence, sample_motion
 from studio.motion.kinematics import kinematics_report, smooth_motion
+from studio.render.inbetween import motion_inbetween
 from studio.settings import RenderSettings
 
 CancelCheck = Callable[[], bool]
@@ -101,11 +102,20 @@ def analyze(audio: Audio, settings: RenderSettings, engine: Engine) -> MotionRes
     return postprocess(audio, phon, raw, settings, timings)
 
 
-def blend(a: np.ndarray, b: np.ndarray, w: float) -> np.ndarray:
-    """(1 - w) a + w b for uint8 frames, in 8-bit fixed point."""
-    wi = int(round(w * 256))
-    out = a.astype(np.uint16) * (256 - wi) + b.astype(np.uint16) * wi + 128
-    return (out >> 8).astype(np.uint8)
+blend = crossfade  # the in-place cross-fade (a renderer without keypoints makes these)
+
+
+def make_inbetween(
+    renderer: Renderer,
+    prev_image: np.ndarray,
+    next_image: np.ndarray,
+    motion: np.ndarray,
+    w: float,
+) -> np.ndarray:
+    """The frame at weight ``w`` between two keyframe renders: the renderer's
+    :meth:`~studio.engines.base.Renderer.inbetween` with the motion-compensated warp
+    (``motion``: the rows of the previous keyframe, the next one and the frame)."""
+    return renderer.inbetween(prev_image, next_image, motion, w, warp=motion_inbetween)
 
 
 def _needed_keyframes(
@@ -132,7 +142,8 @@ def iter_frames(
     stats: dict | None = None,
     known: Sequence[np.ndarray | None] | None = None,
 ) -> Iterator[np.ndarray]:
-    """All frames in order: keyframes rendered in batches, in-betweens blended.
+    """All frames in order: keyframes rendered in batches, in-betweens made from the two
+    neighbouring keyframes (:func:`make_inbetween`).
 
     ``known`` (one entry per frame, None where missing) holds frames rendered before with
     the same motion and settings, e.g. the GUI's preview: they are passed through, and only
@@ -166,10 +177,12 @@ def iter_frames(
                 frame += 1
                 continue
             t0 = time.perf_counter()
+            p, q = int(prv[frame]), int(nxt[frame])
             if w[frame] == 0.0:
-                img = rendered[int(prv[frame])]
+                img = rendered[p]
             else:
-                img = blend(rendered[int(prv[frame])], rendered[int(nxt[frame])], float(w[frame]))
+                rows = result.smoothed[[p, q, frame]]
+                img = make_inbetween(renderer, rendered[p], rendered[q], rows, float(w[frame]))
             dt = time.perf_counter() - t0
             stats["render_s"] += dt
             stats["blend_s"] += dt
@@ -208,6 +221,7 @@ def build_report(result: MotionResult, timings_ms: dict[str, float], rendered: b
         "rendered_frames": int(result.plan.keyframes.size) if rendered else 0,
         "rendered_fraction": round(result.plan.rendered_fraction, 4),
         "stride_histogram": result.plan.histogram(),
+        "warp_forced_keyframes": int(result.plan.warp_forced),
         "timings_ms": {k: round(v, 2) for k, v in timings_ms.items()},
         "kinematics": {k: round(float(v), 6) for k, v in result.kinematics.items()},
     }

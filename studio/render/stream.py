@@ -29,7 +29,7 @@ from studio.engines.base import LATENCIES, Engine, Renderer
 from studio.errors import OptionError
 from studio.layout import DEFAULT_SAMPLING_STEPS, FPS, SAMPLE_RATE, SAMPLES_PER_FRAME
 from studio.motion.stream import PostChunk, PostStream
-from studio.render.pipeline import blend
+from studio.render.pipeline import make_inbetween
 from studio.settings import RenderSettings
 
 # DDIM steps of a live session unless the user chose some: the clip's default (50) makes an
@@ -203,6 +203,7 @@ class LiveSession:
         self._audio = np.zeros(0, np.float32)  # samples from frame self._audio_frame on
         self._audio_frame = 0
         self._keys: dict[int, np.ndarray] = {}  # rendered keyframes still needed
+        self._key_rows: dict[int, np.ndarray] = {}  # and their motion rows (for in-betweens)
         self._prepared = False
         self._finished = False
         # keep_motion (measurements): the engine's rows and the smoothed rows, as they came
@@ -327,19 +328,24 @@ class LiveSession:
                 self._prepared = True
             images = self.renderer.render_batch(rows)
             self._keys.update(zip(keys.tolist(), images, strict=True))
+            self._key_rows.update(zip(keys.tolist(), rows, strict=True))
         frames = []
         for i, index in enumerate(chunk.indices.tolist()):
-            prev_k, next_k = int(chunk.prev_key[i]), int(chunk.next_key[i])
-            w = float(chunk.weight[i])
-            image = (
-                self._keys[prev_k] if w == 0.0 else blend(self._keys[prev_k], self._keys[next_k], w)
-            )
-            frames.append(self._frame(index, image, fed))
+            frames.append(self._frame(index, self._image(chunk, i), fed))
         oldest = int(chunk.prev_key[-1])
         for k in [k for k in self._keys if k < oldest]:
-            del self._keys[k]
+            del self._keys[k], self._key_rows[k]
         self._stage("render", t)
         return frames
+
+    def _image(self, chunk: PostChunk, i: int) -> np.ndarray:
+        """Frame ``i`` of the chunk: its keyframe's render, or the in-between of two."""
+        prev_k, next_k = int(chunk.prev_key[i]), int(chunk.next_key[i])
+        w = float(chunk.weight[i])
+        if w == 0.0:
+            return self._keys[prev_k]
+        rows = np.stack([self._key_rows[prev_k], self._key_rows[next_k], chunk.motion[i]])
+        return make_inbetween(self.renderer, self._keys[prev_k], self._keys[next_k], rows, w)
 
     def _frame(self, index: int, image: np.ndarray, fed: float) -> LiveFrame:
         now = self.clock() - self._t0

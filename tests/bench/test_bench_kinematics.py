@@ -25,9 +25,15 @@ def _speech() -> Path | None:
     return None
 
 
-def _run(tmp: Path, *extra: str) -> tuple[int, dict | None, str | None]:
+NO_CADENCE = ("--no-cadence",)
+TINY_CADENCE = ("--cadence-size", "64", "--cadence-max-frames", "12", "--no-cadence-speech")
+
+
+def _run(
+    tmp: Path, *extra: str, cadence: tuple[str, ...] = NO_CADENCE
+) -> tuple[int, dict | None, str | None]:
     js, md = tmp / "k.json", tmp / "k.md"
-    argv = ["bench", "--suite", "kinematics", "--repeats", "1", "--warmup", "0", *extra]
+    argv = ["bench", "--suite", "kinematics", "--repeats", "1", "--warmup", "0", *cadence, *extra]
     rc = cli_main([*argv, "--json", str(js), "--markdown", str(md), "--plots", str(tmp)])
     if not js.exists():
         return rc, None, None
@@ -36,7 +42,7 @@ def _run(tmp: Path, *extra: str) -> tuple[int, dict | None, str | None]:
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    rc, data, md = _run(tmp_path_factory.mktemp("kin"))
+    rc, data, md = _run(tmp_path_factory.mktemp("kin"), cadence=TINY_CADENCE)
     assert rc == 0
     return data, md
 
@@ -142,3 +148,76 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys):
     rc, data, _ = _run(tmp_path, "--smooth-window", "4")
     assert rc == 2 and data is None
     assert "--smooth-window" in capsys.readouterr().err
+
+
+# --- the cadence section -------------------------------------------------------------------
+
+
+def _check_cadence_clip(c: dict, most: int | None = None) -> None:
+    assert c["inbetweens"] == c["frames"] - c["keyframes"] > 0
+    assert c["measured"] == (c["inbetweens"] if most is None else min(most, c["inbetweens"]))
+    assert c["frames_saved"] == pytest.approx(c["inbetweens"] / c["frames"])
+    for key in ("psnr_db", "ssim"):
+        s = c[key]
+        assert s["worst"] <= s["p5"] <= s["mean"] and s["worst"] is not None
+    assert c["ssim"]["mean"] <= 1.0
+    assert c["timing"]["cost_fraction"] > 0 and sum(c["stride_histogram"].values()) == c["frames"]
+
+
+def test_cadence_section_on_the_demo_clip(demo):
+    data, md = demo
+    section = data["cadence"]
+    assert section["config"]["engines"] == ["demo"] and section["config"]["size"] == 64
+    clip = section["engines"]["demo"]["clips"]["demo"]
+    assert clip["frame_size"] == [64, 64]
+    _check_cadence_clip(clip, most=12)
+    summary = data["summary"]["cadence"]["demo/demo"]
+    assert summary["psnr_mean_db"] == clip["psnr_db"]["mean"]
+    assert "### Cadence: in-between frames against full renders" in md
+    assert "| target (issue 19) |" in md and "| demo | demo | " in md
+
+
+def _tiny_wav(folder: Path, seconds: float = 2.0) -> Path:
+    import soundfile as sf
+
+    audio = load_audio(demo_audio_path())
+    path = folder / "tiny.wav"
+    sf.write(path, audio.samples[: int(seconds * 16000)], 16000)
+    return path
+
+
+def test_cadence_section_on_a_tiny_input(tmp_path):
+    tiny = _tiny_wav(tmp_path)
+    missing = tmp_path / "no_such_speech.wav"
+    cadence = ("--cadence-size", "64", "--cadence-speech", str(missing))
+    rc, data, md = _run(
+        tmp_path, "--no-demo", "--strides", "auto", "--audio", str(tiny), cadence=cadence
+    )
+    assert rc == 0
+    clips = data["cadence"]["engines"]["demo"]["clips"]
+    assert list(clips) == ["tiny"]
+    _check_cadence_clip(clips["tiny"])
+    assert any("no_such_speech.wav" in n and "absent" in n for n in data["notes"])
+    assert "| demo | tiny | " in md
+
+
+def test_cadence_off_and_bad_engines(tmp_path, capsys):
+    rc, data, md = _run(tmp_path, "--strides", "1")
+    assert rc == 0 and "cadence" not in data and "cadence" not in data["summary"]
+    assert "### Cadence" not in md
+    with pytest.raises(SystemExit) as exited:  # argparse rejects it before any work
+        _run(tmp_path / "bad", "--cadence-engines", "nope", cadence=())
+    assert exited.value.code == 2 and not (tmp_path / "bad" / "k.json").exists()
+    assert "--cadence-engines" in capsys.readouterr().err
+
+
+def test_cadence_adds_the_real_speech_once(tmp_path):
+    speech = _speech()
+    if speech is None:
+        pytest.skip("no real speech in ../shared/fixtures")
+    tiny = _tiny_wav(tmp_path, 1.5)
+    cadence = ("--cadence-size", "64", "--cadence-max-frames", "4", "--cadence-speech", str(speech))
+    argv = ("--no-demo", "--strides", "1", "--audio", str(tiny), "--audio", str(speech))
+    rc, data, _ = _run(tmp_path, *argv, cadence=cadence)
+    assert rc == 0
+    assert list(data["cadence"]["engines"]["demo"]["clips"]) == ["tiny", speech.stem]

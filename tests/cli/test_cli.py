@@ -380,7 +380,8 @@ def test_report_and_bench_targets_in_a_folder_that_takes_no_files(tmp_path, caps
     assert code == 2 and "--report: cannot write in /proc" in err and "Traceback" not in err
     assert not out.exists()
     for target in ("/proc/studio/b.json", str(tmp_path)):
-        code, _, err = _run(["bench", "--suite", "kinematics", "--json", target], capsys)
+        argv = ["bench", "--suite", "kinematics", "--no-cadence", "--json", target]
+        code, _, err = _run(argv, capsys)
         assert code == 2 and "--json" in err and len(err.strip().splitlines()) == 1
 
 
@@ -700,7 +701,8 @@ def test_json_outputs_take_dash_for_stdout_and_the_summary_moves_to_stderr(
     argv = ["render", "--demo", "--size", "128", "--x264-preset", "ultrafast", "--out", str(video)]
     code, out, err = _run([*argv, "--report", "-"], capsys)
     assert code == 0 and json.loads(out)["output"] == str(video) and "wrote" in err
-    argv = ["bench", "--suite", "kinematics", "--repeats", "1", "--strides", "auto", "--json", "-"]
+    argv = ["bench", "--suite", "kinematics", "--repeats", "1", "--strides", "auto"]
+    argv += ["--no-cadence", "--json", "-"]
     code, out, err = _run(argv, capsys)
     assert code == 0 and json.loads(out)["suite"] == "kinematics" and "Kinematics" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o.mp4"]

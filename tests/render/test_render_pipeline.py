@@ -22,6 +22,9 @@ class _Recorder(Renderer):
         self.sizes.append(len(motion))
         return self.inner.render_batch(motion)
 
+    def keypoints_2d(self, motion: np.ndarray) -> np.ndarray | None:
+        return self.inner.keypoints_2d(motion)  # in-betweens made as the demo makes them
+
 
 def test_progress_starts_at_zero_and_batches_fill_the_renderer() -> None:
     rng = np.random.default_rng(0)

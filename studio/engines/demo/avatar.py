@@ -452,6 +452,41 @@ class DemoAvatar(Renderer):
             self._draw(f, out[k])
         return out
 
+    def keypoints_2d(self, motion: np.ndarray) -> np.ndarray:
+        """[K, 265] motion -> [K, 31, 2] pixel positions of the rig's 21 keypoints, where
+        :meth:`render_batch` draws them (the chin and the jaw line where the open jaw's
+        stretch of the lower face puts them: the drawing moves them with JAW's drop), then
+        10 points on the torso."""
+        fr = layout.unpack(np.asarray(motion, dtype=np.float32).reshape(-1, layout.MOTION_DIM))
+        kp = layout.transform_keypoints(
+            rig.CANONICAL_KP, fr.pitch, fr.yaw, fr.roll, fr.t, fr.scale, fr.exp
+        ).astype(np.float64)
+        kp0 = kp - fr.scale[:, None, None] * fr.exp  # the same pose without the expression
+        half = self.size / 2.0
+        p, p0 = (kp[:, :, :2] + 1.0) * half, (kp0[:, :, :2] + 1.0) * half
+        rot = layout.rotation_matrices(fr.pitch, fr.yaw, fr.roll)
+        e2 = rot[:, :2, 1] / (np.linalg.norm(rot[:, :2, 1], axis=1, keepdims=True) + 1e-12)
+        su = fr.scale.astype(np.float64) * half
+        drop = np.maximum(np.einsum("kd,kd->k", p[:, rig.JAW] - p0[:, rig.JAW], e2), 0.0)
+        pivot = JAW_PIVOT * su
+        kd = drop / (float(HEAD_RADII[1]) * su - pivot + drop)
+        for k in (rig.CHIN, rig.JAW):  # the plain face's point, stretched as _draw_head does
+            below = np.einsum("kd,kd->k", p0[:, k] - p[:, rig.HEAD_CENTER], e2) - pivot
+            shift = np.maximum(below, 0.0) * kd / (1.0 - kd)
+            p[:, k] = p0[:, k] + shift[:, None] * e2
+        return np.concatenate([p, self._body_points(fr.t, rot)], axis=1)
+
+    def _body_points(self, t: np.ndarray, rot: np.ndarray) -> np.ndarray:
+        """[K, 10, 2] points on the collar and shoulders, which slide as _draw_body slides
+        them (they pin the torso for a warp: it does not follow the head)."""
+        half = self.size / 2.0
+        limit = self._body[1]
+        shift = np.clip(half * (0.4 * t[:, 0] + 0.06 * rot[:, 0, 2]), -limit, limit - 1e-3)
+        xs = half + half * np.array([-0.6, -0.3, 0.0, 0.3, 0.6])
+        ys = half * np.array([1.62, 1.9])
+        grid = np.stack(np.meshgrid(xs, ys), -1).reshape(-1, 2)
+        return grid[None] + np.stack([shift, np.zeros_like(shift)], -1)[:, None]
+
     # --- canvas -------------------------------------------------------------------
     def _box(self, cx: float, cy: float, hx: float, hy: float, pad: float = 2.0) -> _Box | None:
         """A working copy of the canvas box around (cx, cy) +- (hx, hy), or None if off-frame."""

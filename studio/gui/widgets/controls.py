@@ -298,6 +298,13 @@ class ControlsPanel(QWidget):
                 "most head rotation a blended gap may span (less ghosting)",
             ),
         )
+        self.warp_px = cadence.row(
+            "Max warp",
+            setting_number(
+                "cadence.max_warp_px",
+                "most keypoint movement an in-between is warped across; more is rendered",
+            ),
+        )
         layout.addWidget(cadence)
 
         output = FormGroup("Output")
@@ -331,6 +338,7 @@ class ControlsPanel(QWidget):
             "cadence.fast_flux": self.fast_flux,
             "cadence.calm_flux": self.calm_flux,
             "cadence.max_pose_gap_deg": self.pose_gap,
+            "cadence.max_warp_px": self.warp_px,
             "size": self.size,
         }
         self._crf = 18
@@ -340,7 +348,7 @@ class ControlsPanel(QWidget):
         self.set_settings(RenderSettings())
         for w in (self.seed, self.window, self.order, self.guard, self.steps):
             w.valueChanged.connect(self._motion_changed)
-        for w in (self.accel, self.fast_flux, self.calm_flux, self.pose_gap):
+        for w in (self.accel, self.fast_flux, self.calm_flux, self.pose_gap, self.warp_px):
             w.valueChanged.connect(self._motion_changed)
         self.smooth.toggled.connect(self._motion_changed)
         self.stride.currentIndexChanged.connect(self._motion_changed)
@@ -470,6 +478,7 @@ class ControlsPanel(QWidget):
             calm_voicing=self._cadence.calm_voicing,
             calm_level_step=self._cadence.calm_level_step,
             max_pose_gap_deg=_exact(self.pose_gap),
+            max_warp_px=_exact(self.warp_px),
         )
         return RenderSettings(
             smooth=self.smooth.isChecked(),
@@ -515,6 +524,7 @@ class ControlsPanel(QWidget):
                 "cadence.fast_flux": (self.fast_flux, s.cadence.fast_flux),
                 "cadence.calm_flux": (self.calm_flux, s.cadence.calm_flux),
                 "cadence.max_pose_gap_deg": (self.pose_gap, s.cadence.max_pose_gap_deg),
+                "cadence.max_warp_px": (self.warp_px, s.cadence.max_warp_px),
                 **{
                     f"delta_{axis}": (box, float(getattr(s, f"delta_{axis}")))
                     for axis, box in self.deltas.items()

@@ -1,0 +1,133 @@
+"""Motion-compensated in-betweens: the thin-plate warp, the renderer hook, the cadence bound."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from studio import layout
+from studio.audio.io import load_audio
+from studio.engines.base import Renderer, crossfade
+from studio.engines.demo.engine import DemoEngine, demo_audio_path
+from studio.motion.cadence import (
+    CadenceThresholds,
+    blend_weights,
+    warp_displacement,
+    warp_stride_cap,
+)
+from studio.render.inbetween import motion_inbetween
+from studio.render.pipeline import analyze, iter_frames
+from studio.settings import RenderSettings
+
+
+def _psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return float(10.0 * np.log10(255.0**2 / max(mse, 1e-10)))
+
+
+def _pattern(size: int = 96) -> np.ndarray:
+    """A smooth test image (a bilinear warp of it is accurate to well under a grey level)."""
+    y, x = np.mgrid[0:size, 0:size].astype(np.float64)
+    img = np.stack(
+        [128 + 90 * np.sin(x / 9.0), 128 + 90 * np.cos(y / 11.0), 128 + 60 * np.sin((x + y) / 13)],
+        axis=-1,
+    )
+    return np.clip(img + 0.5, 0, 255).astype(np.uint8)
+
+
+def _keypoints(size: int = 96) -> np.ndarray:
+    rng = np.random.default_rng(3)
+    return size * (0.3 + 0.4 * rng.random((21, 2)))
+
+
+def test_identity_keypoints_give_the_image_back() -> None:
+    img, kp = _pattern(), _keypoints()
+    out = motion_inbetween(img, img, kp, kp, kp, 0.4)
+    assert out.dtype == np.uint8 and out.shape == img.shape
+    assert np.array_equal(out, img)
+
+
+def test_a_pure_translation_moves_the_image() -> None:
+    size = 96
+    img, kp = _pattern(size), _keypoints(size)
+    shift = np.array([3.0, -2.0])  # the in-between's keypoints sit 3 px right, 2 px up
+    out = motion_inbetween(img, img, kp, kp, kp + shift, 0.0)
+    # the centre of the picture (far from the pinned border) moved with the keypoints
+    inner = slice(30, 66)
+    moved = np.roll(img, (-2, 3), axis=(0, 1))
+    assert np.abs(out[inner, inner].astype(int) - moved[inner, inner]).mean() < 4.0
+    assert np.abs(out[inner, inner].astype(int) - img[inner, inner]).mean() > 8.0
+    # the border is anchored
+    assert np.abs(out[0].astype(int) - img[0]).max() <= 1
+
+
+def test_base_renderer_cross_fades() -> None:
+    a = np.zeros((8, 8, 3), np.uint8)
+    b = np.full((8, 8, 3), 200, np.uint8)
+    rows = np.zeros((3, layout.MOTION_DIM), np.float32)
+    out = Renderer(8).inbetween(a, b, rows, 0.25, warp=motion_inbetween)
+    assert np.array_equal(out, crossfade(a, b, 0.25))
+
+
+def test_demo_keypoints_are_where_the_face_is_drawn() -> None:
+    renderer = DemoEngine().renderer(RenderSettings(size=128))
+    rows = np.zeros((2, layout.MOTION_DIM), np.float32)
+    kp = renderer.keypoints_2d(rows)
+    assert kp.shape[0] == 2 and kp.shape[2] == 2 and kp.shape[1] >= 21
+    assert np.all((kp > 0) & (kp < 128))
+
+
+def test_the_planner_renders_frames_the_warp_cannot_bridge() -> None:
+    still = np.zeros((12, layout.MOTION_DIM), np.float32)
+    assert np.all(warp_displacement(still[:-1], still[1:]) == 0.0)
+    assert np.all(warp_stride_cap(still, 8.0) == 3)
+    moving = still.copy()
+    lip = layout.EXP.start + layout.LIP_LOWER_KP * 3 + 1  # the lower lip's y
+    moving[6:, lip] = 0.05  # a 12.8 px jump between frames 5 and 6 (512 frame)
+    cap = warp_stride_cap(moving, 8.0)
+    assert np.all(cap[5:7] == 1) and cap[0] == 3 and cap[-1] == 3
+    with pytest.raises(ValueError):
+        CadenceThresholds(max_warp_px=0.0)
+
+
+def _demo_clip(max_warp_px: float | None = None):
+    """The demo speech at 256²: its motion (under the bound, or the default) and renderer."""
+    engine = DemoEngine()
+    cadence = (
+        CadenceThresholds() if max_warp_px is None else CadenceThresholds(max_warp_px=max_warp_px)
+    )
+    settings = RenderSettings(size=256, cadence=cadence)
+    return analyze(load_audio(demo_audio_path()), settings, engine), engine.renderer(settings)
+
+
+def _inbetween_psnr(result, renderer: Renderer) -> np.ndarray:
+    """PSNR of every in-between of iter_frames against a full render of its motion row."""
+    frames = list(iter_frames(result, renderer))
+    _, _, w = blend_weights(result.plan)
+    inner = np.flatnonzero(w > 0)
+    truth = DemoEngine().renderer(RenderSettings(size=256)).render_batch(result.smoothed[inner])
+    return np.array([_psnr(frames[i], t) for i, t in zip(inner, truth, strict=True)])
+
+
+class _NoKeypoints(Renderer):
+    """The demo pictures from a renderer that cannot say where its keypoints are."""
+
+    def __init__(self, inner: Renderer) -> None:
+        super().__init__(inner.size)
+        self.render_batch = inner.render_batch
+
+
+def test_motion_compensated_inbetweens_beat_the_cross_fade() -> None:
+    result, renderer = _demo_clip(max_warp_px=64.0)  # no frame forced: the old plan
+    assert result.plan.warp_forced == 0
+    ours = _inbetween_psnr(result, renderer)
+    theirs = _inbetween_psnr(result, _NoKeypoints(renderer))
+    assert ours.mean() > theirs.mean() + 1.0
+    assert np.percentile(ours, 5) > np.percentile(theirs, 5)
+
+
+def test_the_bound_keeps_inbetweens_clean() -> None:
+    result, renderer = _demo_clip()
+    assert result.plan.warp_forced > 0 and result.plan.keyframes.size < result.num_frames
+    ours = _inbetween_psnr(result, renderer)
+    assert np.percentile(ours, 5) >= 38.0 and ours.mean() >= 46.0
