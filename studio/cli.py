@@ -467,7 +467,7 @@ def _engine_report(engine) -> dict:
 
 def cmd_render(args: argparse.Namespace) -> int:
     from studio.export.video import check_output_path
-    from studio.render.pipeline import analyze, render_video
+    from studio.render.pipeline import analyze, quality_of, render_video
 
     started = time.perf_counter()
     settings = _settings(args, size=args.size, crf=args.crf, preset=args.x264_preset)
@@ -488,6 +488,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     report["audio"] = audio.path
     report["settings"] = settings.to_dict()
     report["engine"] = _engine_report(engine)
+    report["quality"] = quality_of(result, engine)
     if report_path is not None:
         _write_json(report_path, report)
     _print_result(_summary(report), report_path)
@@ -664,7 +665,7 @@ def cmd_live(args: argparse.Namespace) -> int:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from studio.render.pipeline import analyze, build_report
+    from studio.render.pipeline import analyze, build_report, quality_of
 
     started = time.perf_counter()
     settings = _settings(args)
@@ -672,13 +673,15 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     prepared = _prepare_engine(args, settings)
     audio = _load_audio(args)
     with _progress() as progress:
-        result = analyze(audio, settings, _open_engine(prepared, progress))
+        engine = _open_engine(prepared, progress)
+        result = analyze(audio, settings, engine)
     timings = dict(result.timings_ms)
     timings["total"] = (time.perf_counter() - started) * 1000.0
     report = build_report(result, timings, rendered=False)
     report["rendered_frames"] = int(result.plan.keyframes.size)
     report["audio"] = audio.path
     report["settings"] = settings.to_dict()
+    report["quality"] = quality_of(result, engine)
     report["strides"] = result.plan.strides.tolist()
     report["keyframes"] = result.plan.keyframes.tolist()
     if json_path is not None:

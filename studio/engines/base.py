@@ -228,6 +228,11 @@ class Engine(Protocol):
         """(width, height) of the frames under ``settings``."""
         ...
 
+    def canonical_keypoints(self) -> np.ndarray:
+        """[21, 3] canonical keypoints the motion drives (the character's or the avatar's):
+        what the quality metrics measure mouth, lids and blinks on."""
+        ...
+
     def describe(self) -> dict[str, Any]:
         """The engine for reports: name, device, and what it was opened on."""
         ...

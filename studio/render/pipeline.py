@@ -211,6 +211,14 @@ def iter_frames(
             progress("render", frame, n)
 
 
+def quality_of(result: MotionResult, engine: Engine) -> dict:
+    """The clip's weight-free quality metrics (:func:`studio.motion.quality.quality_report`):
+    head dynamics, silent-lip stability, blinks, mouth-envelope correlation."""
+    from studio.motion.quality import quality_report
+
+    return quality_report(result.smoothed, engine.canonical_keypoints(), result.phon)
+
+
 def build_report(result: MotionResult, timings_ms: dict[str, float], rendered: bool) -> dict:
     """The report: frame counts, stride histogram, timings and kinematics."""
     n = result.num_frames

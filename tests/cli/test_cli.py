@@ -1034,3 +1034,12 @@ def test_torch_compile_caches_its_kernels_under_the_cache_root(tmp_path):
     )
     assert r.returncode == 0, r.stderr[-2000:]
     assert any((tmp_path / "c" / "compiled" / "inductor").iterdir())
+
+
+def test_reports_carry_the_quality_metrics(demo_render):
+    _, report = demo_render
+    q = report["quality"]
+    assert q["frames"] == report["frames"]
+    assert 0.0 <= q["silent_lips"]["deviation"] < 0.2 * q["silent_lips"]["speech_deviation"]
+    assert q["blinks"]["count"] >= 2 and q["blinks"]["in_schedule"] == 1.0
+    assert q["lip_sync"]["envelope_correlation"] > 0.3 and q["head"]["smoothness"] > 0

@@ -16,7 +16,7 @@ import numpy as np
 from studio.audio.io import Audio
 from studio.audio.phonetics import PhoneticFrames
 from studio.engines.base import LATENCIES, Progress
-from studio.engines.demo import CAPABILITIES
+from studio.engines.demo import CAPABILITIES, rig
 from studio.engines.demo.avatar import DemoAvatar
 from studio.engines.demo.motion import LOOKAHEAD, OFFLINE_LATENCY, DemoMotion, generate_motion
 from studio.settings import RenderSettings
@@ -63,6 +63,9 @@ class DemoEngine:
 
     def frame_size(self, settings: RenderSettings) -> tuple[int, int]:
         return settings.size, settings.size
+
+    def canonical_keypoints(self) -> np.ndarray:
+        return rig.CANONICAL_KP.copy()
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "device": "CPU"}

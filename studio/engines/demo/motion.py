@@ -34,7 +34,7 @@ BLINK_SHAPE = np.array([0.35, 0.85, 1.0, 0.7, 0.3])  # lid closure over a blink'
 BLINK_FIRST = (20, 60)  # first blink: frames [lo, hi)
 BLINK_INTERVAL = (60, 101)  # then every 2.4-4 s (frames [lo, hi))
 BLINK_AFTER_PAUSE = (2, 6)  # a blink this many frames after a pause starts ...
-BLINK_MIN_GAP = 25  # ... unless the last blink was less than 1 s before
+BLINK_MIN_GAP = BLINK_INTERVAL[0]  # ... unless the last blink was less than 2.4 s before
 CLOSURE_FRAMES = 2  # the lips close this many frames before a plosive burst
 TRUNCATE = 4.0  # Gaussian windows reach this many sigmas into the past
 

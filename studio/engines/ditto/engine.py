@@ -40,7 +40,7 @@ from studio.engines.ditto import CAPABILITIES
 from studio.engines.ditto.warp_decode import WarpDecodeEngines, render_precisions
 from studio.errors import InputError, OptionError
 from studio.export.yuv import rgb_to_yuv420p
-from studio.layout import MOTION_DIM, motion_from_info
+from studio.layout import MOTION_DIM, NUM_KP, motion_from_info
 from studio.models.checkpoints import CheckpointSet, discover, load_cfg
 from studio.motion.condition import ConditionConfig, ConditionSource, assemble
 from studio.motion.generator import generate_motion
@@ -670,6 +670,10 @@ class DittoEngine:
             h, w = np.asarray(self.avatar.image).shape[:2]
             return int(w), int(h)
         return settings.size, settings.size
+
+    def canonical_keypoints(self) -> np.ndarray:
+        """The avatar's canonical keypoints (its x_s_info kp) as [21, 3]."""
+        return np.asarray(self.avatar.x_s_info["kp"], np.float32).reshape(NUM_KP, 3)
 
     def describe(self) -> dict[str, Any]:
         """The engine for reports: device, memory plan, the warp/decoder runtime that runs,
