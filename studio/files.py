@@ -14,6 +14,7 @@ import contextlib
 import errno
 import json
 import os
+import stat
 import sys
 import uuid
 from collections.abc import Mapping
@@ -78,10 +79,20 @@ def _fsync_folder(folder: Path) -> None:
 def write_atomic(path: str | Path, data: str | bytes, make_parents: bool = False) -> None:
     """Write ``data`` to ``path`` through a partial file in the same folder, synced to the disk
     and renamed over the target, so a failure (full disk, read-only folder, power cut) leaves
-    the old file or none, never half of one. OutputError naming the path and the reason."""
+    the old file or none, never half of one. OutputError naming the path and the reason.
+
+    A target that exists and is not a regular file (``/dev/null``, ``/dev/stdout``, a FIFO)
+    is written to as it is: renaming over it would replace the device with a file."""
     p = Path(path)
-    tmp = _partial(p)
     payload = data if isinstance(data, bytes) else data.encode("utf-8")
+    if _special(p):
+        try:
+            with open(p, "wb") as f:
+                f.write(payload)
+        except OSError as e:
+            raise OutputError(f"cannot write {p}: {_reason(e)}") from None
+        return
+    tmp = _partial(p)
     try:
         if make_parents:
             p.parent.mkdir(parents=True, exist_ok=True)
@@ -96,6 +107,15 @@ def write_atomic(path: str | Path, data: str | bytes, make_parents: bool = False
     finally:
         with contextlib.suppress(OSError):  # gone already, or the folder refuses even this
             tmp.unlink(missing_ok=True)
+
+
+def _special(path: Path) -> bool:
+    """Whether ``path`` exists and is not a regular file or a folder (a device, a FIFO)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 def is_stdout(path: str | os.PathLike[str] | None) -> bool:
@@ -212,7 +232,8 @@ def check_output_file(
     if not folder.exists() or not folder.is_dir():
         raise OutputError(f"{option} {p}: the folder {folder} does not exist; create it first")
     check_not_input(p, option, inputs or {})
-    check_writable_folder(folder, option)
+    if not _special(p):  # a device or a FIFO is written as it is, not beside its folder
+        check_writable_folder(folder, option)
     return p
 
 

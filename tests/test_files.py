@@ -109,3 +109,22 @@ def test_dash_is_stdout(tmp_path, capsys) -> None:
     write_json("-", {"a": 1})
     assert json.loads(capsys.readouterr().out) == {"a": 1}
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_fifo_or_device_target_is_written_through_not_replaced(tmp_path):
+    import os
+    import stat
+    import threading
+
+    from studio.files import check_output_file, write_json
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    assert check_output_file(str(fifo), "--json") == fifo
+    write_json(fifo, {"a": 1})  # as `--report /dev/null` would: the target stays what it is
+    reader.join(timeout=10)
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and '"a": 1' in got[0]
+    assert [p.name for p in tmp_path.iterdir()] == ["pipe"]
