@@ -61,7 +61,7 @@ from studio.gui.worker import (
 )
 from studio.layout import FPS
 from studio.render.engines import ENGINES
-from studio.render.pipeline import MotionResult
+from studio.render.pipeline import MotionResult, quality_of
 from studio.settings import MAX_SIZE, RenderSettings
 
 AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".oga", ".mp3", ".aiff", ".aif", ".au", ".caf"}
@@ -303,7 +303,15 @@ class MainWindow(QMainWindow):
         self.act_render.setToolTip("Render the preview again (Ctrl+R)")
         self.act_cancel = play_menu.addAction("Cancel render", self.cancel_render)
         self.act_cancel.setShortcut(QKeySequence(Qt.Key.Key_Escape))
+        self.act_inbetweens = play_menu.addAction("Mark &in-between frames")
+        self.act_inbetweens.setCheckable(True)
+        self.act_inbetweens.setShortcut(QKeySequence("Ctrl+I"))
+        self.act_inbetweens.setStatusTip(
+            "tint the frames made from their keyframes (not rendered) on the timeline"
+        )
+        self.act_inbetweens.toggled.connect(self.timeline.show_inbetweens)
         self.clip_actions += [self.act_render, self.act_cancel, self.act_export]
+        self.clip_actions.append(self.act_inbetweens)
 
         tools = self.addToolBar("Main")
         tools.setObjectName("main_toolbar")
@@ -522,7 +530,19 @@ class MainWindow(QMainWindow):
         self.plots.set_result(result)
         self.timeline.set_plan(result.plan.strides, result.plan.keyframes)
         self.metrics.set_result(result)
+        self.metrics.set_quality(self._quality(result, engine), result.plan.warp_forced)
         self._start_render(gen, result)
+
+    def _quality(self, result: MotionResult, engine) -> dict | None:
+        """The clip's quality metrics (about a millisecond); None where they cannot be had (no
+        engine, or one that cannot say its keypoints): the panel shows dashes, the preview
+        goes on."""
+        if engine is None:
+            return None
+        try:
+            return quality_of(result, engine)
+        except Exception:  # noqa: BLE001 - a metric must never stop the preview
+            return None
 
     def _frames_ready(self, gen: int, start: int, frames: list[np.ndarray]) -> None:
         if gen != self.generation or start + len(frames) > len(self.frames):
@@ -769,7 +789,8 @@ class MainWindow(QMainWindow):
 
     def _set_frame_label(self, index: int) -> None:
         n = len(self.frames)
-        self.frame_label.setText(f"frame {index + 1} / {n}   {index / FPS:6.2f} s")
+        kind = "   in-between" if self.timeline.is_inbetween(index) else ""
+        self.frame_label.setText(f"frame {index + 1} / {n}   {index / FPS:6.2f} s{kind}")
 
     def _show_frame(self, index: int) -> None:
         """Show frame ``index`` (the playhead's) and say which it is; a frame not rendered yet

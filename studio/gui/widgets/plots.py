@@ -1,4 +1,5 @@
-"""Timeline (waveform, stride bands, keyframes, playhead) and the pose and jerk plots.
+"""Timeline (waveform, stride bands, keyframes, in-between marks, playhead) and the pose and
+jerk plots.
 
 All plots share the time axis (seconds) with the timeline and draw the playhead. A click
 anywhere on the timeline or a plot (its data or its time axis) seeks there; every plot has a
@@ -65,8 +66,14 @@ def _swatch(colour: str, width: int = 2, dash: bool = False) -> pg.PlotDataItem:
     return pg.PlotDataItem(pen=pg.mkPen(colour, width=width, style=style))
 
 
+BAND_Y0, BAND_HEIGHT = -1.45, 0.3  # the stride bands' place under the waveform
+INBETWEEN_TINT = "#ffffffb0"  # pales an in-between's stride band (keyframes keep full colour)
+
+
 class Timeline(pg.GraphicsLayoutWidget):
-    """Waveform, per-frame stride bands, keyframe ticks and a draggable playhead; a click seeks."""
+    """Waveform, per-frame stride bands, keyframe ticks, optional in-between marks (the frames
+    made from their keyframes, not rendered: tinted bands) and a draggable playhead; a click
+    seeks."""
 
     scrubbed = Signal(int)  # frame under the dragged playhead or the click
 
@@ -86,10 +93,17 @@ class Timeline(pg.GraphicsLayoutWidget):
         self.fill = pg.FillBetweenItem(self.wave_hi, self.wave_lo, brush=pg.mkBrush("#5aa9e655"))
         for it in (self.wave_hi, self.wave_lo, self.fill):
             p.addItem(it)
-        self.bands = pg.BarGraphItem(x=[], height=[], width=1.0 / FPS, y0=-1.45)
+        self.bands = pg.BarGraphItem(x=[], height=[], width=1.0 / FPS, y0=BAND_Y0)
         p.addItem(self.bands)
         self.keys = pg.ScatterPlotItem(symbol="t1", size=6, pen=None, brush=pg.mkBrush(theme.TEXT))
         p.addItem(self.keys)
+        # Tints the in-betweens' bands (over the stride bands, which keep their colour).
+        self.inbetween_marks = pg.BarGraphItem(
+            x=[], height=[], width=1.0 / FPS, y0=BAND_Y0, brush=pg.mkBrush(INBETWEEN_TINT), pen=None
+        )
+        self.inbetween_marks.setVisible(False)
+        p.addItem(self.inbetween_marks)
+        self.inbetween = np.zeros(0, bool)  # [N] whether each frame is an in-between
         self.playhead = pg.InfiniteLine(
             0,
             movable=True,
@@ -105,6 +119,10 @@ class Timeline(pg.GraphicsLayoutWidget):
             bar = pg.BarGraphItem(x=[0], height=[1], width=1, brush=pg.mkBrush(colour), pen=None)
             legend.addItem(bar, f"stride {stride}")
         legend.addItem(self.keys, "keyframe")
+        tint = pg.mkBrush(INBETWEEN_TINT)
+        legend.addItem(
+            pg.BarGraphItem(x=[0], height=[1], width=1, brush=tint, pen=None), "in-between"
+        )
         _fit(self.ci, legend)
         self.legend = legend
         self.setMinimumHeight(120)
@@ -129,19 +147,40 @@ class Timeline(pg.GraphicsLayoutWidget):
         self._plot.setXRange(0, n / rate, padding=0.01)
 
     def set_plan(self, strides: np.ndarray, keyframes: np.ndarray) -> None:
-        """Coloured stride bands (1 red, 2 amber, 3 blue) and keyframe ticks."""
+        """Coloured stride bands (1 red, 2 amber, 3 blue), keyframe ticks and the in-between
+        marks (shown or not as :meth:`show_inbetweens` last said)."""
         self._n = strides.size
         x = (np.arange(strides.size) + 0.5) / FPS
         brushes = [pg.mkBrush(theme.STRIDE[int(s)]) for s in strides]
         self.bands.setOpts(
             x=x,
-            height=np.full(strides.size, 0.3),
+            height=np.full(strides.size, BAND_HEIGHT),
             brushes=brushes,
             pens=[None] * strides.size,
             width=1.0 / FPS,
-            y0=-1.45,
+            y0=BAND_Y0,
         )
         self.keys.setData(x=(keyframes + 0.5) / FPS, y=np.full(keyframes.size, -1.05))
+        self.inbetween = np.ones(strides.size, bool)
+        self.inbetween[np.asarray(keyframes, np.int64)] = False
+        marked = x[self.inbetween]
+        self.inbetween_marks.setOpts(
+            x=marked, height=np.full(marked.size, BAND_HEIGHT), width=1.0 / FPS, y0=BAND_Y0
+        )
+
+    def show_inbetweens(self, on: bool) -> None:
+        """Show or hide the in-between marks."""
+        self.inbetween_marks.setVisible(on)
+
+    def marked_frames(self) -> np.ndarray:
+        """The frames marked as in-betweens now (none while the marks are hidden)."""
+        if not self.inbetween_marks.isVisible():
+            return np.zeros(0, np.int64)
+        return np.flatnonzero(self.inbetween)
+
+    def is_inbetween(self, frame: int) -> bool:
+        """Whether ``frame`` of the plan shown is an in-between (not a keyframe)."""
+        return 0 <= frame < self.inbetween.size and bool(self.inbetween[frame])
 
     def set_frame(self, frame: int) -> None:
         if not self.playhead.moving:
