@@ -218,3 +218,26 @@ def run_cli(argv, capsys):
         code = e.code
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+GUI_RENDER_TIMEOUT_MS = 120_000
+
+
+@pytest.fixture
+def window(qtbot, tmp_path, monkeypatch):
+    """The studio window on the demo engine, shown offscreen, after its first render (its
+    settings kept in a folder of the test's own)."""
+    monkeypatch.setenv("STUDIO_CONFIG_DIR", str(tmp_path / "config"))
+    from PySide6.QtWidgets import QApplication
+
+    from studio.gui import theme
+    from studio.gui.window import MainWindow
+
+    theme.apply(QApplication.instance())
+    w = MainWindow()
+    qtbot.addWidget(w)
+    w.show()
+    with qtbot.waitSignal(w.renderFinished, timeout=GUI_RENDER_TIMEOUT_MS):
+        pass
+    yield w
+    w.close()

@@ -6,25 +6,9 @@ import pytest
 
 pytest.importorskip("PySide6")
 
-from studio.gui import theme  # noqa: E402
 from studio.gui.window import MainWindow  # noqa: E402
 
 RENDER_TIMEOUT_MS = 120_000
-
-
-@pytest.fixture
-def window(qtbot, tmp_path, monkeypatch):
-    monkeypatch.setenv("STUDIO_CONFIG_DIR", str(tmp_path / "config"))
-    from PySide6.QtWidgets import QApplication
-
-    theme.apply(QApplication.instance())
-    w = MainWindow()
-    qtbot.addWidget(w)
-    w.show()
-    with qtbot.waitSignal(w.renderFinished, timeout=RENDER_TIMEOUT_MS):
-        pass
-    yield w
-    w.close()
 
 
 def test_opens_on_the_demo_and_frames_reach_the_viewer(window):

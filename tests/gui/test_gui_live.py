@@ -11,29 +11,12 @@ import soundfile as sf
 pytest.importorskip("PySide6")
 
 from studio.gui import live as live_mod  # noqa: E402
-from studio.gui import theme  # noqa: E402
-from studio.gui.window import MainWindow  # noqa: E402
 from studio.layout import FPS, SAMPLE_RATE  # noqa: E402
 from studio.live.sources import PcmConverter, PcmFormat, QueueSource  # noqa: E402
 
 RENDER_TIMEOUT_MS = 120_000
 SESSION_TIMEOUT_MS = 60_000
 CLIP_S = 2.5
-
-
-@pytest.fixture
-def window(qtbot, tmp_path, monkeypatch):
-    monkeypatch.setenv("STUDIO_CONFIG_DIR", str(tmp_path / "config"))
-    from PySide6.QtWidgets import QApplication
-
-    theme.apply(QApplication.instance())
-    w = MainWindow()
-    qtbot.addWidget(w)
-    w.show()
-    with qtbot.waitSignal(w.renderFinished, timeout=RENDER_TIMEOUT_MS):
-        pass
-    yield w
-    w.close()
 
 
 @pytest.fixture

@@ -7,27 +7,10 @@ import pytest
 pytest.importorskip("PySide6")
 
 from studio import layout  # noqa: E402
-from studio.gui import theme  # noqa: E402
 from studio.gui.widgets.metrics import QUALITY_ROWS, MetricsPanel, quality_texts  # noqa: E402
-from studio.gui.window import MainWindow  # noqa: E402
 from studio.render.pipeline import quality_of  # noqa: E402
 
 RENDER_TIMEOUT_MS = 120_000
-
-
-@pytest.fixture
-def window(qtbot, tmp_path, monkeypatch):
-    monkeypatch.setenv("STUDIO_CONFIG_DIR", str(tmp_path / "config"))
-    from PySide6.QtWidgets import QApplication
-
-    theme.apply(QApplication.instance())
-    w = MainWindow()
-    qtbot.addWidget(w)
-    w.show()
-    with qtbot.waitSignal(w.renderFinished, timeout=RENDER_TIMEOUT_MS):
-        pass
-    yield w
-    w.close()
 
 
 def _number(text: str) -> float:
