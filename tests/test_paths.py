@@ -67,9 +67,7 @@ def test_compiled_caches_are_placed_unless_the_user_placed_them(clean_env: Path)
     assert env == {"TRITON_CACHE_DIR": "/mine", "TORCHINDUCTOR_CACHE_DIR": inductor}
 
 
-def test_write_log_keeps_the_newest_files(
-    clean_env: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_write_log_keeps_the_newest_files(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(paths, "KEEP_LOGS", 3)
     written = [paths.write_log("studio-error", f"log {i}\n") for i in range(5)]
     assert len(set(written)) == 5  # one file each, even within the same second
@@ -103,8 +101,7 @@ def test_two_processes_on_a_cold_cache_build_once(clean_env: Path) -> None:
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(2)
     procs = [
-        ctx.Process(target=_build_once, args=(str(target), str(counter), barrier))
-        for _ in range(2)
+        ctx.Process(target=_build_once, args=(str(target), str(counter), barrier)) for _ in range(2)
     ]
     for p in procs:
         p.start()

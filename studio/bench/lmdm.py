@@ -721,9 +721,7 @@ def run_lmdm_suite(
     ort_wanted = [p for p in ORT_PATHS if p in wanted]
     if ort_wanted and onnx:
         with tempfile.TemporaryDirectory(prefix="studio-bench-") as tmp:
-            result["paths"].update(
-                _run_onnxruntime(base_cpu, ort_wanted, work, Path(tmp))
-            )
+            result["paths"].update(_run_onnxruntime(base_cpu, ort_wanted, work, Path(tmp)))
         for p in ort_wanted:
             say(_progress_line(p, result["paths"][p]))
     elif ort_wanted:

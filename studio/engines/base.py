@@ -16,7 +16,7 @@ or needs checkpoints) are asked of the engine, not inferred from its name.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -27,8 +27,10 @@ from studio.audio.phonetics import PhoneticFrames
 from studio.settings import RenderSettings
 
 Progress = Callable[[str, int, int], None]
-# (prev_image, next_image, prev_kp, next_kp, kp, w) -> the in-between (studio.render.inbetween)
-InbetweenWarp = Callable[[Any, Any, np.ndarray, np.ndarray, np.ndarray, float], Any]
+# (prev_images, next_images, prev_kp, next_kp, kp, w), batched over the first dimension ->
+# the in-betweens (studio.render.inbetween.motion_inbetweens)
+InbetweenWarp = Callable[[Any, Any, np.ndarray, np.ndarray, np.ndarray, np.ndarray], Any]
+INBETWEEN_BATCH = 8  # in-betweens warped in one call on the host (bounds its temporaries)
 
 DEFAULT_RENDER_BATCH = 8
 PIXEL_FORMATS = ("rgb24", "yuv420p")
@@ -141,19 +143,57 @@ class Renderer:
         w: float,
         warp: InbetweenWarp | None = None,
     ) -> np.ndarray:
-        """The frame at weight ``w`` between two rendered keyframes.
+        """The frame at weight ``w`` between two rendered keyframes: :meth:`inbetweens` of
+        one (``motion`` [3, motion]: the previous keyframe's row, the next one's, its own)."""
+        rows = np.asarray(motion)[None]
+        return self.inbetweens([prev_image], [next_image], rows, np.array([w]), warp)[0]
 
-        ``motion`` [3, motion]: the rows of the previous keyframe, the next one and the
+    def inbetweens(
+        self,
+        prev_images: Sequence[np.ndarray],
+        next_images: Sequence[np.ndarray],
+        motion: np.ndarray,
+        w: np.ndarray,
+        warp: InbetweenWarp | None = None,
+        keys: np.ndarray | None = None,
+    ) -> list[np.ndarray]:
+        """The frames at weights ``w`` [B] between rendered keyframes.
+
+        ``motion`` [B, 3, motion]: the rows of each previous keyframe, the next one and the
         in-between. With ``warp`` (the render layer's
-        :func:`studio.render.inbetween.motion_inbetween`) and keypoints from
+        :func:`studio.render.inbetween.motion_inbetweens`) and keypoints from
         :meth:`keypoints_2d`, both neighbours are moved to the in-between's keypoints before
-        blending; otherwise a cross-fade in place. A renderer that pastes a crop back
-        overrides this to warp the crop.
+        blending; otherwise a cross-fade in place. ``keys`` [B, 3] (frame indices of the
+        previous keyframe, the next one and the in-between in the prepared motion, where the
+        caller knows them) lets a renderer that keeps its keyframes' crops warp those
+        instead and paste the result back (the Ditto renderer).
         """
-        kp = None if warp is None else self.keypoints_2d(np.asarray(motion))
+        motion = np.asarray(motion)
+        count = motion.shape[0]
+        kp = (
+            None
+            if warp is None or count == 0
+            else self.keypoints_2d(motion.reshape(-1, motion.shape[-1]))
+        )
         if kp is None:
-            return crossfade(prev_image, next_image, w)
-        return warp(prev_image, next_image, kp[0], kp[1], kp[2], w)
+            return [
+                crossfade(a, b, float(x))
+                for a, b, x in zip(prev_images, next_images, w, strict=True)
+            ]
+        kp = kp.reshape(count, 3, *kp.shape[1:])
+        out: list[np.ndarray] = []
+        for s in range(0, count, INBETWEEN_BATCH):
+            part = slice(s, s + INBETWEEN_BATCH)
+            made = warp(
+                np.stack(prev_images[part]),
+                np.stack(next_images[part]),
+                kp[part, 0],
+                kp[part, 1],
+                kp[part, 2],
+                np.asarray(w)[part],
+            )
+            out.extend(made)
+        return out
 
     @property
     def timings_ms(self) -> dict[str, float]:

@@ -44,63 +44,117 @@ def _tps_kernel(r2: torch.Tensor) -> torch.Tensor:
 
 
 def tps_fit(ctrl: torch.Tensor, target: torch.Tensor, reg: float = TPS_REG) -> torch.Tensor:
-    """Thin-plate spline coefficients [M + 3, 2] mapping ``ctrl`` [M, 2] onto ``target``."""
-    m = ctrl.shape[0]
-    k = _tps_kernel(torch.cdist(ctrl, ctrl).square()) + reg * torch.eye(m, dtype=ctrl.dtype)
-    p = torch.cat([torch.ones(m, 1, dtype=ctrl.dtype), ctrl], 1)
-    a = torch.zeros(m + 3, m + 3, dtype=ctrl.dtype)
-    a[:m, :m], a[:m, m:], a[m:, :m] = k, p, p.T
-    rhs = torch.cat([target, torch.zeros(3, 2, dtype=ctrl.dtype)])
+    """Thin-plate spline coefficients [..., M + 3, 2] mapping ``ctrl`` [..., M, 2] onto
+    ``target`` (batched over the leading dimensions)."""
+    m = ctrl.shape[-2]
+    eye = torch.eye(m, dtype=ctrl.dtype)
+    k = _tps_kernel(torch.cdist(ctrl, ctrl).square()) + reg * eye
+    p = torch.cat([torch.ones(*ctrl.shape[:-1], 1, dtype=ctrl.dtype), ctrl], -1)
+    a = torch.zeros(*ctrl.shape[:-2], m + 3, m + 3, dtype=ctrl.dtype)
+    a[..., :m, :m], a[..., :m, m:], a[..., m:, :m] = k, p, p.transpose(-1, -2)
+    rhs = torch.cat([target, torch.zeros(*target.shape[:-2], 3, 2, dtype=ctrl.dtype)], -2)
     return torch.linalg.solve(a, rhs)
 
 
 def tps_apply(coef: torch.Tensor, ctrl: torch.Tensor, pts: torch.Tensor) -> torch.Tensor:
-    """The spline of :func:`tps_fit` at ``pts`` [P, 2]."""
+    """The spline of :func:`tps_fit` at ``pts`` [..., P, 2]."""
     u = _tps_kernel(torch.cdist(pts, ctrl).square())
-    p = torch.cat([torch.ones(pts.shape[0], 1, dtype=pts.dtype), pts], 1)
-    m = ctrl.shape[0]
-    return u @ coef[:m] + p @ coef[m:]
+    p = torch.cat([torch.ones(*pts.shape[:-1], 1, dtype=pts.dtype), pts], -1)
+    m = ctrl.shape[-2]
+    return u @ coef[..., :m, :] + p @ coef[..., m:, :]
 
 
 def coarse_map(
     dst_kp: np.ndarray, src_kp: np.ndarray, height: int, width: int, step: int = GRID_STEP
 ) -> torch.Tensor:
-    """The backward map on the coarse grid: [2, gh, gw] source (x, y) in pixels of the nodes
-    (x = 0, step, …, width), pulling keypoints ``dst_kp`` [21, 2] from ``src_kp`` (float64,
-    CPU: a few thousand points)."""
+    """The backward map on the coarse grid: [..., 2, gh, gw] source (x, y) in pixels of the
+    nodes (x = 0, step, …, width), pulling keypoints ``dst_kp`` [..., K, 2] from ``src_kp``
+    (float64 on the CPU: a few thousand points a map)."""
     scale = float(max(height, width))
-    anchors = border_anchors(height, width)
-    ctrl = torch.from_numpy(np.concatenate([dst_kp, anchors]) / scale)
-    target = torch.from_numpy(np.concatenate([src_kp, anchors]) / scale)
+    dst, src = np.asarray(dst_kp, np.float64), np.asarray(src_kp, np.float64)
+    border = border_anchors(height, width)
+    anchors = np.broadcast_to(border, (*dst.shape[:-2], *border.shape))
+    ctrl = torch.from_numpy(np.concatenate([dst, anchors], -2) / scale)
+    target = torch.from_numpy(np.concatenate([src, anchors], -2) / scale)
     coef = tps_fit(ctrl, target)
     gx = np.linspace(0.0, width, -(-width // step) + 1)
     gy = np.linspace(0.0, height, -(-height // step) + 1)
     yy, xx = np.meshgrid(gy, gx, indexing="ij")
     nodes = torch.from_numpy(np.stack([xx.ravel(), yy.ravel()], 1) / scale)
-    out = tps_apply(coef, ctrl, nodes) * scale
-    return out.T.reshape(2, gy.size, gx.size)
+    out = tps_apply(coef, ctrl, nodes.expand(*ctrl.shape[:-2], -1, 2)) * scale
+    return out.transpose(-1, -2).reshape(*ctrl.shape[:-2], 2, gy.size, gx.size)
 
 
 def _confidence(grid: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """[gh, gw] confidence of a coarse backward map: exp(-k |log det J|), 0 where it folds."""
-    sx = grid.shape[2] - 1
-    sy = grid.shape[1] - 1
-    dx = torch.gradient(grid, dim=(1, 2), spacing=(height / sy, width / sx))
-    jxx, jxy = dx[1][0], dx[0][0]  # d src_x / dx, d src_x / dy
-    jyx, jyy = dx[1][1], dx[0][1]
+    """[..., gh, gw] confidence of coarse backward maps [..., 2, gh, gw]:
+    exp(-k |log det J|), 0 where the map folds."""
+    sx = grid.shape[-1] - 1
+    sy = grid.shape[-2] - 1
+    gx, gy = grid[..., 0, :, :], grid[..., 1, :, :]
+    jxy, jxx = torch.gradient(gx, dim=(-2, -1), spacing=(height / sy, width / sx))
+    jyy, jyx = torch.gradient(gy, dim=(-2, -1), spacing=(height / sy, width / sx))
     det = jxx * jyy - jxy * jyx
     conf = torch.exp(-STRETCH_SHARPNESS * det.clamp_min(1e-6).log().abs())
     return torch.where(det > 0, conf, torch.zeros_like(conf))
 
 
 def _to_full(coarse: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """Upsample [C, gh, gw] node values (nodes at 0..width) to pixel centres [C, H, W]."""
-    gh, gw = coarse.shape[1:]
+    """Upsample [B, C, gh, gw] node values (nodes at 0..width) to pixel centres [B, C, H, W]."""
+    dev, dt = coarse.device, coarse.dtype
     # pixel centre x + 0.5 in node units, as grid_sample coordinates (align_corners=True)
-    xs = (torch.arange(width, dtype=coarse.dtype) + 0.5) / width * 2.0 - 1.0
-    ys = (torch.arange(height, dtype=coarse.dtype) + 0.5) / height * 2.0 - 1.0
+    xs = (torch.arange(width, dtype=dt, device=dev) + 0.5) / width * 2.0 - 1.0
+    ys = (torch.arange(height, dtype=dt, device=dev) + 0.5) / height * 2.0 - 1.0
     grid = torch.stack(torch.meshgrid(ys, xs, indexing="ij")[::-1], -1)[None]
-    return F.grid_sample(coarse[None], grid, mode="bilinear", align_corners=True)[0]
+    grid = grid.expand(coarse.shape[0], -1, -1, -1)
+    return F.grid_sample(coarse, grid, mode="bilinear", align_corners=True)
+
+
+def motion_inbetweens(
+    prev_images: np.ndarray | torch.Tensor,
+    next_images: np.ndarray | torch.Tensor,
+    prev_kp: np.ndarray,
+    next_kp: np.ndarray,
+    kp: np.ndarray,
+    w: np.ndarray,
+    step: int = GRID_STEP,
+) -> np.ndarray | torch.Tensor:
+    """A batch of in-betweens at weights ``w`` [B] (0: the previous keyframe, 1: the next).
+
+    Images [B, H, W, 3] uint8 (numpy, or torch on any device: the result is of the same
+    kind); keypoints [B, K, 2] (x, y) pixels of the previous keyframes, the next ones and
+    the in-betweens themselves. The splines are solved on the CPU (small), the warps run
+    where the images are, one call for the whole batch.
+    """
+    as_numpy = isinstance(prev_images, np.ndarray)
+    a = torch.from_numpy(prev_images) if as_numpy else prev_images
+    b = torch.from_numpy(next_images) if as_numpy else next_images
+    count, height, width = a.shape[:3]
+    dev = a.device
+    dst = np.asarray(kp, np.float64)
+    src = np.stack([np.asarray(prev_kp, np.float64), np.asarray(next_kp, np.float64)], 1)
+    maps = coarse_map(np.repeat(dst[:, None], 2, 1), src, height, width, step)  # [B,2,2,gh,gw]
+    confs = _confidence(maps, height, width)  # [B, 2, gh, gw]
+    coarse = torch.cat([maps.flatten(1, 2), confs], 1).float()  # [B, 6, gh, gw]
+    full = _to_full(coarse.to(dev, non_blocking=True), height, width)  # [B, 6, H, W]
+    # backward maps -> grid_sample's normalised coordinates (pixel centres, align_corners=False)
+    norm = torch.tensor([2.0 / width, 2.0 / height], device=dev)[:, None, None]
+    grids = full[:, :4].unflatten(1, (2, 2)) * norm - 1.0  # [B, 2 (prev, next), 2, H, W]
+    images = torch.stack([a, b], 1).flatten(0, 1).permute(0, 3, 1, 2).float()  # [2B, 3, H, W]
+    warped = F.grid_sample(
+        images,
+        grids.flatten(0, 1).permute(0, 2, 3, 1),
+        mode=INTERPOLATION,
+        padding_mode="border",
+        align_corners=False,
+    ).unflatten(0, (count, 2))  # [B, 2, 3, H, W]
+    inside = (grids.abs() <= 1.0).all(dim=2).float()  # [B, 2, H, W]
+    wt = torch.as_tensor(np.asarray(w, np.float32).reshape(count), device=dev)
+    dist = torch.stack([1.0 - wt, wt], 1)[:, :, None, None]  # [B, 2, 1, 1]
+    # distance times confidence; falls back to the distance blend where both are unsure
+    weight = dist * full[:, 4:] * inside + 1e-6 + dist * 1e-4
+    out = (warped * weight[:, :, None]).sum(1) / weight.sum(1)[:, None]
+    out = out.add_(0.5).clamp_(0.0, 255.0).to(torch.uint8).permute(0, 2, 3, 1)
+    return out.numpy() if as_numpy else out
 
 
 def motion_inbetween(
@@ -112,39 +166,8 @@ def motion_inbetween(
     w: float,
     step: int = GRID_STEP,
 ) -> np.ndarray | torch.Tensor:
-    """The in-between at weight ``w`` (0: ``prev_image``, 1: ``next_image``).
-
-    Images [H, W, 3] uint8 (numpy, or torch on any device: the result is of the same kind);
-    keypoints [21, 2] (x, y) pixels of the previous keyframe, the next one and the
-    in-between itself.
-    """
-    as_numpy = isinstance(prev_image, np.ndarray)
-    a = torch.from_numpy(prev_image) if as_numpy else prev_image
-    b = torch.from_numpy(next_image) if as_numpy else next_image
-    height, width = a.shape[:2]
-    kp = np.asarray(kp, np.float64)
-    maps, confs = [], []
-    for src in (prev_kp, next_kp):
-        grid = coarse_map(kp, np.asarray(src, np.float64), height, width, step)
-        maps.append(grid)
-        confs.append(_confidence(grid, height, width))
-    coarse = torch.cat([maps[0], maps[1], confs[0][None], confs[1][None]]).float()
-    full = _to_full(coarse.to(a.device), height, width)  # [6, H, W]
-    # backward maps -> grid_sample's normalised coordinates (pixel centres, align_corners=False)
-    norm = torch.tensor([2.0 / width, 2.0 / height], device=a.device)[:, None, None]
-    grids = torch.stack([full[0:2], full[2:4]]) * norm - 1.0  # [2, 2, H, W]
-    images = torch.stack([a, b]).permute(0, 3, 1, 2).float()
-    warped = F.grid_sample(
-        images,
-        grids.permute(0, 2, 3, 1),
-        mode=INTERPOLATION,
-        padding_mode="border",
-        align_corners=False,
-    )
-    inside = (grids.abs() <= 1.0).all(dim=1).float()  # [2, H, W]
-    weight = torch.stack([(1.0 - w) * full[4], w * full[5]]) * inside + 1e-6
-    weight[0] += (1.0 - w) * 1e-4  # falls back to the distance blend where both are unsure
-    weight[1] += w * 1e-4
-    out = (warped * weight[:, None]).sum(0) / weight.sum(0)
-    out = out.add_(0.5).clamp_(0.0, 255.0).to(torch.uint8).permute(1, 2, 0)
-    return out.numpy() if as_numpy else out
+    """One in-between at weight ``w``: :func:`motion_inbetweens` of a batch of one (images
+    [H, W, 3], keypoints [K, 2])."""
+    return motion_inbetweens(
+        prev_image[None], next_image[None], prev_kp[None], next_kp[None], kp[None], [w], step
+    )[0]

@@ -25,7 +25,7 @@ from studio.engines.base import Engine, Progress, Renderer, crossfade
 from studio.errors import Cancelled
 from studio.motion.cadence import CadencePlan, blend_weights, plan_cadence, sample_motion
 from studio.motion.kinematics import kinematics_report, smooth_motion
-from studio.render.inbetween import motion_inbetween
+from studio.render.inbetween import motion_inbetweens
 from studio.settings import RenderSettings
 
 CancelCheck = Callable[[], bool]
@@ -115,7 +115,7 @@ def make_inbetween(
     """The frame at weight ``w`` between two keyframe renders: the renderer's
     :meth:`~studio.engines.base.Renderer.inbetween` with the motion-compensated warp
     (``motion``: the rows of the previous keyframe, the next one and the frame)."""
-    return renderer.inbetween(prev_image, next_image, motion, w, warp=motion_inbetween)
+    return renderer.inbetween(prev_image, next_image, motion, w, warp=motion_inbetweens)
 
 
 def _needed_keyframes(
@@ -141,15 +141,19 @@ def iter_frames(
     progress: Progress | None = None,
     stats: dict | None = None,
     known: Sequence[np.ndarray | None] | None = None,
+    overlap: bool = True,
 ) -> Iterator[np.ndarray]:
     """All frames in order: keyframes rendered in batches, in-betweens made from the two
-    neighbouring keyframes (:func:`make_inbetween`).
+    neighbouring keyframes in one call per batch (the renderer's
+    :meth:`~studio.engines.base.Renderer.inbetweens`, motion-compensated).
 
     ``known`` (one entry per frame, None where missing) holds frames rendered before with
     the same motion and settings, e.g. the GUI's preview: they are passed through, and only
     the keyframes the missing frames need are rendered. ``stats['render_s']`` accumulates the
     time spent rendering and blending, ``stats['blend_s']`` the blending alone. ``batch``
-    (keyframes per chunk) defaults to the renderer's own.
+    (keyframes per chunk) defaults to the renderer's own. ``overlap=False`` renders each
+    chunk only when its frames are due (no device work ahead), so that the two times are each
+    stage's own cost (:mod:`studio.render.fidelity`).
     """
     plan = result.plan
     n = plan.num_frames
@@ -162,31 +166,50 @@ def iter_frames(
     if chunks:
         renderer.prepare(result.smoothed)
     # A device renderer works one chunk ahead (the GPU renders while we encode).
-    results = renderer.iter_render(iter(chunks))
+    if overlap:
+        results = renderer.iter_render(iter(chunks))
+    else:
+        results = (renderer.render_frames(chunk) for chunk in chunks)
     rendered: dict[int, np.ndarray] = {}
     stats = stats if stats is not None else {}
     stats.setdefault("render_s", 0.0)
     stats.setdefault("blend_s", 0.0)
     stats["reused_frames"] = 0 if known is None else sum(f is not None for f in known)
 
+    def inbetweens_upto(last: int) -> dict[int, np.ndarray]:
+        """The missing in-betweens from ``frame`` to ``last``, made in one call."""
+        todo = np.arange(frame, last + 1)
+        todo = todo[w[todo] > 0.0]
+        if known is not None:
+            todo = todo[[known[f] is None for f in todo]]
+        if todo.size == 0:
+            return {}
+        t0 = time.perf_counter()
+        p, q = prv[todo], nxt[todo]
+        rows = result.smoothed[np.stack([p, q, todo], 1)]  # [B, 3, motion]
+        made = renderer.inbetweens(
+            [rendered[int(k)] for k in p],
+            [rendered[int(k)] for k in q],
+            rows,
+            w[todo],
+            warp=motion_inbetweens,
+            keys=np.stack([p, q, todo], 1),
+        )
+        dt = time.perf_counter() - t0
+        stats["render_s"] += dt
+        stats["blend_s"] += dt
+        return dict(zip(todo.tolist(), made, strict=True))
+
     def frames_upto(last: int) -> Iterator[np.ndarray]:
         nonlocal frame
+        made = inbetweens_upto(last)
         while frame <= last:
             if known is not None and known[frame] is not None:
                 yield known[frame]
-                frame += 1
-                continue
-            t0 = time.perf_counter()
-            p, q = int(prv[frame]), int(nxt[frame])
-            if w[frame] == 0.0:
-                img = rendered[p]
+            elif w[frame] == 0.0:
+                yield rendered[int(prv[frame])]
             else:
-                rows = result.smoothed[[p, q, frame]]
-                img = make_inbetween(renderer, rendered[p], rendered[q], rows, float(w[frame]))
-            dt = time.perf_counter() - t0
-            stats["render_s"] += dt
-            stats["blend_s"] += dt
-            yield img
+                yield made.pop(frame)
             frame += 1
 
     frame = 0

@@ -323,3 +323,76 @@ def test_stage_clock_holds_a_bounded_number_of_events():
             torch.ones(8, device="cuda").sum()
     assert len(clock._pending) <= StageClock.KEEP
     assert clock.ms()["x"] > 0 and not clock._pending
+
+
+# --- in-betweens warped on the crop, before paste-back --------------------------------------
+
+
+def test_inbetweens_warp_the_kept_crops_and_paste_back_exactly(render_nets) -> None:
+    from studio.engines.base import crossfade
+    from studio.render.inbetween import motion_inbetweens
+
+    motion = _motion(4)
+    motion[1] = motion[0]  # frame 1 is frame 0 again: its in-between of (0, 1) is the keyframe
+    r = _renderer(render_nets, batch=2)
+    r.prepare(motion)
+    keys = r.render_frames(np.array([0, 1, 3]))
+    assert len(r.crops) == 3
+    rows = motion[[[0, 1, 1], [1, 3, 2]]]
+    made = r.inbetweens(
+        [keys[0], keys[1]],
+        [keys[1], keys[2]],
+        rows,
+        np.array([0.5, 0.5]),
+        warp=motion_inbetweens,
+        keys=np.array([[0, 1, 1], [1, 3, 2]]),
+    )
+    assert "inbetween" in r.timings_ms
+    # identical keyframes and keypoints: nothing moves (the crop kept as uint8: a level off)
+    assert np.abs(made[0].astype(int) - keys[0]).max() <= 1
+    img = _Avatar().image  # outside the pasted square the avatar image stays exact
+    assert np.array_equal(made[1][:, :95], img[:, :95]) and np.array_equal(made[1][250:], img[250:])
+    fade = crossfade(keys[1], keys[2], 0.5)
+    assert np.abs(made[1].astype(int) - fade).mean() > 0.05  # moved, not faded in place
+
+
+def test_inbetweens_without_kept_crops_cross_fade(render_nets) -> None:
+    from studio.engines.base import crossfade
+    from studio.render.inbetween import motion_inbetweens
+
+    motion = _motion(3)
+    r = _renderer(render_nets, batch=2)
+    r.prepare(motion)
+    a, b = r.render_batch(motion[[0, 2]])  # rows rendered directly: no crops kept
+    made = r.inbetweens(
+        [a], [b], motion[None, [0, 2, 1]], np.array([0.5]), motion_inbetweens, np.array([[0, 2, 1]])
+    )
+    assert np.array_equal(made[0], crossfade(a, b, 0.5))
+
+
+def test_kept_crops_follow_the_chunks(render_nets) -> None:
+    from studio.engines.ditto.crops import KEPT_CHUNKS
+
+    r = _renderer(render_nets, batch=2)
+    r.prepare(_motion(12))
+    chunks = [np.arange(s, s + 2) for s in range(0, 12, 2)]
+    for _ in r.iter_render(iter(chunks)):
+        pass
+    assert len(r.crops) == 2 * KEPT_CHUNKS
+    assert r.crops.get(np.array([11, 8])) is not None and r.crops.get(np.array([0])) is None
+
+
+def test_a_clip_with_cadence_makes_its_inbetweens_on_the_crop(render_nets) -> None:
+    from studio.motion.cadence import plan_cadence
+    from studio.render.pipeline import MotionResult, iter_frames
+
+    motion = _motion(7)
+    plan = plan_cadence(None, 3, num_frames=7)  # keyframes 0, 3, 6
+    result = MotionResult(None, None, motion, plan, motion, {}, {})
+    r = _renderer(render_nets, batch=2)
+    frames = list(iter_frames(result, r))
+    assert len(frames) == 7 and "inbetween" in r.timings_ms
+    r.prepare(motion)
+    full = r.render_frames(np.arange(7))
+    _same_frames(frames[3], full[3])  # keyframes are the renders
+    assert not np.array_equal(frames[1], full[1])  # an in-between is made, not rendered

@@ -219,9 +219,7 @@ def test_the_smallest_accepted_accel_limit_is_honoured(seed):
     stored as float32 bin logits, for head poses anywhere in ±60° and any window."""
     rng = np.random.default_rng(seed)
     n = 300
-    angles = [
-        np.clip(b + np.cumsum(rng.normal(0, 2, n)), -85, 85) for b in rng.uniform(-60, 60, 3)
-    ]
+    angles = [np.clip(b + np.cumsum(rng.normal(0, 2, n)), -85, 85) for b in rng.uniform(-60, 60, 3)]
     m = _motion(*angles, seed=seed)
     for window in (3, 9, 31):
         out = K.smooth_motion(m, K.SmoothingSettings(True, window, 2, K.MIN_ACCEL_LIMIT))

@@ -15,7 +15,7 @@ from studio.motion.cadence import (
     warp_displacement,
     warp_stride_cap,
 )
-from studio.render.inbetween import motion_inbetween
+from studio.render.inbetween import motion_inbetween, motion_inbetweens
 from studio.render.pipeline import analyze, iter_frames
 from studio.settings import RenderSettings
 
@@ -65,7 +65,7 @@ def test_base_renderer_cross_fades() -> None:
     a = np.zeros((8, 8, 3), np.uint8)
     b = np.full((8, 8, 3), 200, np.uint8)
     rows = np.zeros((3, layout.MOTION_DIM), np.float32)
-    out = Renderer(8).inbetween(a, b, rows, 0.25, warp=motion_inbetween)
+    out = Renderer(8).inbetween(a, b, rows, 0.25, warp=motion_inbetweens)
     assert np.array_equal(out, crossfade(a, b, 0.25))
 
 

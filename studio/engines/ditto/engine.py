@@ -35,8 +35,9 @@ from studio.avatar.folder import avatar_source
 from studio.avatar.image import load_image
 from studio.avatar.putback import PasteBack
 from studio.avatar.register import REGISTRATION_ROLES, register_avatar
-from studio.engines.base import EngineRequest, Prepared, Progress, Renderer
+from studio.engines.base import EngineRequest, InbetweenWarp, Prepared, Progress, Renderer
 from studio.engines.ditto import CAPABILITIES
+from studio.engines.ditto.crops import KeyframeCrops
 from studio.engines.ditto.warp_decode import WarpDecodeEngines, render_precisions
 from studio.errors import InputError, OptionError
 from studio.export.yuv import rgb_to_yuv420p
@@ -328,6 +329,7 @@ class DittoRenderer(Renderer):
         self._motion: Tensor | None = None  # streamed: the clip's motion, stitched per batch
         self.clock = StageClock(dev)
         self._pinned: list[Tensor | None] = [None, None, None]  # iter_render's two, _download's
+        self.crops = KeyframeCrops()  # the latest keyframes' crops, for their in-betweens
         self.warp_decode = networks.warp_decode(
             settings.precision, settings.compile, settings.runtime
         )
@@ -344,6 +346,7 @@ class DittoRenderer(Renderer):
         """Take the clip's motion: d0 is its frame 0; resident mode stitches every frame now."""
         rows = self._upload(motion)
         self.d0 = rows[0].clone()
+        self.crops.clear()
         self._x = self._stitch(rows) if self.memory.mode == "resident" else None
         self._motion = rows if self._x is None else None
 
@@ -377,7 +380,7 @@ class DittoRenderer(Renderer):
 
     def render_frames(self, frames: np.ndarray) -> np.ndarray:
         """Frames ``frames`` (indices into the prepared motion) -> [K, H, W, 3] uint8."""
-        return self._render(*self._keypoints(frames))
+        return self._render(*self._keypoints(frames), frames=np.asarray(frames))
 
     def render_batch(self, motion: np.ndarray) -> np.ndarray:
         """[K, 265] motion rows -> [K, H, W, 3] uint8 (d0 from :meth:`prepare` or row 0)."""
@@ -397,12 +400,14 @@ class DittoRenderer(Renderer):
                 continue
             x_s, x_d = self._keypoints(chunk)
             if self.device.type != "cuda":
-                yield self._render(x_s, x_d)
+                yield self._render(x_s, x_d, frames=np.asarray(chunk))
                 continue
             k = x_d.shape[0]
             buf: Tensor | None = None
+            self.crops.start_chunk()
             for s in range(0, k, self.batch):  # each part copied out before the next overwrites
-                part = self._frames(x_s[s : s + self.batch], x_d[s : s + self.batch])
+                rows = slice(s, s + self.batch)
+                part = self._frames(x_s[rows], x_d[rows], np.asarray(chunk)[rows])
                 if buf is None:
                     buf = self._pinned_slot(slot, (k, *part.shape[1:]))
                 buf[s : s + part.shape[0]].copy_(part, non_blocking=True)
@@ -427,12 +432,16 @@ class DittoRenderer(Renderer):
             cur = self._pinned[slot] = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
         return cur[: shape[0]]
 
-    def _render(self, x_s: Tensor, x_d: Tensor) -> np.ndarray:
-        """All rows in batches of the renderer's batch, into one host array."""
+    def _render(self, x_s: Tensor, x_d: Tensor, frames: np.ndarray | None = None) -> np.ndarray:
+        """All rows in batches of the renderer's batch, into one host array (``frames``:
+        their indices, whose crops are kept for in-betweens)."""
         k = x_d.shape[0]
         out: np.ndarray | None = None
+        if frames is not None:
+            self.crops.start_chunk()
         for s in range(0, k, self.batch):
-            part = self._frames(x_s[s : s + self.batch], x_d[s : s + self.batch])
+            rows = slice(s, s + self.batch)
+            part = self._frames(x_s[rows], x_d[rows], None if frames is None else frames[rows])
             if out is None:
                 out = np.empty((k, *part.shape[1:]), dtype=np.uint8)
             self._download(part, out[s : s + part.shape[0]])
@@ -443,12 +452,21 @@ class DittoRenderer(Renderer):
         return out
 
     @torch.no_grad()
-    def _frames(self, x_s: Tensor, x_d: Tensor) -> Tensor:
+    def _frames(self, x_s: Tensor, x_d: Tensor, frames: np.ndarray | None = None) -> Tensor:
         """Up to a batch of frames on the device: [b, H, W, 3] uint8 (or yuv420p planes),
-        on the engines of the ladder rung that holds them (padded)."""
+        on the engines of the ladder rung that holds them (padded). The crops of ``frames``
+        (their indices) are kept for the in-betweens between them."""
         with self.clock.stage("warp_decode"):
             batch = self.warp_decode.batch_for(x_d.shape[0], self.batch)
             img = self.warp_decode(self.f_s, x_s, x_d, batch)
+            if frames is not None:
+                crop = (img.clamp(0, 1) * 255).to(torch.uint8).permute(0, 2, 3, 1)
+                self.crops.put(frames, crop)
+        return self._finish(img)
+
+    def _finish(self, img: Tensor) -> Tensor:
+        """Crops [b, 3, 512, 512] in 0..1 -> the frames: pasted back (or resized), as RGB or
+        yuv420p planes."""
         with self.clock.stage("putback"):
             if self.full:
                 frames = self.paste(img)
@@ -459,6 +477,37 @@ class DittoRenderer(Renderer):
             if self.pixel_format == "yuv420p":
                 return rgb_to_yuv420p(frames)
             return frames
+
+    @torch.no_grad()
+    def inbetweens(
+        self,
+        prev_images: Sequence[np.ndarray],
+        next_images: Sequence[np.ndarray],
+        motion: np.ndarray,
+        w: np.ndarray,
+        warp: InbetweenWarp | None = None,
+        keys: np.ndarray | None = None,
+    ) -> list[np.ndarray]:
+        """In-betweens warped on the keyframes' crops on the device (keypoints: the stitched
+        driving keypoints projected onto the crop), then pasted back like a keyframe; a
+        cross-fade of the frames where the crops are not kept (rows rendered directly)."""
+        prev = nxt = None
+        if warp is not None and keys is not None and len(keys):
+            keys = np.asarray(keys)
+            prev, nxt = self.crops.get(keys[:, 0]), self.crops.get(keys[:, 1])
+        if prev is None or nxt is None:
+            return super().inbetweens(prev_images, next_images, motion, w, None, keys)
+        with self.clock.stage("inbetween"):
+            _, x_d = self._keypoints(keys.reshape(-1))
+            kp = ((x_d[..., :2].float() + 1.0) * (CROP / 2.0)).cpu().numpy()
+            kp = kp.reshape(len(keys), 3, *kp.shape[1:])
+            made = warp(torch.stack(prev), torch.stack(nxt), kp[:, 0], kp[:, 1], kp[:, 2], w)
+            # + 0.5: the frames' truncating conversion gives the warped uint8 values back
+            img = made.permute(0, 3, 1, 2).float().add_(0.5).div_(255.0)
+        frames = self._finish(img)
+        out = np.empty(tuple(frames.shape), dtype=np.uint8)
+        self._download(frames, out)
+        return list(out)
 
     def _download(self, frames: Tensor, out: np.ndarray) -> None:
         """Device frames into ``out``; on a GPU through a pinned buffer of its own (slot 2, so
