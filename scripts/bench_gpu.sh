@@ -11,7 +11,9 @@
 # python3 that holds a CUDA torch; PYTHONPATH must reach the studio package (and PyAV,
 # soundfile).
 # The live engine's suite (streaming: first frame, latency per setting, concurrent streams, a
-# 10-minute session's memory) runs when named.
+# 10-minute session's memory) and the in-betweens' (cadence: PSNR against full renders and the
+# cost of an in-between against a keyframe, demo engine and the full-size Ditto renderer) run
+# when named (BENCH_AUDIO: a speech file the cadence step measures too).
 # Steps (lmdm render pipeline tests streaming) may be named after OUT_DIR to run only those: a device
 # call lasts at most 10 minutes, so the session is two calls, e.g. `lmdm pipeline tests`
 # then `render`.
@@ -33,6 +35,8 @@ want lmdm && run lmdm 120 --suite lmdm --device cuda --compile --no-onnx --steps
 want render && run render 300 --suite render --device cuda --batches 32 --precisions fp16 --compile \
   --target-ms 150 --paths graph_split_padded_fp16,compiled_graph_fp16,compiled_graph_split_fp16,compiled_graph_split_padded_fp16
 want streaming && run streaming 420 --suite streaming --device cuda --long-minutes 10
+want cadence && run cadence 400 --suite kinematics --device cuda --repeats 1 --warmup 0 \
+  --cadence-engines demo,ditto --cadence-max-frames 40 ${BENCH_AUDIO:+--audio "$BENCH_AUDIO"}
 want pipeline && run pipeline 260 --suite pipeline --device cuda --compile --x264-preset veryfast --plots "$out"
 want tests || exit 0
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/engines/test_warp_decode.py \
