@@ -42,7 +42,7 @@ want tests || exit 0
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/engines/test_warp_decode.py \
   tests/motion/test_fast_lmdm.py tests/motion/test_lmdm_hoist.py \
   tests/models/test_depth_split.py tests/models/test_channel_pad.py \
-  tests/engines/test_ditto_engine.py tests/runtime/test_runtime_engines.py \
+  tests/engines/test_ditto_engine.py tests/runtime/test_runtime_engines.py tests/render/test_inbetween.py \
   tests/bench/test_bench_render.py::test_cuda_graph_and_rewritten_paths_time_the_engines \
   >"$out/tests.log" 2>&1
 echo "tests: exit $? ($(tail -n 1 "$out/tests.log" | cut -c1-120))"

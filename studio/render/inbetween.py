@@ -16,6 +16,8 @@ its GPU (for a renderer that pastes a crop back, on the crop before paste-back).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -45,44 +47,54 @@ def _tps_kernel(r2: torch.Tensor) -> torch.Tensor:
 
 def tps_fit(ctrl: torch.Tensor, target: torch.Tensor, reg: float = TPS_REG) -> torch.Tensor:
     """Thin-plate spline coefficients [..., M + 3, 2] mapping ``ctrl`` [..., M, 2] onto
-    ``target`` (batched over the leading dimensions)."""
+    ``target`` (batched over the leading dimensions, on their device, without a host sync)."""
     m = ctrl.shape[-2]
-    eye = torch.eye(m, dtype=ctrl.dtype)
-    k = _tps_kernel(torch.cdist(ctrl, ctrl).square()) + reg * eye
-    p = torch.cat([torch.ones(*ctrl.shape[:-1], 1, dtype=ctrl.dtype), ctrl], -1)
-    a = torch.zeros(*ctrl.shape[:-2], m + 3, m + 3, dtype=ctrl.dtype)
+    opts = {"dtype": ctrl.dtype, "device": ctrl.device}
+    k = _tps_kernel(torch.cdist(ctrl, ctrl).square()) + reg * torch.eye(m, **opts)
+    p = torch.cat([torch.ones(*ctrl.shape[:-1], 1, **opts), ctrl], -1)
+    a = torch.zeros(*ctrl.shape[:-2], m + 3, m + 3, **opts)
     a[..., :m, :m], a[..., :m, m:], a[..., m:, :m] = k, p, p.transpose(-1, -2)
-    rhs = torch.cat([target, torch.zeros(*target.shape[:-2], 3, 2, dtype=ctrl.dtype)], -2)
-    return torch.linalg.solve(a, rhs)
+    rhs = torch.cat([target, torch.zeros(*target.shape[:-2], 3, 2, **opts)], -2)
+    return torch.linalg.solve_ex(a, rhs, check_errors=False)[0]  # regularised: never singular
 
 
 def tps_apply(coef: torch.Tensor, ctrl: torch.Tensor, pts: torch.Tensor) -> torch.Tensor:
     """The spline of :func:`tps_fit` at ``pts`` [..., P, 2]."""
     u = _tps_kernel(torch.cdist(pts, ctrl).square())
-    p = torch.cat([torch.ones(*pts.shape[:-1], 1, dtype=pts.dtype), pts], -1)
+    p = torch.cat([torch.ones(*pts.shape[:-1], 1, dtype=pts.dtype, device=pts.device), pts], -1)
     m = ctrl.shape[-2]
     return u @ coef[..., :m, :] + p @ coef[..., m:, :]
 
 
 def coarse_map(
-    dst_kp: np.ndarray, src_kp: np.ndarray, height: int, width: int, step: int = GRID_STEP
+    dst_kp: torch.Tensor, src_kp: torch.Tensor, height: int, width: int, step: int = GRID_STEP
 ) -> torch.Tensor:
     """The backward map on the coarse grid: [..., 2, gh, gw] source (x, y) in pixels of the
     nodes (x = 0, step, …, width), pulling keypoints ``dst_kp`` [..., K, 2] from ``src_kp``
-    (float64 on the CPU: a few thousand points a map)."""
+    (float64 tensors, on the device the maps are wanted on)."""
     scale = float(max(height, width))
-    dst, src = np.asarray(dst_kp, np.float64), np.asarray(src_kp, np.float64)
-    border = border_anchors(height, width)
-    anchors = np.broadcast_to(border, (*dst.shape[:-2], *border.shape))
-    ctrl = torch.from_numpy(np.concatenate([dst, anchors], -2) / scale)
-    target = torch.from_numpy(np.concatenate([src, anchors], -2) / scale)
+    border, nodes, shape = _grid(height, width, step, dst_kp.device)
+    anchors = border.expand(*dst_kp.shape[:-2], *border.shape)
+    ctrl = torch.cat([dst_kp, anchors], -2) / scale
+    target = torch.cat([src_kp, anchors], -2) / scale
     coef = tps_fit(ctrl, target)
+    out = tps_apply(coef, ctrl, nodes.expand(*ctrl.shape[:-2], -1, 2)) * scale
+    return out.transpose(-1, -2).reshape(*ctrl.shape[:-2], 2, *shape)
+
+
+@functools.lru_cache(maxsize=8)
+def _grid(
+    height: int, width: int, step: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+    """The border anchors [M, 2] (pixels) and the coarse grid's nodes [P, 2] (unit-square
+    coordinates), float64 on ``device`` (made once: no upload per call), and (gh, gw)."""
+    scale = float(max(height, width))
     gx = np.linspace(0.0, width, -(-width // step) + 1)
     gy = np.linspace(0.0, height, -(-height // step) + 1)
     yy, xx = np.meshgrid(gy, gx, indexing="ij")
-    nodes = torch.from_numpy(np.stack([xx.ravel(), yy.ravel()], 1) / scale)
-    out = tps_apply(coef, ctrl, nodes.expand(*ctrl.shape[:-2], -1, 2)) * scale
-    return out.transpose(-1, -2).reshape(*ctrl.shape[:-2], 2, gy.size, gx.size)
+    nodes = torch.from_numpy(np.stack([xx.ravel(), yy.ravel()], 1) / scale).to(device)
+    border = torch.from_numpy(border_anchors(height, width)).to(device)
+    return border, nodes, (gy.size, gx.size)
 
 
 def _confidence(grid: torch.Tensor, height: int, width: int) -> torch.Tensor:
@@ -109,33 +121,42 @@ def _to_full(coarse: torch.Tensor, height: int, width: int) -> torch.Tensor:
     return F.grid_sample(coarse, grid, mode="bilinear", align_corners=True)
 
 
+Points = np.ndarray | torch.Tensor
+
+
 def motion_inbetweens(
     prev_images: np.ndarray | torch.Tensor,
     next_images: np.ndarray | torch.Tensor,
-    prev_kp: np.ndarray,
-    next_kp: np.ndarray,
-    kp: np.ndarray,
-    w: np.ndarray,
+    prev_kp: Points,
+    next_kp: Points,
+    kp: Points,
+    w: np.ndarray | torch.Tensor,
     step: int = GRID_STEP,
 ) -> np.ndarray | torch.Tensor:
     """A batch of in-betweens at weights ``w`` [B] (0: the previous keyframe, 1: the next).
 
     Images [B, H, W, 3] uint8 (numpy, or torch on any device: the result is of the same
-    kind); keypoints [B, K, 2] (x, y) pixels of the previous keyframes, the next ones and
-    the in-betweens themselves. The splines are solved on the CPU (small), the warps run
-    where the images are, one call for the whole batch.
+    kind); keypoints [B, K, 2] (x, y) pixels (numpy, or torch anywhere) of the previous
+    keyframes, the next ones and the in-betweens themselves. Everything runs where the
+    images are, one call for the whole batch, without a host sync on a device (the splines
+    in float64).
     """
     as_numpy = isinstance(prev_images, np.ndarray)
     a = torch.from_numpy(prev_images) if as_numpy else prev_images
     b = torch.from_numpy(next_images) if as_numpy else next_images
     count, height, width = a.shape[:3]
     dev = a.device
-    dst = np.asarray(kp, np.float64)
-    src = np.stack([np.asarray(prev_kp, np.float64), np.asarray(next_kp, np.float64)], 1)
-    maps = coarse_map(np.repeat(dst[:, None], 2, 1), src, height, width, step)  # [B,2,2,gh,gw]
+
+    def points(x: Points) -> torch.Tensor:
+        t = torch.from_numpy(np.asarray(x)) if isinstance(x, np.ndarray | list) else x
+        return t.to(dev, torch.float64, non_blocking=True)
+
+    dst = points(kp)
+    src = torch.stack([points(prev_kp), points(next_kp)], 1)
+    maps = coarse_map(dst[:, None].expand_as(src), src, height, width, step)  # [B,2,2,gh,gw]
     confs = _confidence(maps, height, width)  # [B, 2, gh, gw]
     coarse = torch.cat([maps.flatten(1, 2), confs], 1).float()  # [B, 6, gh, gw]
-    full = _to_full(coarse.to(dev, non_blocking=True), height, width)  # [B, 6, H, W]
+    full = _to_full(coarse, height, width)  # [B, 6, H, W]
     # backward maps -> grid_sample's normalised coordinates (pixel centres, align_corners=False)
     norm = torch.tensor([2.0 / width, 2.0 / height], device=dev)[:, None, None]
     grids = full[:, :4].unflatten(1, (2, 2)) * norm - 1.0  # [B, 2 (prev, next), 2, H, W]
@@ -148,7 +169,7 @@ def motion_inbetweens(
         align_corners=False,
     ).unflatten(0, (count, 2))  # [B, 2, 3, H, W]
     inside = (grids.abs() <= 1.0).all(dim=2).float()  # [B, 2, H, W]
-    wt = torch.as_tensor(np.asarray(w, np.float32).reshape(count), device=dev)
+    wt = torch.as_tensor(w).to(dev, torch.float32, non_blocking=True).reshape(count)
     dist = torch.stack([1.0 - wt, wt], 1)[:, :, None, None]  # [B, 2, 1, 1]
     # distance times confidence; falls back to the distance blend where both are unsure
     weight = dist * full[:, 4:] * inside + 1e-6 + dist * 1e-4

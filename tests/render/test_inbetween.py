@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from studio import layout
 from studio.audio.io import load_audio
@@ -131,3 +132,37 @@ def test_the_bound_keeps_inbetweens_clean() -> None:
     assert result.plan.warp_forced > 0 and result.plan.keyframes.size < result.num_frames
     ours = _inbetween_psnr(result, renderer)
     assert np.percentile(ours, 5) >= 38.0 and ours.mean() >= 46.0
+
+
+def test_a_batch_equals_its_frames_one_by_one() -> None:
+    img, kp = _pattern(), _keypoints()
+    other = np.roll(img, 5, axis=1)
+    shifted = kp + np.array([2.0, 1.0])
+    batch = motion_inbetweens(
+        np.stack([img, other]),
+        np.stack([other, img]),
+        np.stack([kp, shifted]),
+        np.stack([shifted, kp]),
+        np.stack([kp + 1.0, kp]),
+        np.array([0.3, 0.7]),
+    )
+    assert np.array_equal(batch[0], motion_inbetween(img, other, kp, shifted, kp + 1.0, 0.3))
+    assert np.array_equal(batch[1], motion_inbetween(other, img, shifted, kp, kp, 0.7))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_the_device_it_makes_the_hosts_frames() -> None:
+    img, kp = _pattern(), _keypoints()
+    other = np.roll(img, 5, axis=1)
+    want = motion_inbetween(img, other, kp, kp + 2.0, kp + 1.0, 0.4)
+    dev = torch.device("cuda")
+    got = motion_inbetweens(
+        torch.from_numpy(img[None]).to(dev),
+        torch.from_numpy(other[None]).to(dev),
+        torch.from_numpy(kp[None]).to(dev),
+        torch.from_numpy(kp[None] + 2.0).to(dev),
+        torch.from_numpy(kp[None] + 1.0).to(dev),
+        torch.tensor([0.4]),
+    )
+    assert got.device.type == "cuda" and got.dtype == torch.uint8
+    assert np.abs(got[0].cpu().numpy().astype(int) - want).max() <= 2

@@ -498,10 +498,12 @@ class DittoRenderer(Renderer):
         if prev is None or nxt is None:
             return super().inbetweens(prev_images, next_images, motion, w, None, keys)
         with self.clock.stage("inbetween"):
-            _, x_d = self._keypoints(keys.reshape(-1))
-            kp = ((x_d[..., :2].float() + 1.0) * (CROP / 2.0)).cpu().numpy()
-            kp = kp.reshape(len(keys), 3, *kp.shape[1:])
-            made = warp(torch.stack(prev), torch.stack(nxt), kp[:, 0], kp[:, 1], kp[:, 2], w)
+            _, x_d = self._keypoints(keys.reshape(-1))  # on the device: no host sync
+            kp = ((x_d[..., :2].double() + 1.0) * (CROP / 2.0)).unflatten(0, (len(keys), 3))
+            wt = torch.as_tensor(np.asarray(w, np.float32))
+            if self.device.type == "cuda":
+                wt = wt.pin_memory()
+            made = warp(torch.stack(prev), torch.stack(nxt), kp[:, 0], kp[:, 1], kp[:, 2], wt)
             # + 0.5: the frames' truncating conversion gives the warped uint8 values back
             img = made.permute(0, 3, 1, 2).float().add_(0.5).div_(255.0)
         frames = self._finish(img)
