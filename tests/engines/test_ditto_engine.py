@@ -396,3 +396,23 @@ def test_a_clip_with_cadence_makes_its_inbetweens_on_the_crop(render_nets) -> No
     full = r.render_frames(np.arange(7))
     _same_frames(frames[3], full[3])  # keyframes are the renders
     assert not np.array_equal(frames[1], full[1])  # an in-between is made, not rendered
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_graphed_warp_replays_the_eager_warp() -> None:
+    from studio.engines.ditto.warp_graphs import WarpGraphs
+    from studio.render.inbetween import motion_inbetweens
+
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(0)
+    graphs = WarpGraphs(dev)
+    for count in (3, 3, 2, 9):  # a bucket of 4 twice, then 2, then 8 + 1
+        crops = torch.randint(0, 256, (2, count, 64, 64, 3), generator=gen, dtype=torch.uint8)
+        kp = 8 + 48 * torch.rand(count, 1, 21, 2, generator=gen, dtype=torch.float64)
+        kp = kp + torch.rand(count, 3, 21, 2, generator=gen, dtype=torch.float64)
+        w = np.linspace(0.2, 0.8, count)
+        a, b = crops[0].to(dev), crops[1].to(dev)
+        want = motion_inbetweens(a, b, *kp.to(dev).unbind(1), torch.as_tensor(w))
+        got = graphs(motion_inbetweens, list(a), list(b), kp.to(dev), w)
+        assert got.shape == want.shape
+        assert (got.int() - want.int()).abs().max().item() <= 1

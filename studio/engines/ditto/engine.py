@@ -39,6 +39,7 @@ from studio.engines.base import EngineRequest, InbetweenWarp, Prepared, Progress
 from studio.engines.ditto import CAPABILITIES
 from studio.engines.ditto.crops import KeyframeCrops
 from studio.engines.ditto.warp_decode import WarpDecodeEngines, render_precisions
+from studio.engines.ditto.warp_graphs import WarpGraphs
 from studio.errors import InputError, OptionError
 from studio.export.yuv import rgb_to_yuv420p
 from studio.layout import MOTION_DIM, NUM_KP, motion_from_info
@@ -330,6 +331,7 @@ class DittoRenderer(Renderer):
         self.clock = StageClock(dev)
         self._pinned: list[Tensor | None] = [None, None, None]  # iter_render's two, _download's
         self.crops = KeyframeCrops()  # the latest keyframes' crops, for their in-betweens
+        self.warp_graphs = WarpGraphs(dev)  # their warp, from CUDA graphs on a GPU
         self.warp_decode = networks.warp_decode(
             settings.precision, settings.compile, settings.runtime
         )
@@ -500,10 +502,7 @@ class DittoRenderer(Renderer):
         with self.clock.stage("inbetween"):
             _, x_d = self._keypoints(keys.reshape(-1))  # on the device: no host sync
             kp = ((x_d[..., :2].double() + 1.0) * (CROP / 2.0)).unflatten(0, (len(keys), 3))
-            wt = torch.as_tensor(np.asarray(w, np.float32))
-            if self.device.type == "cuda":
-                wt = wt.pin_memory()
-            made = warp(torch.stack(prev), torch.stack(nxt), kp[:, 0], kp[:, 1], kp[:, 2], wt)
+            made = self.warp_graphs(warp, prev, nxt, kp, w)
             # + 0.5: the frames' truncating conversion gives the warped uint8 values back
             img = made.permute(0, 3, 1, 2).float().add_(0.5).div_(255.0)
         frames = self._finish(img)
