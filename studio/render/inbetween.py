@@ -73,7 +73,7 @@ def coarse_map(
     nodes (x = 0, step, …, width), pulling keypoints ``dst_kp`` [..., K, 2] from ``src_kp``
     (float64 tensors, on the device the maps are wanted on)."""
     scale = float(max(height, width))
-    border, nodes, shape = _grid(height, width, step, dst_kp.device)
+    border, nodes, shape, _ = _grid(height, width, step, dst_kp.device)
     anchors = border.expand(*dst_kp.shape[:-2], *border.shape)
     ctrl = torch.cat([dst_kp, anchors], -2) / scale
     target = torch.cat([src_kp, anchors], -2) / scale
@@ -85,16 +85,18 @@ def coarse_map(
 @functools.lru_cache(maxsize=8)
 def _grid(
     height: int, width: int, step: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int], torch.Tensor]:
     """The border anchors [M, 2] (pixels) and the coarse grid's nodes [P, 2] (unit-square
-    coordinates), float64 on ``device`` (made once: no upload per call), and (gh, gw)."""
+    coordinates), float64, (gh, gw), and the scale [2, 1, 1] from pixels to grid_sample's
+    coordinates, all on ``device``: made once, no upload per call (nor in a graph capture)."""
     scale = float(max(height, width))
     gx = np.linspace(0.0, width, -(-width // step) + 1)
     gy = np.linspace(0.0, height, -(-height // step) + 1)
     yy, xx = np.meshgrid(gy, gx, indexing="ij")
     nodes = torch.from_numpy(np.stack([xx.ravel(), yy.ravel()], 1) / scale).to(device)
     border = torch.from_numpy(border_anchors(height, width)).to(device)
-    return border, nodes, (gy.size, gx.size)
+    norm = torch.tensor([2.0 / width, 2.0 / height], device=device)[:, None, None]
+    return border, nodes, (gy.size, gx.size), norm
 
 
 def _confidence(grid: torch.Tensor, height: int, width: int) -> torch.Tensor:
@@ -158,7 +160,7 @@ def motion_inbetweens(
     coarse = torch.cat([maps.flatten(1, 2), confs], 1).float()  # [B, 6, gh, gw]
     full = _to_full(coarse, height, width)  # [B, 6, H, W]
     # backward maps -> grid_sample's normalised coordinates (pixel centres, align_corners=False)
-    norm = torch.tensor([2.0 / width, 2.0 / height], device=dev)[:, None, None]
+    norm = _grid(height, width, step, dev)[3]
     grids = full[:, :4].unflatten(1, (2, 2)) * norm - 1.0  # [B, 2 (prev, next), 2, H, W]
     images = torch.stack([a, b], 1).flatten(0, 1).permute(0, 3, 1, 2).float()  # [2B, 3, H, W]
     warped = F.grid_sample(
