@@ -342,6 +342,7 @@ def _fidelity_record(
     rec = inbetween_fidelity(result, renderer, max_frames=max_frames)
     rec["stride_histogram"] = result.plan.histogram()
     rec["frame_size"] = [renderer.width, renderer.height]
+    rec["renderer_stages_ms"] = {k: round(v, 3) for k, v in renderer.timings_ms.items()}
     return rec
 
 

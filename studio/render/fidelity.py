@@ -108,12 +108,11 @@ def _reference(renderer: Renderer, motion: np.ndarray) -> tuple[np.ndarray, floa
     return (np.concatenate(out) if out else np.empty((0,))), seconds
 
 
-def _warm(result: MotionResult, renderer: Renderer, first: int) -> None:
-    """Make the clip's frames up to its first in-between once, untimed: the first call of a
-    warp (imports, kernel selection) or of a device renderer is not an in-between's cost."""
-    for i, _ in enumerate(iter_frames(result, renderer)):
-        if i >= first:
-            break
+def _warm(result: MotionResult, renderer: Renderer) -> None:
+    """Make the clip once, untimed: the first calls of a warp (imports, kernel selection,
+    graph captures per batch size) or of a device renderer are not an in-between's cost."""
+    for _ in iter_frames(result, renderer, overlap=False):
+        pass
 
 
 def inbetween_fidelity(
@@ -131,7 +130,7 @@ def inbetween_fidelity(
     ``blend_s`` per in-between, its render time less blending per keyframe, the frames'
     paste-back and download included in both), reference_keyframe_ms (the reference renders,
     in the renderer's batches), cost_fraction (inbetween_ms / keyframe_ms); ``warmup``: the
-    frames up to the first in-between made once before, untimed. Holds the measured
+    clip made once before, untimed. Holds the measured
     in-betweens in memory (frames x H x W x 3 bytes): give ``max_frames`` for long clips.
     """
     plan = result.plan
@@ -145,7 +144,7 @@ def inbetween_fidelity(
     if renderer.pixel_format != "rgb24":
         raise ValueError(f"fidelity needs RGB frames, the renderer makes {renderer.pixel_format}")
     if warmup and inner.size:
-        _warm(result, renderer, int(inner[0]))
+        _warm(result, renderer)
     for i, frame in enumerate(iter_frames(result, renderer, stats=stats, overlap=False)):
         if i in wanted:
             made[i] = np.array(frame, copy=True)

@@ -71,6 +71,14 @@ class WarpGraphs:
     def _graph(
         self, warp: InbetweenWarp, size: int, crop: Tensor, kp: Tensor
     ) -> tuple[Any, dict[str, Tensor], Tensor]:
+        """The graph of ``size``; the first call captures every size up to the batch, so a
+        clip pays its captures once, before its first in-between."""
+        if (warp, size) not in self._graphs:
+            for s in (1 << i for i in range(INBETWEEN_BATCH.bit_length())):
+                self._capture(warp, s, crop, kp)
+        return self._graphs[(warp, size)]
+
+    def _capture(self, warp: InbetweenWarp, size: int, crop: Tensor, kp: Tensor) -> None:
         key = (warp, size)
         if key not in self._graphs:
             dev = self.device
@@ -87,4 +95,3 @@ class WarpGraphs:
                 context=torch.no_grad,
             )
             self._graphs[key] = (graph, buf, out)
-        return self._graphs[key]
