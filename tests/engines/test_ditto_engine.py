@@ -382,16 +382,19 @@ def test_kept_crops_follow_the_chunks(render_nets) -> None:
     assert r.crops.get(np.array([11, 8])) is not None and r.crops.get(np.array([0])) is None
 
 
-def test_a_clip_with_cadence_makes_its_inbetweens_on_the_crop(render_nets) -> None:
+@pytest.mark.parametrize("frame", ["full", "crop"])
+def test_a_clip_with_cadence_makes_its_inbetweens_on_the_crop(render_nets, frame) -> None:
     from studio.motion.cadence import plan_cadence
     from studio.render.pipeline import MotionResult, iter_frames
+    from studio.settings import RenderSettings
 
     motion = _motion(7)
     plan = plan_cadence(None, 3, num_frames=7)  # keyframes 0, 3, 6
     result = MotionResult(None, None, motion, plan, motion, {}, {})
-    r = _renderer(render_nets, batch=2)
+    r = _renderer(render_nets, RenderSettings(backend="ditto", frame=frame), batch=2)
     frames = list(iter_frames(result, r))
     assert len(frames) == 7 and "inbetween" in r.timings_ms
+    assert {f.shape for f in frames} == {(300, 420, 3) if frame == "full" else (512, 512, 3)}
     r.prepare(motion)
     full = r.render_frames(np.arange(7))
     _same_frames(frames[3], full[3])  # keyframes are the renders

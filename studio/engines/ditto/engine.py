@@ -503,9 +503,11 @@ class DittoRenderer(Renderer):
             _, x_d = self._keypoints(keys.reshape(-1))  # on the device: no host sync
             kp = ((x_d[..., :2].double() + 1.0) * (CROP / 2.0)).unflatten(0, (len(keys), 3))
             made = self.warp_graphs(warp, prev, nxt, kp, w)
+        if not self.full and self.width == CROP and self.pixel_format == "rgb24":
+            frames = made  # the crop is the frame
+        else:
             # + 0.5: the frames' truncating conversion gives the warped uint8 values back
-            img = made.permute(0, 3, 1, 2).float().add_(0.5).div_(255.0)
-        frames = self._finish(img)
+            frames = self._finish(made.permute(0, 3, 1, 2).float().add_(0.5).div_(255.0))
         out = np.empty(tuple(frames.shape), dtype=np.uint8)
         self._download(frames, out)
         return list(out)
