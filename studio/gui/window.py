@@ -11,6 +11,7 @@ travels with every render and export request to the render worker.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -81,6 +82,8 @@ AVATAR_READY = (
     "The {engine} engine draws its own character, so {name} is not animated. The checkpoints "
     "are set: pick the {other} backend to animate your photo."
 )
+
+log = logging.getLogger(__name__)
 
 
 def app_settings() -> QSettings:
@@ -542,6 +545,7 @@ class MainWindow(QMainWindow):
         try:
             return quality_of(result, engine)
         except Exception:  # noqa: BLE001 - a metric must never stop the preview
+            log.warning("quality metrics failed; the panel shows dashes", exc_info=True)
             return None
 
     def _frames_ready(self, gen: int, start: int, frames: list[np.ndarray]) -> None:

@@ -20,16 +20,26 @@ Metrics (numpy/scipy, uint8 RGB frames of one shape):
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 from scipy.ndimage import gaussian_filter
 
 from studio.engines.base import Renderer
-from studio.motion.cadence import blend_weights
+from studio.motion.cadence import CadencePlan, blend_weights
 from studio.render.pipeline import MotionResult, iter_frames
 
-__all__ = ["LUMA", "SSIM_SIGMA", "inbetween_fidelity", "psnr", "ssim", "summarize"]
+__all__ = [
+    "LUMA",
+    "SSIM_SIGMA",
+    "inbetween_fidelity",
+    "inbetween_psnr",
+    "psnr",
+    "sample_inbetweens",
+    "ssim",
+    "summarize",
+]
 
 PEAK = 255.0
 LUMA = np.array([0.299, 0.587, 0.114])  # BT.601 weights of R, G, B
@@ -99,6 +109,28 @@ def _pick(frames: np.ndarray, max_frames: int | None) -> np.ndarray:
     return frames[pos]
 
 
+def sample_inbetweens(plan: CadencePlan, max_frames: int | None = None) -> np.ndarray:
+    """The plan's in-between frames, or ``max_frames`` of them evenly spread."""
+    _, _, w = blend_weights(plan)
+    return _pick(np.flatnonzero(w > 0.0), max_frames)
+
+
+def inbetween_psnr(
+    result: MotionResult, renderer: Renderer, made: Mapping[int, np.ndarray]
+) -> dict[str, Any]:
+    """PSNR of in-betweens already made (``made``: frame -> image, e.g. the GUI preview's)
+    against full renders of their smoothed motion rows: {mean, p5, worst} and how many
+    were measured (of how many in-betweens the clip has)."""
+    frames = np.array(sorted(made), dtype=np.int64)
+    ref, _ = _reference(renderer, np.asarray(result.smoothed[frames]))
+    scores = np.array([psnr(made[int(f)], r) for f, r in zip(frames, ref, strict=True)])
+    return {
+        **summarize(scores),
+        "measured": int(frames.size),
+        "inbetweens": int(sample_inbetweens(result.plan).size),
+    }
+
+
 def _reference(renderer: Renderer, motion: np.ndarray) -> tuple[np.ndarray, float]:
     """Full renders of ``motion`` rows in the renderer's batches; (frames, seconds)."""
     out, t0 = [], time.perf_counter()
@@ -135,8 +167,7 @@ def inbetween_fidelity(
     """
     plan = result.plan
     n, keys = plan.num_frames, plan.keyframes
-    _, _, w = blend_weights(plan)
-    inner = np.flatnonzero(w > 0.0)
+    inner = sample_inbetweens(plan)
     picked = _pick(inner, max_frames)
     wanted = set(picked.tolist())
     stats: dict[str, float] = {}

@@ -97,3 +97,34 @@ def test_inbetween_marks_toggle_and_the_frame_label(window, qtbot):
     assert not window.act_inbetweens.isEnabled()
     window.set_mode("clip")
     assert window.act_inbetweens.isEnabled()
+
+
+def test_the_preview_measures_its_inbetweens_against_full_renders(window, qtbot):
+    from studio.gui.widgets.metrics import inbetween_psnr_text
+    from studio.gui.worker import PSNR_SAMPLE
+    from studio.render.fidelity import inbetween_psnr, sample_inbetweens
+
+    result = window.result
+    picked = sample_inbetweens(result.plan, PSNR_SAMPLE)
+    assert 0 < picked.size <= PSNR_SAMPLE
+    renderer = window.engine.renderer(window.controls.settings())
+    made = {int(f): window.frames[int(f)] for f in picked}
+    want = inbetween_psnr(result, renderer, made)
+    assert want["measured"] == picked.size and want["inbetweens"] >= picked.size
+    assert 30.0 < want["p5"] <= want["mean"] < 80.0  # warped, not rendered: close, not equal
+    text = window.metrics.text("inbetween_psnr")
+    assert text == inbetween_psnr_text(want, 0, 1)
+    assert text.startswith(f"{want['mean']:.1f} dB mean")
+    assert inbetween_psnr_text(None, 10, 10) == "none: every frame rendered"
+
+
+def test_a_failing_quality_metric_is_logged_not_raised(window, monkeypatch, caplog):
+    import studio.gui.window as gui_window
+
+    def broken(result, engine):
+        raise ValueError("no keypoints")
+
+    monkeypatch.setattr(gui_window, "quality_of", broken)
+    with caplog.at_level("WARNING", logger="studio.gui.window"):
+        assert window._quality(window.result, window.engine) is None
+    assert "quality metrics failed" in caplog.text and "no keypoints" in caplog.text

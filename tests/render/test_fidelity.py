@@ -107,3 +107,28 @@ def test_subsampling_and_no_inbetweens(short_clip):
     fid = inbetween_fidelity(every, renderer)
     assert fid["inbetweens"] == fid["measured"] == 0 and fid["frames_saved"] == 0.0
     assert fid["psnr_db"]["mean"] is None and fid["timing"]["cost_fraction"] is None
+
+
+def test_inbetween_psnr_scores_made_frames_against_full_renders() -> None:
+    from studio.audio.io import load_audio
+    from studio.engines.demo.engine import DemoEngine, demo_audio_path
+    from studio.render.fidelity import inbetween_psnr, sample_inbetweens
+    from studio.render.pipeline import analyze
+    from studio.settings import RenderSettings
+
+    s = RenderSettings(size=96, stride="3")
+    engine = DemoEngine(s)
+    result = analyze(load_audio(demo_audio_path()), s, engine)
+    renderer = engine.renderer(s)
+    frames = sample_inbetweens(result.plan, 4)
+    assert frames.size == 4
+    full = renderer.render_batch(result.smoothed[frames])
+    same = inbetween_psnr(result, renderer, dict(zip(frames.tolist(), full, strict=True)))
+    assert same["mean"] == float("inf") and same["measured"] == 4
+    assert same["inbetweens"] == result.num_frames - result.plan.keyframes.size
+    off = {
+        int(f): np.clip(img.astype(int) + 4, 0, 255).astype(np.uint8)
+        for f, img in zip(frames, full, strict=True)
+    }
+    worse = inbetween_psnr(result, renderer, off)
+    assert 30.0 < worse["worst"] <= worse["p5"] <= worse["mean"] < 40.0

@@ -25,6 +25,7 @@ ROWS = (
     ("exp_mae", "Expression MAE"),
     ("accel", "Max accel / limit"),
     ("rendered", "Keyframes (cadence)"),
+    ("inbetween_psnr", "In-between PSNR"),
     ("timings", "Stage timings"),
     ("preview", "Preview"),
     ("fps", "Render speed"),
@@ -44,6 +45,18 @@ NONE = "–"
 def _num(value: float | None, fmt: str = ".3g") -> str:
     """A report number (None where the report has no value, e.g. no silence or no blinks)."""
     return NONE if value is None else format(value, fmt)
+
+
+def inbetween_psnr_text(score: dict[str, Any] | None, rendered: int, frames: int) -> str:
+    """The In-between PSNR row: a preview's in-betweens against full renders (mean, 5th
+    percentile, worst), or why there is no figure."""
+    if score is None:
+        return "none: every frame rendered" if rendered >= frames else NONE
+    return (
+        f"{_num(score['mean'], '.1f')} dB mean, {_num(score['p5'], '.1f')} p5\n"
+        f"worst {_num(score['worst'], '.1f')} ({score['measured']} of "
+        f"{score['inbetweens']} in-betweens)"
+    )
 
 
 def quality_texts(quality: dict[str, Any], warp_forced: int) -> dict[str, str]:
@@ -148,6 +161,12 @@ class MetricsPanel(QWidget):
             f"{stats['fps']:.1f} fps\n{stats['frames']} frames in {stats['wall_ms'] / 1000:.2f} s"
         )
         self.values["fps"].setStyleSheet("")
+        self.values["inbetween_psnr"].setText(
+            inbetween_psnr_text(
+                stats.get("inbetween_psnr"), stats["rendered_frames"], stats["frames"]
+            )
+        )
+        self.values["inbetween_psnr"].setStyleSheet("")
         self.set_preview(f"complete: {stats['frames']} frames")
 
     def set_preview(self, text: str, stale: bool = False) -> None:
@@ -159,6 +178,8 @@ class MetricsPanel(QWidget):
             if not fps.text().endswith("(an earlier render)"):
                 fps.setText(f"{fps.text()}\n(an earlier render)")
             fps.setStyleSheet(STALE_STYLE)
+        if stale and self.values["inbetween_psnr"].text() != NONE:
+            self.values["inbetween_psnr"].setStyleSheet(STALE_STYLE)
 
     def is_stale(self, key: str) -> bool:
         return bool(self.values[key].styleSheet())
