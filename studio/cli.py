@@ -39,7 +39,17 @@ EXIT_USAGE = 2
 EXIT_INTERNAL = 1
 EXIT_CANCELLED = 130
 SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")  # each ends a command like Ctrl-C
-COMMANDS = ("gui", "render", "live", "analyze", "doctor", "export-onnx", "compile", "bench")
+COMMANDS = (
+    "gui",
+    "render",
+    "batch",
+    "live",
+    "analyze",
+    "doctor",
+    "export-onnx",
+    "compile",
+    "bench",
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -67,14 +77,18 @@ def _setting(
     g.add_argument(s.option, metavar=metavar, help=text, **kind)
 
 
-def _motion_options(p: argparse.ArgumentParser) -> None:
+def _motion_options(p: argparse.ArgumentParser, audio: bool = True) -> None:
     g = p.add_argument_group("motion")
-    g.add_argument("--audio", metavar="FILE", help="speech to animate (WAV/FLAC/OGG/MP3, any rate)")
+    if audio:
+        g.add_argument(
+            "--audio", metavar="FILE", help="speech to animate (WAV/FLAC/OGG/MP3, any rate)"
+        )
     g.add_argument(
         "--demo",
         action="store_true",
         help="use the built-in demo engine (the default "
-        "when no checkpoints are given) and, without --audio, the demo speech",
+        "when no checkpoints are given)"
+        + (" and, without --audio, the demo speech" if audio else ""),
     )
     g.add_argument("--preset", metavar="FILE", help="load settings from a JSON preset first")
     _setting(g, "smooth_window", "N")
@@ -140,6 +154,33 @@ def build_parser() -> argparse.ArgumentParser:
     _setting(r, "crf", "N")
     _setting(r, "preset", "NAME")
     r.add_argument("--report", metavar="REPORT.json", help="write the JSON report here")
+
+    b = sub.add_parser(
+        "batch",
+        help="render many clips with one warm engine (resumable)",
+        description="Render every clip of JOBS into --out-dir: JOBS is a .jsonl or .csv file "
+        "(one clip a line: audio, and optionally avatar, output, preset and settings by key) "
+        "or a folder of audio files (each with --avatar). One engine serves every job of an "
+        "avatar; a job that fails is recorded with its error and the others go on; a rerun "
+        "skips finished jobs (--retry-failed retries failed ones). Writes batch_report.json "
+        "in --out-dir. Exit status 1 when a job failed.",
+    )
+    b.add_argument(
+        "jobs", metavar="JOBS", help="a .jsonl or .csv file of jobs, or a folder of audio"
+    )
+    b.add_argument(
+        "--out-dir", required=True, metavar="DIR", help="where the MP4s go (made if needed)"
+    )
+    b.add_argument(
+        "--retry-failed", action="store_true", help="run again the jobs that failed last time"
+    )
+    _motion_options(b, audio=False)
+    _setting(b, "size", "PX")
+    _setting(b, "crf", "N")
+    _setting(b, "preset", "NAME")
+    b.add_argument(
+        "--report", metavar="REPORT.json", help="also write the batch report here (- for stdout)"
+    )
 
     lv = sub.add_parser(
         "live",
@@ -493,6 +534,36 @@ def cmd_render(args: argparse.Namespace) -> int:
         _write_json(report_path, report)
     _print_result(_summary(report), report_path)
     return 0
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    from studio.batch.jobs import read_jobs
+    from studio.batch.run import REPORT_FILE, EngineOptions, run_batch, summary_table
+
+    if args.checkpoints and args.demo:
+        raise OptionError("--demo", "cannot be combined with --checkpoints; pick one engine")
+    settings = _settings(args, size=args.size, crf=args.crf, preset=args.x264_preset)
+    out_dir = Path(args.out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise OptionError("--out-dir", f"{out_dir} is a file; give a folder for the MP4s")
+    report_path = _check_json_target(args.report, "--report")
+    jobs = read_jobs(args.jobs, settings, args.avatar)
+    options = EngineOptions(args.checkpoints, args.device, args.avatar_cache)
+    with _progress() as progress:
+        try:
+            report = run_batch(jobs, out_dir, options, args.retry_failed, progress, progress.note)
+        except KeyboardInterrupt:
+            progress.close(finished=False)
+            print(
+                f"\nstudio batch: interrupted; the finished jobs are kept in {out_dir} "
+                f"({REPORT_FILE}): run the same command again to go on",
+                file=sys.stderr,
+            )
+            return EXIT_CANCELLED
+    if report_path is not None:
+        _write_json(report_path, report)
+    _print_result(summary_table(report), report_path)
+    return 1 if report["summary"]["failed"] else 0
 
 
 def _live_source(args: argparse.Namespace):
@@ -1039,6 +1110,7 @@ def _run(argv: list[str], command: str) -> int:
                     return cmd_bench(rest)
                 handler = {
                     "render": cmd_render,
+                    "batch": cmd_batch,
                     "live": cmd_live,
                     "analyze": cmd_analyze,
                     "doctor": cmd_doctor,

@@ -1,0 +1,228 @@
+"""A batch's jobs: one clip each, read from a JSONL or CSV file or from a folder of audio.
+
+A JOBS file names one clip per line (JSONL: an object; CSV: a header row, then a row each):
+
+- ``audio`` (required): the speech, relative paths from the JOBS file's folder;
+- ``avatar``: the photo (an engine that takes one; default: ``--avatar``);
+- ``output``: the MP4's name in the output folder (default: the audio's name, ``.mp4``);
+- ``preset``: a preset file whose settings the job starts from (default: the command's);
+- any setting by its key (``smooth_window``, ``cadence.max_warp_px``; in JSONL also a
+  ``settings`` object in the preset's own layout), applied on top.
+
+A folder instead is every audio file in it (sorted), each with ``--avatar``. Anything wrong
+with the list itself (not JSON, no ``audio``, an unknown key, a bad value, two jobs writing one
+output) is an :class:`~studio.errors.InputError` naming the file and line, before any work; a
+missing or unreadable audio or avatar file is the job's own failure, found when it runs.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from studio.errors import InputError, StudioError
+from studio.settings import RenderSettings, keys
+
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".mp3", ".m4a", ".aac", ".aiff", ".aif", ".opus")
+JOB_KEYS = ("audio", "avatar", "output", "preset", "settings")
+MAX_JOBS_BYTES = 64 * 2**20  # a JOBS file larger than this is not a list of clips
+
+
+@dataclass(frozen=True)
+class Job:
+    """One clip to render: where it comes from, where it goes, and its settings."""
+
+    name: str  # the output file's name: unique in a batch, the job's identity
+    audio: str
+    avatar: str | None
+    settings: RenderSettings
+    source: str  # "jobs.jsonl:3": where the job was written, for messages
+    extra: dict[str, Any] = field(default_factory=dict)  # the line as written (the report)
+
+    def fingerprint(self) -> str:
+        """What the output depends on (inputs by path, size and mtime; the settings): a
+        rerun skips a finished job only while this is unchanged."""
+        parts: list[Any] = [self.name, self.settings.to_dict()]
+        for path in (self.audio, self.avatar):
+            if path is None:
+                parts.append(None)
+                continue
+            try:
+                st = Path(path).stat()
+                parts.append([str(Path(path).resolve()), st.st_size, st.st_mtime_ns])
+            except OSError:
+                parts.append([path, None, None])
+        blob = json.dumps(parts, sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _value(text: str) -> Any:
+    """A CSV cell as the setting's value: JSON where it parses (numbers, true/false), else
+    the text itself; an empty cell is None (not given)."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _settings_of(
+    row: dict[str, Any], base: RenderSettings, folder: Path, where: str
+) -> RenderSettings:
+    """The job's settings: its preset (or ``base``), then its ``settings`` object, then its
+    setting columns."""
+    start = base
+    if row.get("preset"):
+        start = RenderSettings.load(folder / str(row["preset"]))
+    data = start.model_dump()
+    nested = row.get("settings") or {}
+    if not isinstance(nested, dict):
+        raise InputError(f"{where}: settings: must be an object of preset keys")
+    data = _merge(data, nested)
+    for key in keys():
+        if row.get(key) is None:
+            continue
+        owner, _, name = key.rpartition(".")
+        if owner:
+            data[owner] = {**data[owner], name: row[key]}
+        else:
+            data[key] = row[key]
+    return RenderSettings.from_dict(data, source=where)
+
+
+def _job(
+    row: dict[str, Any],
+    base: RenderSettings,
+    folder: Path,
+    avatar: str | None,
+    where: str,
+) -> Job:
+    unknown = sorted(k for k in row if k not in JOB_KEYS and k not in keys())
+    if unknown:
+        raise InputError(
+            f"{where}: unknown key {unknown[0]!r}; a job has {', '.join(JOB_KEYS)} and "
+            f"setting keys (see `studio settings`)"
+        )
+    audio = row.get("audio")
+    if not isinstance(audio, str) or not audio.strip():
+        raise InputError(f'{where}: no audio: every job names its speech file ("audio")')
+    audio_path = folder / audio
+    avatar_value = row.get("avatar") or avatar
+    avatar_path = None if avatar_value is None else str(folder / str(avatar_value))
+    name = str(row.get("output") or Path(audio).stem + ".mp4")
+    if Path(name).name != name or name in (".", ".."):
+        raise InputError(f"{where}: output: {name!r} must be a file name, not a path")
+    if not name.lower().endswith(".mp4"):
+        name += ".mp4"
+    settings = _settings_of(row, base, folder, where)
+    return Job(name, str(audio_path), avatar_path, settings, where, dict(row))
+
+
+def _read_jsonl(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    rows = []
+    for number, line in enumerate(_text(path).splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        where = f"{path}:{number}"
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise InputError(f"{where}: not a JSON object ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise InputError(f'{where}: a job is a JSON object, e.g. {{"audio": "a.wav"}}')
+        rows.append((where, row))
+    return rows
+
+
+def _read_csv(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    lines = _text(path).splitlines()
+    reader = csv.DictReader(lines)
+    if not reader.fieldnames or "audio" not in [f.strip() for f in reader.fieldnames]:
+        raise InputError(f"{path}:1: a CSV of jobs starts with a header row naming audio")
+    rows = []
+    for number, raw in enumerate(reader, 2):
+        if None in raw:
+            raise InputError(f"{path}:{number}: more cells than the header has columns")
+        row = {k.strip(): _value(v or "") for k, v in raw.items()}
+        if all(v is None for v in row.values()):
+            continue
+        for k in ("audio", "avatar", "output", "preset"):
+            if row.get(k) is not None:
+                row[k] = str(row[k])
+        rows.append((f"{path}:{number}", {k: v for k, v in row.items() if v is not None}))
+    return rows
+
+
+def _text(path: Path) -> str:
+    try:
+        if path.stat().st_size > MAX_JOBS_BYTES:
+            raise InputError(f"{path}: too large for a list of jobs")
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not a text file of jobs (JSONL or CSV)") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read the jobs: {e.strerror or e}") from None
+
+
+def read_jobs(
+    source: str | Path, base: RenderSettings | None = None, avatar: str | None = None
+) -> list[Job]:
+    """The jobs of a JSONL or CSV file, or of a folder of audio files (module docstring);
+    ``base``: the settings a job starts from; ``avatar``: the photo of jobs naming none."""
+    base = base or RenderSettings()
+    path = Path(source)
+    if not path.exists():
+        raise InputError(f"{path}: no such file or folder of jobs")
+    if path.is_dir():
+        files = sorted(
+            p for p in path.iterdir() if p.is_file() and p.suffix.lower() in AUDIO_SUFFIXES
+        )
+        if not files:
+            raise InputError(f"{path}: no audio files in the folder ({', '.join(AUDIO_SUFFIXES)})")
+        rows = [(str(p), {"audio": p.name}) for p in files]
+        folder = path
+    else:
+        suffix = path.suffix.lower()
+        if suffix in (".jsonl", ".ndjson", ".json"):
+            rows = _read_jsonl(path)
+        elif suffix in (".csv", ".tsv"):
+            rows = _read_csv(path)
+        else:
+            raise InputError(
+                f"{path}: give a .jsonl or .csv file of jobs, or a folder of audio files"
+            )
+        folder = path.parent
+    if not rows:
+        raise InputError(f"{path}: no jobs in it")
+    jobs: list[Job] = []
+    seen: dict[str, str] = {}
+    for where, row in rows:
+        try:
+            job = _job(row, base, folder, avatar, where)
+        except StudioError as e:
+            text = str(e)
+            raise InputError(text if text.startswith(where) else f"{where}: {text}") from None
+        if job.name in seen:
+            raise InputError(
+                f"{where}: output {job.name!r} is also written by {seen[job.name]}; give each "
+                f'job its own "output"'
+            )
+        seen[job.name] = where
+        jobs.append(job)
+    return jobs

@@ -1,0 +1,351 @@
+"""Running a batch: every job's MP4, one warm engine per avatar, failures recorded, not fatal.
+
+Jobs are grouped by what opens an engine (the engine, its avatar); each group opens its
+engine once and every job of it renders with ``engine.with_settings`` (the same networks and
+avatar) and a renderer kept while its settings allow. A job's output is written atomically
+(:func:`studio.render.pipeline.render_video`); whatever goes wrong with one job (a missing or
+corrupt file, an avatar without a face, an engine error) is recorded as its one-line error
+and the batch goes on. :class:`~studio.batch.state.BatchState` is updated after every job, so
+a rerun skips what is done. :func:`run_job` is the unit a Ray actor runs as well.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from studio.batch.jobs import Job
+from studio.batch.state import BatchState
+from studio.engines.base import EngineRequest, Progress
+from studio.errors import Cancelled, StudioError
+
+REPORT_FILE = "batch_report.json"
+REPORT_FORMAT = "studio-batch-report/1"
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """What opens engines besides a job's settings and avatar (the command's options)."""
+
+    checkpoints: str | None = None
+    device: str | None = None
+    avatar_cache: str | None = None
+
+    def request(self, job: Job) -> EngineRequest:
+        return EngineRequest(
+            job.settings, self.checkpoints, job.avatar, self.device, self.avatar_cache
+        )
+
+
+def engine_key(job: Job, options: EngineOptions) -> tuple:
+    """Jobs with the same key share one opened engine."""
+    from studio.render.engines import capabilities
+
+    avatar = job.avatar if capabilities(job.settings.backend).takes_avatar else None
+    return (job.settings.backend, avatar, options.checkpoints, options.device)
+
+
+def _peak_host_mb() -> float:
+    """This process's peak resident memory so far, MB."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
+def _peak_gpu_mb() -> float | None:
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.max_memory_allocated() / 2**20
+
+
+def one_line(error: BaseException) -> str:
+    """A job's error as one line: the studio's own message, or the exception's type and
+    text for anything else."""
+    text = str(error) if isinstance(error, StudioError) else f"{type(error).__name__}: {error}"
+    return " ".join(text.split()) or type(error).__name__
+
+
+class EngineCache:
+    """Opened engines by :func:`engine_key`, and each one's renderer for the last settings it
+    rendered with (a renderer holds device buffers: one per engine)."""
+
+    def __init__(self, options: EngineOptions, progress: Progress | None = None) -> None:
+        self.options = options
+        self.progress = progress
+        self.engines: dict[tuple, Any] = {}
+        self.renderers: dict[tuple, tuple[tuple, Any]] = {}
+        self.warmup_s: dict[tuple, float] = {}
+
+    def engine(self, job: Job) -> Any:
+        """The warm engine of ``job``'s group under the job's settings (opened on first use;
+        an opening error is the job's)."""
+        from studio.render.engines import open_prepared, prepare_engine
+
+        key = engine_key(job, self.options)
+        if key not in self.engines:
+            t0 = time.perf_counter()
+            prepared = prepare_engine(self.options.request(job))
+            self.engines[key] = open_prepared(prepared, self.progress)
+            self.warmup_s[key] = time.perf_counter() - t0
+        return self.engines[key].with_settings(job.settings)
+
+    def renderer(self, job: Job, engine: Any) -> Any:
+        key = engine_key(job, self.options)
+        want = engine.renderer_key(job.settings)
+        kept = self.renderers.get(key)
+        if kept is None or kept[0] != want:
+            self.renderers[key] = kept = (want, engine.renderer(job.settings))
+        return kept[1]
+
+
+def run_job(
+    job: Job,
+    out_dir: Path,
+    cache: EngineCache,
+    progress: Progress | None = None,
+    cancel: Callable[[], bool] | None = None,
+) -> dict[str, Any]:
+    """Render ``job`` into ``out_dir``; its record (status ``done`` or ``failed`` with the
+    one-line error, frames, seconds of audio and of work, peak memory). Never raises for the
+    job's own problems; :class:`~studio.errors.Cancelled` and KeyboardInterrupt go through."""
+    from studio.audio.io import load_audio
+    from studio.render.pipeline import analyze, render_video
+
+    t0 = time.perf_counter()
+    rec: dict[str, Any] = {
+        "name": job.name,
+        "source": job.source,
+        "audio": job.audio,
+        "avatar": job.avatar,
+        "output": str(out_dir / job.name),
+        "fingerprint": job.fingerprint(),
+    }
+    try:
+        first = engine_key(job, cache.options) not in cache.engines
+        engine = cache.engine(job)
+        opened = time.perf_counter()
+        audio = load_audio(job.audio)
+        result = analyze(audio, job.settings, engine)
+        renderer = cache.renderer(job, engine)
+        renderer.build_engines(int(result.plan.keyframes.size), progress)
+        report = render_video(
+            result, renderer, rec["output"], job.settings, cancel=cancel, progress=progress
+        )
+    except (Cancelled, KeyboardInterrupt):
+        raise
+    except Exception as e:  # noqa: BLE001 - one job's failure is recorded, never fatal
+        rec.update(status="failed", error=one_line(e), wall_s=time.perf_counter() - t0)
+        return rec
+    wall = time.perf_counter() - t0
+    rec.update(
+        status="done",
+        frames=report["frames"],
+        rendered_frames=report["rendered_frames"],
+        duration_s=report["duration_s"],
+        wall_s=round(wall, 3),
+        warmup_s=round(opened - t0, 3) if first else 0.0,
+        realtime=round(report["duration_s"] / wall, 2) if wall > 0 else None,
+        timings_ms=report["timings_ms"],
+        peak_host_mb=round(_peak_host_mb(), 1),
+        peak_gpu_mb=None if _peak_gpu_mb() is None else round(_peak_gpu_mb(), 1),
+    )
+    return rec
+
+
+@dataclass
+class BatchProgress:
+    """Lines about the batch as it goes: each job's outcome, the rate and the time left."""
+
+    total: int
+    audio_total_s: float
+    say: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr))
+    done: int = 0
+    audio_done_s: float = 0.0
+    started: float = field(default_factory=time.perf_counter)
+
+    def job(self, rec: dict[str, Any], audio_s: float) -> None:
+        """Job ``rec`` ended (``audio_s`` of speech): its line, with the rate of the jobs run
+        so far and the time left (jobs skipped as done before count for neither)."""
+        self.done += 1
+        ran = rec["status"] == "done" or rec.get("was") is None
+        if ran:
+            self.audio_done_s += audio_s
+        elapsed = time.perf_counter() - self.started
+        if rec["status"] == "done":
+            what = f"done, {rec['duration_s']:.1f} s of speech in {rec['wall_s']:.1f} s"
+        elif rec.get("was") == "done":
+            what = "skipped (done before)"
+        elif rec.get("was") == "failed":
+            what = f"failed before, not retried (--retry-failed): {rec.get('error', '')}"
+        else:
+            what = f"FAILED: {rec['error']}"
+        tail = ""
+        if ran and elapsed > 0 and self.audio_done_s > 0:
+            rate = self.audio_done_s / elapsed
+            left = max(self.audio_total_s - self.audio_done_s, 0.0)
+            eta = f", ETA {_clock(left / rate)}" if self.done < self.total else ""
+            tail = f" ({rate:.1f}x real time so far{eta})"
+        self.say(f"[{self.done}/{self.total}] {rec['name']}: {what}{tail}")
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def audio_seconds(job: Job) -> float:
+    """The job's speech length from its header (0 where it cannot be read: it will fail)."""
+    try:
+        import soundfile
+
+        info = soundfile.info(job.audio)
+        return float(info.frames) / float(info.samplerate)
+    except Exception:  # noqa: BLE001 - PyAV formats, or a bad file: no estimate
+        return 0.0
+
+
+def plan(
+    jobs: Sequence[Job], state: BatchState, retry_failed: bool
+) -> tuple[list[Job], list[dict[str, Any]]]:
+    """(jobs to run, records of jobs skipped): done ones are skipped; failed ones too unless
+    ``retry_failed`` (with their earlier error)."""
+    todo, skipped = [], []
+    for job in jobs:
+        fp = job.fingerprint()
+        if state.finished(job.name, fp):
+            skipped.append({**state.jobs[job.name], "status": "skipped", "was": "done"})
+        elif state.failed(job.name, fp) and not retry_failed:
+            skipped.append({**state.jobs[job.name], "status": "failed", "was": "failed"})
+        else:
+            todo.append(job)
+    return todo, skipped
+
+
+def run_batch(
+    jobs: Sequence[Job],
+    out_dir: str | Path,
+    options: EngineOptions | None = None,
+    retry_failed: bool = False,
+    progress: Progress | None = None,
+    say: Callable[[str], None] | None = None,
+    cancel: Callable[[], bool] | None = None,
+    runner: Callable[..., Iterable[dict[str, Any]]] | None = None,
+) -> dict[str, Any]:
+    """Run ``jobs`` into ``out_dir`` (module docstring); the batch report, also written to
+    ``out_dir/batch_report.json``. ``runner(todo, out_dir, options)`` yields the records of
+    the jobs to run (default: here, one after another, grouped by engine; the Ray path
+    passes its own)."""
+    options = options or EngineOptions()
+    out = Path(out_dir)
+    started = time.perf_counter()
+    with BatchState.open(out) as state:
+        todo, skipped = plan(jobs, state, retry_failed)
+        seconds = {job.name: audio_seconds(job) for job in jobs}
+        bar = BatchProgress(len(jobs), sum(seconds[job.name] for job in todo))
+        if say is not None:
+            bar.say = say
+        records: dict[str, dict[str, Any]] = {}
+        for rec in skipped:
+            records[rec["name"]] = rec
+            bar.job(rec, seconds.get(rec["name"], 0.0))
+        run = runner or _run_here
+        try:
+            for rec in run(todo, out, options, progress, cancel):
+                records[rec["name"]] = rec
+                state.record(rec["name"], {k: v for k, v in rec.items() if k != "was"})
+                bar.job(rec, seconds.get(rec["name"], 0.0))
+        finally:
+            report = batch_report(jobs, records, time.perf_counter() - started)
+            from studio.files import write_json
+
+            write_json(out / REPORT_FILE, report)
+    return report
+
+
+def _run_here(
+    todo: Sequence[Job],
+    out: Path,
+    options: EngineOptions,
+    progress: Progress | None,
+    cancel: Callable[[], bool] | None,
+) -> Iterable[dict[str, Any]]:
+    """The jobs one after another in this process, a group's jobs together (one warm
+    engine), in the order of the list within a group."""
+    cache = EngineCache(options, progress)
+    order: dict[tuple, list[Job]] = {}
+    for job in todo:
+        order.setdefault(engine_key(job, options), []).append(job)
+    for group in order.values():
+        for job in group:
+            if cancel is not None and cancel():
+                raise Cancelled()
+            yield run_job(job, out, cache, progress, cancel)
+
+
+def batch_report(
+    jobs: Sequence[Job], records: dict[str, dict[str, Any]], wall_s: float
+) -> dict[str, Any]:
+    """The report: per job (in the list's order) its record or ``pending``, and totals."""
+    rows = [records.get(j.name, {"name": j.name, "status": "pending"}) for j in jobs]
+    made = [r for r in rows if r["status"] == "done"]
+    audio = sum(r.get("duration_s", 0.0) for r in made)
+    counts = {
+        s: sum(r["status"] == s for r in rows) for s in ("done", "skipped", "failed", "pending")
+    }
+    return {
+        "format": REPORT_FORMAT,
+        "jobs": rows,
+        "summary": {
+            **counts,
+            "total": len(rows),
+            "audio_s": round(audio, 3),
+            "frames": sum(r.get("frames", 0) for r in made),
+            "wall_s": round(wall_s, 3),
+            "realtime": round(audio / wall_s, 2) if wall_s > 0 and audio else None,
+            "fps": round(sum(r.get("frames", 0) for r in made) / wall_s, 1) if wall_s > 0 else None,
+            "peak_host_mb": max((r.get("peak_host_mb") or 0 for r in made), default=None),
+            "peak_gpu_mb": max((r.get("peak_gpu_mb") or 0 for r in made), default=None),
+        },
+    }
+
+
+def summary_table(report: dict[str, Any]) -> str:
+    """The report as a table for people: a row per job, then the totals."""
+    rows = [("job", "status", "speech", "wall", "x real time", "error")]
+    for r in report["jobs"]:
+        rows.append(
+            (
+                r["name"],
+                r["status"],
+                f"{r['duration_s']:.1f} s" if "duration_s" in r else "",
+                f"{r['wall_s']:.1f} s" if "wall_s" in r and r["status"] == "done" else "",
+                f"{r['realtime']:.1f}" if r.get("realtime") else "",
+                r.get("error", ""),
+            )
+        )
+    widths = [max(len(str(row[i])) for row in rows) for i in range(5)]
+    lines = [
+        (
+            "  ".join(str(c).ljust(w) for c, w in zip(row[:5], widths, strict=True)) + "  " + row[5]
+        ).rstrip()
+        for row in rows
+    ]
+    s = report["summary"]
+    rate = f", {s['realtime']:.1f}x real time" if s["realtime"] else ""
+    lines.append(
+        f"{s['done']} done, {s['skipped']} skipped (done before), {s['failed']} failed"
+        + (f", {s['pending']} not run" if s["pending"] else "")
+        + f" of {s['total']}; {s['audio_s']:.1f} s of speech in {s['wall_s']:.1f} s{rate}"
+        + f" ({s['frames']} frames at {s['fps']} fps)" * bool(s["frames"])
+    )
+    stale = sum(r.get("was") == "failed" for r in report["jobs"])
+    if stale:
+        lines.append(f"{stale} failed before and not retried: --retry-failed runs them again")
+    return "\n".join(lines)

@@ -1,0 +1,228 @@
+"""`studio batch`: the job list, a batch of demo jobs with bad ones among them, reruns, the
+report, and the CLI's outcomes (demo engine, real files, real PyAV)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+import soundfile as sf
+from conftest import run_cli
+
+from studio.batch.jobs import read_jobs
+from studio.batch.run import REPORT_FILE, run_batch
+from studio.batch.state import STATE_FILE, BatchState
+from studio.engines.demo.engine import demo_audio_path
+from studio.errors import InputError, OutputError
+from studio.settings import RenderSettings
+
+SIZE = 96  # small frames: the batch logic is what is tested
+
+
+def _speech(folder: Path, name: str, start_s: float, seconds: float) -> Path:
+    data, rate = sf.read(demo_audio_path(), dtype="float32")
+    a = int(start_s * rate)
+    path = folder / name
+    sf.write(path, data[a : a + int(seconds * rate)], rate)
+    return path
+
+
+@pytest.fixture
+def clips(tmp_path: Path) -> Path:
+    """A folder with two short speech clips, a text file named .wav, and a jobs file naming
+    them and a missing one."""
+    _speech(tmp_path, "a.wav", 0.0, 1.2)
+    _speech(tmp_path, "b.wav", 1.2, 1.0)
+    (tmp_path / "bad.wav").write_text("not audio\n")
+    lines = [
+        {"audio": "a.wav", "size": SIZE},
+        {"audio": "b.wav", "output": "second.mp4", "settings": {"smooth_window": 9}, "size": SIZE},
+        {"audio": "bad.wav", "size": SIZE},
+        {"audio": "missing.wav", "size": SIZE},
+    ]
+    (tmp_path / "jobs.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return tmp_path
+
+
+def _frames(path: Path) -> list[np.ndarray]:
+    with av.open(str(path)) as c:
+        return [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+
+
+# --- the list -------------------------------------------------------------------------
+
+
+def test_jobs_from_jsonl_csv_and_a_folder(clips: Path) -> None:
+    jobs = read_jobs(clips / "jobs.jsonl")
+    assert [j.name for j in jobs] == ["a.mp4", "second.mp4", "bad.mp4", "missing.mp4"]
+    assert jobs[1].settings.smooth_window == 9 and jobs[0].settings.smooth_window != 9
+    assert jobs[0].audio == str(clips / "a.wav") and jobs[0].settings.size == SIZE
+    (clips / "jobs.csv").write_text(
+        "audio,output,cadence.max_warp_px,stride\na.wav,x.mp4,12,auto\nb.wav,,,2\n"
+    )
+    csv_jobs = read_jobs(clips / "jobs.csv", RenderSettings(size=SIZE))
+    assert [j.name for j in csv_jobs] == ["x.mp4", "b.mp4"]
+    assert csv_jobs[0].settings.cadence.max_warp_px == 12.0
+    assert csv_jobs[1].settings.stride == "2" and csv_jobs[1].settings.size == SIZE
+    folder = read_jobs(clips, avatar="face.png")  # every audio file (bad.wav too: it fails later)
+    assert [j.name for j in folder] == ["a.mp4", "b.mp4", "bad.mp4"]
+    assert all(j.avatar == str(clips / "face.png") for j in folder)
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ('{"audio": "a.wav"}\n{"audio": \n', "jobs.jsonl:2: not a JSON object"),
+        ('{"audo": "a.wav"}\n', "jobs.jsonl:1: unknown key 'audo'"),
+        ('{"output": "x.mp4"}\n', "jobs.jsonl:1: no audio"),
+        ('{"audio": "a.wav", "size": -3}\n', "jobs.jsonl:1: size"),
+        ('{"audio": "a.wav"}\n{"audio": "a.wav"}\n', "jobs.jsonl:2: output 'a.mp4' is also"),
+        ('{"audio": "a.wav", "output": "../x.mp4"}\n', "must be a file name"),
+        ("\n# nothing\n", "no jobs in it"),
+    ],
+)
+def test_a_bad_job_list_is_one_line_naming_the_line(clips: Path, text: str, words: str) -> None:
+    (clips / "jobs.jsonl").write_text(text)
+    with pytest.raises(InputError, match=words.replace("(", r"\(")):
+        read_jobs(clips / "jobs.jsonl")
+
+
+def test_the_cli_refuses_a_bad_list_before_any_work(clips: Path, capsys) -> None:
+    (clips / "jobs.jsonl").write_text('{"audio": "a.wav", "smooth_window": "wide"}\n')
+    code, out, err = run_cli(
+        ["batch", str(clips / "jobs.jsonl"), "--out-dir", str(clips / "o")], capsys
+    )
+    assert code == 2 and "jobs.jsonl:1: smooth_window" in err and "Traceback" not in err
+    assert not (clips / "o").exists()
+    (clips / "file").write_text("x")
+    code, _, err = run_cli(["batch", str(clips), "--out-dir", str(clips / "file")], capsys)
+    assert code == 2 and "--out-dir" in err
+
+
+# --- running ----------------------------------------------------------------------------
+
+
+def test_a_batch_finishes_the_good_jobs_records_the_bad_and_a_rerun_skips(clips: Path) -> None:
+    out = clips / "out"
+    jobs = read_jobs(clips / "jobs.jsonl")
+    lines: list[str] = []
+    report = run_batch(jobs, out, say=lines.append)
+    status = {r["name"]: r["status"] for r in report["jobs"]}
+    assert status == {
+        "a.mp4": "done",
+        "second.mp4": "done",
+        "bad.mp4": "failed",
+        "missing.mp4": "failed",
+    }
+    errors = {r["name"]: r.get("error", "") for r in report["jobs"]}
+    assert "bad.wav" in errors["bad.mp4"] and "not audio" in errors["bad.mp4"]
+    assert "missing.wav" in errors["missing.mp4"] and "\n" not in errors["missing.mp4"]
+    assert not (out / "bad.mp4").exists() and not (out / "missing.mp4").exists()
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [
+        "a.mp4",
+        REPORT_FILE,
+        "second.mp4",
+    ]
+    for name, seconds in (("a.mp4", 1.2), ("second.mp4", 1.0)):
+        frames = _frames(out / name)
+        assert len(frames) == round(seconds * 25) and frames[0].shape == (SIZE, SIZE, 3)
+    assert json.loads((out / REPORT_FILE).read_text()) == json.loads(json.dumps(report))
+    s = report["summary"]
+    assert (s["done"], s["failed"], s["total"]) == (2, 2, 4) and s["frames"] == 55
+    assert s["peak_host_mb"] > 0 and any("ETA" in line for line in lines)
+    done = report["jobs"][0]
+    assert done["realtime"] > 0 and done["frames"] == 30 and "render" in done["timings_ms"]
+
+    # a rerun: the finished jobs are skipped (their files untouched), the failed stay failed
+    before = {n: (out / n).stat().st_mtime_ns for n in ("a.mp4", "second.mp4")}
+    again = run_batch(jobs, out, say=lines.append)
+    assert [r["status"] for r in again["jobs"]] == ["skipped", "skipped", "failed", "failed"]
+    assert {n: (out / n).stat().st_mtime_ns for n in before} == before
+    # --retry-failed runs them: a fixed file is made
+    _speech(clips, "missing.wav", 0.5, 0.8)
+    retried = run_batch(jobs, out, retry_failed=True, say=lines.append)
+    assert [r["status"] for r in retried["jobs"]] == ["skipped", "skipped", "failed", "done"]
+    assert len(_frames(out / "missing.mp4")) == 20
+
+
+def test_a_changed_job_or_a_lost_output_runs_again(clips: Path) -> None:
+    out = clips / "out"
+    jobs = read_jobs(clips / "jobs.jsonl")[:1]
+    run_batch(jobs, out, say=lambda _: None)
+    changed = read_jobs(clips / "jobs.jsonl", RenderSettings(seed=7))[:1]
+    assert run_batch(changed, out, say=lambda _: None)["jobs"][0]["status"] == "done"
+    (out / "a.mp4").unlink()
+    assert run_batch(changed, out, say=lambda _: None)["jobs"][0]["status"] == "done"
+    state = BatchState(out)
+    assert state.jobs["a.mp4"]["status"] == "done" and (out / STATE_FILE).is_file()
+
+
+def test_a_batch_output_is_the_render_commands_video(clips: Path, capsys) -> None:
+    out = clips / "out"
+    run_batch(read_jobs(clips / "jobs.jsonl")[:1], out, say=lambda _: None)
+    code, _, err = run_cli(
+        [
+            "render",
+            "--demo",
+            "--audio",
+            str(clips / "a.wav"),
+            "--size",
+            str(SIZE),
+            "--out",
+            str(clips / "single.mp4"),
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    ours, theirs = _frames(out / "a.mp4"), _frames(clips / "single.mp4")
+    assert len(ours) == len(theirs) and all(
+        np.array_equal(a, b) for a, b in zip(ours, theirs, strict=True)
+    )
+
+
+def test_a_stopped_batch_keeps_its_finished_jobs(clips: Path) -> None:
+    from studio.errors import Cancelled
+
+    out = clips / "out"
+    jobs = read_jobs(clips / "jobs.jsonl")[:2]
+    seen: list[str] = []
+
+    def cancel() -> bool:  # stop while the second job renders
+        return len(seen) >= 1
+
+    with pytest.raises(Cancelled):
+        run_batch(jobs, out, say=seen.append, cancel=cancel)
+    assert (out / "a.mp4").is_file() and not (out / "second.mp4").exists()
+    report = json.loads((out / REPORT_FILE).read_text())
+    assert [r["status"] for r in report["jobs"]] == ["done", "pending"]
+    assert [r["status"] for r in run_batch(jobs, out, say=seen.append)["jobs"]] == [
+        "skipped",
+        "done",
+    ]
+
+
+def test_one_batch_at_a_time_in_a_folder(tmp_path: Path) -> None:
+    with BatchState.open(tmp_path / "o"):
+        with pytest.raises(OutputError, match="another batch"):
+            with BatchState.open(tmp_path / "o"):
+                pass
+    with BatchState.open(tmp_path / "o"):  # released
+        pass
+
+
+def test_the_cli_runs_a_batch_and_says_what_failed(clips: Path, capsys) -> None:
+    out = clips / "out"
+    code, stdout, err = run_cli(
+        ["batch", str(clips / "jobs.jsonl"), "--out-dir", str(out), "--report", "-"], capsys
+    )
+    assert code == 1 and "Traceback" not in err
+    report = json.loads(stdout)
+    assert report["summary"]["done"] == 2 and report["summary"]["failed"] == 2
+    assert "2 done, 0 skipped (done before), 2 failed of 4" in err
+    assert "[4/4]" in err
+    (clips / "jobs.jsonl").write_text(json.dumps({"audio": "a.wav", "size": SIZE}) + "\n")
+    code, stdout, _ = run_cli(["batch", str(clips / "jobs.jsonl"), "--out-dir", str(out)], capsys)
+    assert code == 0 and "0 done, 1 skipped (done before), 0 failed of 1" in stdout
