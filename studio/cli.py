@@ -181,6 +181,32 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--report", metavar="REPORT.json", help="also write the batch report here (- for stdout)"
     )
+    rg = b.add_argument_group("on a Ray cluster (pip install 'talkinghead-studio[ray]')")
+    rg.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="run the jobs through Ray Data: on the cluster at ADDRESS (ray://HOST:10001, "
+        "auto), or without one on a local Ray instance started for the batch",
+    )
+    rg.add_argument(
+        "--actors", type=int, default=1, metavar="N", help="engines (actors) at once (default 1)"
+    )
+    rg.add_argument(
+        "--gpus-per-actor",
+        type=float,
+        metavar="G",
+        help="GPUs each actor holds: 1, or 0.5 / 0.25 to pack actors on one GPU (default: 1 "
+        "where the cluster has GPUs, else 0)",
+    )
+    rg.add_argument(
+        "--cpus-per-actor",
+        type=float,
+        default=1.0,
+        metavar="C",
+        help="CPUs each actor holds (default 1)",
+    )
 
     lv = sub.add_parser(
         "live",
@@ -547,11 +573,22 @@ def cmd_batch(args: argparse.Namespace) -> int:
     if out_dir.exists() and not out_dir.is_dir():
         raise OptionError("--out-dir", f"{out_dir} is a file; give a folder for the MP4s")
     report_path = _check_json_target(args.report, "--report")
+    runner = None
+    if args.ray is not None:
+        from studio.batch.ray_run import RaySetup, ray_runner
+
+        runner = ray_runner(
+            RaySetup(args.ray, args.actors, args.gpus_per_actor, args.cpus_per_actor)
+        )
+    elif (args.actors, args.gpus_per_actor, args.cpus_per_actor) != (1, None, 1.0):
+        raise OptionError("--actors", "--actors and --*-per-actor need --ray")
     jobs = read_jobs(args.jobs, settings, args.avatar)
     options = EngineOptions(args.checkpoints, args.device, args.avatar_cache)
     with _progress() as progress:
         try:
-            report = run_batch(jobs, out_dir, options, args.retry_failed, progress, progress.note)
+            report = run_batch(
+                jobs, out_dir, options, args.retry_failed, progress, progress.note, runner=runner
+            )
         except KeyboardInterrupt:
             progress.close(finished=False)
             print(

@@ -43,6 +43,25 @@ class Job:
     source: str  # "jobs.jsonl:3": where the job was written, for messages
     extra: dict[str, Any] = field(default_factory=dict)  # the line as written (the report)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The job as plain JSON (what a Ray worker is sent)."""
+        return {
+            "name": self.name,
+            "audio": self.audio,
+            "avatar": self.avatar,
+            "settings": self.settings.to_dict(),
+            "source": self.source,
+            "extra": self.extra,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Job:
+        """The job of :meth:`to_dict`."""
+        settings = RenderSettings.from_dict(data["settings"], source=data["source"])
+        return cls(
+            data["name"], data["audio"], data["avatar"], settings, data["source"], data["extra"]
+        )
+
     def fingerprint(self) -> str:
         """What the output depends on (inputs by path, size and mtime; the settings): a
         rerun skips a finished job only while this is unchanged."""
@@ -196,7 +215,7 @@ def read_jobs(
         if not files:
             raise InputError(f"{path}: no audio files in the folder ({', '.join(AUDIO_SUFFIXES)})")
         rows = [(str(p), {"audio": p.name}) for p in files]
-        folder = path
+        folder = path.absolute()  # absolute: a Ray worker runs elsewhere
     else:
         suffix = path.suffix.lower()
         if suffix in (".jsonl", ".ndjson", ".json"):
@@ -207,7 +226,7 @@ def read_jobs(
             raise InputError(
                 f"{path}: give a .jsonl or .csv file of jobs, or a folder of audio files"
             )
-        folder = path.parent
+        folder = path.parent.absolute()
     if not rows:
         raise InputError(f"{path}: no jobs in it")
     jobs: list[Job] = []
