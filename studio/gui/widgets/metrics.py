@@ -53,9 +53,8 @@ def inbetween_psnr_text(score: dict[str, Any] | None, rendered: int, frames: int
     if score is None:
         return "none: every frame rendered" if rendered >= frames else NONE
     return (
-        f"{_num(score['mean'], '.1f')} dB mean, {_num(score['p5'], '.1f')} p5\n"
-        f"worst {_num(score['worst'], '.1f')} ({score['measured']} of "
-        f"{score['inbetweens']} in-betweens)"
+        f"{_num(score['mean'], '.1f')} dB mean\np5 {_num(score['p5'], '.1f')}, worst "
+        f"{_num(score['worst'], '.1f')}\n{score['measured']} of {score['inbetweens']} measured"
     )
 
 
@@ -98,6 +97,7 @@ class MetricsPanel(QWidget):
         form = QFormLayout(box)
         self.values: dict[str, QLabel] = {}
         self._rows(form, ROWS)
+        self.values["inbetween_psnr"].setWordWrap(True)
         outer.addWidget(box)
         quality = QGroupBox("Quality")
         quality.setToolTip(
