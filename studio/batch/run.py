@@ -80,6 +80,7 @@ class EngineCache:
         self.engines: dict[tuple, Any] = {}
         self.renderers: dict[tuple, tuple[tuple, Any]] = {}
         self.warmup_s: dict[tuple, float] = {}
+        self.failures: dict[tuple, StudioError] = {}
 
     def engine(self, job: Job) -> Any:
         """The warm engine of ``job``'s group under the job's settings (opened on first use;
@@ -87,10 +88,16 @@ class EngineCache:
         from studio.render.engines import open_prepared, prepare_engine
 
         key = engine_key(job, self.options)
+        if key in self.failures:  # the group's avatar or engine failed once: not again
+            raise self.failures[key]
         if key not in self.engines:
             t0 = time.perf_counter()
-            prepared = prepare_engine(self.options.request(job))
-            self.engines[key] = open_prepared(prepared, self.progress)
+            try:
+                prepared = prepare_engine(self.options.request(job))
+                self.engines[key] = open_prepared(prepared, self.progress)
+            except StudioError as e:
+                self.failures[key] = e
+                raise
             self.warmup_s[key] = time.perf_counter() - t0
         return self.engines[key].with_settings(job.settings)
 

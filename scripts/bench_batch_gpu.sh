@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# `studio batch` on a GPU (issue 20): N one-minute clips (the fixture speech, repeated) through
+# one warm Ditto engine on a full-size random-weight tree with a cost-equivalent HuBERT and a
+# drawn face, 512² crop, x264 veryfast; then the same with --compile. Usage:
+#   scripts/bench_batch_gpu.sh OUT_DIR SPEECH.wav [CLIPS=20] [SECONDS=60] [EXTRA studio batch options]
+# Prints each run's summary line and leaves batch_report.json files under OUT_DIR.
+set -uo pipefail
+out=${1:?usage: scripts/bench_batch_gpu.sh OUT_DIR SPEECH.wav [CLIPS] [SECONDS]}
+speech=${2:?give a speech file}
+clips=${3:-20}
+seconds=${4:-60}
+shift 4 2>/dev/null || shift $#
+mkdir -p "$out"
+python3 - "$out" "$speech" "$clips" "$seconds" <<'PY'
+import json, sys
+from pathlib import Path
+import numpy as np, soundfile as sf
+from studio.bench.pipeline import _face_png, write_inputs
+out, speech, clips, seconds = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+data, rate = sf.read(speech, dtype="float32", always_2d=True)
+data = data.mean(axis=1)
+need = int(seconds * rate)
+(out / "clips").mkdir(exist_ok=True)
+with open(out / "jobs.jsonl", "w") as jobs:
+    for i in range(clips):
+        clip = np.roll(np.tile(data, need // data.size + 1), -i * rate // 3)[:need]
+        sf.write(out / "clips" / f"talk_{i:02d}.wav", clip, rate)
+        jobs.write(json.dumps({"audio": f"clips/talk_{i:02d}.wav"}) + "\n")
+print("hubert:", write_inputs(out / "ckpt", reduced=False, hubert="costlike")["kind"])
+print("face:", _face_png(out, 512, 512))
+PY
+for mode in plain compile; do
+  flag=""; [ "$mode" = compile ] && flag="--compile"
+  start=$(date +%s.%N)
+  timeout 900 python3 -m studio batch "$out/jobs.jsonl" --out-dir "$out/$mode" --checkpoints "$out/ckpt" \
+    --avatar "$out/face_512x512.png" --frame crop --size 512 --x264-preset veryfast $flag "$@" \
+    >"$out/$mode.log" 2>&1
+  status=$?
+  end=$(date +%s.%N)
+  echo "$mode: exit $status, wall $(python3 -c "print(round($end - $start, 1))") s: $(tail -n 1 "$out/$mode.log")"
+  grep -E "^[0-9]+ done" "$out/$mode.log"
+done
