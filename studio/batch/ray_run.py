@@ -142,6 +142,7 @@ def ray_runner(setup: RaySetup) -> Callable[..., Iterator[dict[str, Any]]]:
         options: EngineOptions,
         progress: Progress | None,
         cancel: Callable[[], bool] | None,
+        on_start: Callable[[Job], None] | None = None,
     ) -> Iterator[dict[str, Any]]:
         if not todo:
             return

@@ -244,11 +244,15 @@ def run_batch(
     say: Callable[[str], None] | None = None,
     cancel: Callable[[], bool] | None = None,
     runner: Callable[..., Iterable[dict[str, Any]]] | None = None,
+    on_start: Callable[[Job], None] | None = None,
+    on_job: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Run ``jobs`` into ``out_dir`` (module docstring); the batch report, also written to
-    ``out_dir/batch_report.json``. ``runner(todo, out_dir, options)`` yields the records of
-    the jobs to run (default: here, one after another, grouped by engine; the Ray path
-    passes its own)."""
+    ``out_dir/batch_report.json``. ``runner(todo, out_dir, options, progress, cancel,
+    on_start)`` yields the records of the jobs to run (default: here, one after another,
+    grouped by engine; the Ray path passes its own). ``on_start(job)`` is called as a job
+    starts here (not on Ray), ``on_job(record)`` as each job's record is kept (skipped ones
+    first); ``say`` gets the progress lines (default: stderr)."""
     options = options or EngineOptions()
     out = Path(out_dir)
     started = time.perf_counter()
@@ -262,12 +266,16 @@ def run_batch(
         for rec in skipped:
             records[rec["name"]] = rec
             bar.job(rec, seconds.get(rec["name"], 0.0))
+            if on_job is not None:
+                on_job(rec)
         run = runner or _run_here
         try:
-            for rec in run(todo, out, options, progress, cancel):
+            for rec in run(todo, out, options, progress, cancel, on_start):
                 records[rec["name"]] = rec
                 state.record(rec["name"], {k: v for k, v in rec.items() if k != "was"})
                 bar.job(rec, seconds.get(rec["name"], 0.0))
+                if on_job is not None:
+                    on_job(rec)
         finally:
             report = batch_report(jobs, records, time.perf_counter() - started)
             from studio.files import write_json
@@ -282,6 +290,7 @@ def _run_here(
     options: EngineOptions,
     progress: Progress | None,
     cancel: Callable[[], bool] | None,
+    on_start: Callable[[Job], None] | None = None,
 ) -> Iterable[dict[str, Any]]:
     """The jobs one after another in this process, a group's jobs together (one warm
     engine), in the order of the list within a group."""
@@ -293,6 +302,8 @@ def _run_here(
         for job in group:
             if cancel is not None and cancel():
                 raise Cancelled()
+            if on_start is not None:
+                on_start(job)
             yield run_job(job, out, cache, progress, cancel)
 
 
