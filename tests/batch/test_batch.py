@@ -226,3 +226,32 @@ def test_the_cli_runs_a_batch_and_says_what_failed(clips: Path, capsys) -> None:
     (clips / "jobs.jsonl").write_text(json.dumps({"audio": "a.wav", "size": SIZE}) + "\n")
     code, stdout, _ = run_cli(["batch", str(clips / "jobs.jsonl"), "--out-dir", str(out)], capsys)
     assert code == 0 and "0 done, 1 skipped (done before), 0 failed of 1" in stdout
+
+
+def test_each_jobs_stage_timings_are_its_own(clips: Path) -> None:
+    """A renderer kept from job to job accumulates its stage clock: the report takes the
+    difference (Ditto's split; the demo renderer's is the pipeline's own)."""
+    from studio.render.pipeline import analyze, render_video
+
+    class Clocked:
+        def __init__(self, renderer) -> None:
+            self.inner, self.total = renderer, 0.0
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        @property
+        def timings_ms(self) -> dict[str, float]:
+            self.total += 100.0
+            return {"warp_decode": self.total}
+
+    from studio.audio.io import load_audio
+    from studio.engines.demo.engine import DemoEngine
+
+    s = RenderSettings(size=SIZE)
+    engine = DemoEngine(s)
+    renderer = Clocked(engine.renderer(s))
+    result = analyze(load_audio(clips / "a.wav"), s, engine)
+    for name in ("one.mp4", "two.mp4"):
+        report = render_video(result, renderer, str(clips / name), s)
+        assert report["timings_ms"]["warp_decode"] == 100.0
