@@ -3,6 +3,8 @@
 # one warm Ditto engine on a full-size random-weight tree with a cost-equivalent HuBERT and a
 # drawn face, 512² crop, x264 veryfast; then the same with --compile. Usage:
 #   scripts/bench_batch_gpu.sh OUT_DIR SPEECH.wav [CLIPS=20] [SECONDS=60] [EXTRA studio batch options]
+# MODES (default "plain compile") picks the runs; PROCS=N (default 1) splits the jobs over N
+# concurrent `studio batch` processes on the one GPU (what N Ray actors on it would do).
 # Prints each run's summary line and leaves batch_report.json files under OUT_DIR.
 set -uo pipefail
 out=${1:?usage: scripts/bench_batch_gpu.sh OUT_DIR SPEECH.wav [CLIPS] [SECONDS]}
@@ -25,18 +27,27 @@ with open(out / "jobs.jsonl", "w") as jobs:
     for i in range(clips):
         clip = np.roll(np.tile(data, need // data.size + 1), -i * rate // 3)[:need]
         sf.write(out / "clips" / f"talk_{i:02d}.wav", clip, rate)
-        jobs.write(json.dumps({"audio": f"clips/talk_{i:02d}.wav"}) + "\n")
+        jobs.write(json.dumps({"audio": str((out / "clips" / f"talk_{i:02d}.wav").resolve())}) + "\n")
 print("hubert:", write_inputs(out / "ckpt", reduced=False, hubert="costlike")["kind"])
 print("face:", _face_png(out, 512, 512))
 PY
-for mode in plain compile; do
+procs=${PROCS:-1}
+rm -f "$out"/part_*
+split -n l/"$procs" -d --additional-suffix=.jsonl "$out/jobs.jsonl" "$out/part_"
+for mode in ${MODES:-plain compile}; do
   flag=""; [ "$mode" = compile ] && flag="--compile"
   start=$(date +%s.%N)
-  timeout 900 python3 -m studio batch "$out/jobs.jsonl" --out-dir "$out/$mode" --checkpoints "$out/ckpt" \
-    --avatar "$out/face_512x512.png" --frame crop --size 512 --x264-preset veryfast $flag "$@" \
-    >"$out/$mode.log" 2>&1
-  status=$?
+  pids=()
+  for part in "$out"/part_*.jsonl; do
+    n=$(basename "$part" .jsonl)
+    timeout 900 python3 -m studio batch "$part" --out-dir "$out/$mode/$n" \
+      --checkpoints "$out/ckpt" --avatar "$out/face_512x512.png" --frame crop --size 512 \
+      --x264-preset veryfast $flag "$@" >"$out/$mode.$n.log" 2>&1 &
+    pids+=($!)
+  done
+  status=0
+  for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
   end=$(date +%s.%N)
-  echo "$mode: exit $status, wall $(python3 -c "print(round($end - $start, 1))") s: $(tail -n 1 "$out/$mode.log")"
-  grep -E "^[0-9]+ done" "$out/$mode.log"
+  echo "$mode x $procs processes: exit $status, wall $(python3 -c "print(round($end - $start, 1))") s"
+  grep -hE "^[0-9]+ done" "$out/$mode".*.log
 done
