@@ -544,14 +544,22 @@ def cmd_render(args: argparse.Namespace) -> int:
     prepared = _prepare_engine(args, settings)
     audio = _load_audio(args)
     with _progress() as progress:
+        t0 = time.perf_counter()
         engine = _open_engine(prepared, progress)
+        opened = time.perf_counter()
         result = analyze(audio, settings, engine)
         renderer = engine.renderer(settings)
         # export/compile/capture before the first frame, as a stage of its own
+        t1 = time.perf_counter()
         renderer.build_engines(int(result.plan.keyframes.size), progress)
+        built = time.perf_counter()
         report = render_video(
             result, renderer, str(out), settings, progress=progress, started=started
         )
+    report["warmup_ms"] = {
+        "open_engine": round((opened - t0) * 1000.0, 2),
+        "build_engines": round((built - t1) * 1000.0, 2),
+    }
     report["audio"] = audio.path
     report["settings"] = settings.to_dict()
     report["engine"] = _engine_report(engine)

@@ -79,7 +79,6 @@ class EngineCache:
         self.progress = progress
         self.engines: dict[tuple, Any] = {}
         self.renderers: dict[tuple, tuple[tuple, Any]] = {}
-        self.warmup_s: dict[tuple, float] = {}
         self.failures: dict[tuple, StudioError] = {}
 
     def engine(self, job: Job) -> Any:
@@ -91,14 +90,12 @@ class EngineCache:
         if key in self.failures:  # the group's avatar or engine failed once: not again
             raise self.failures[key]
         if key not in self.engines:
-            t0 = time.perf_counter()
             try:
                 prepared = prepare_engine(self.options.request(job))
                 self.engines[key] = open_prepared(prepared, self.progress)
             except StudioError as e:
                 self.failures[key] = e
                 raise
-            self.warmup_s[key] = time.perf_counter() - t0
         return self.engines[key].with_settings(job.settings)
 
     def renderer(self, job: Job, engine: Any) -> Any:
@@ -139,7 +136,9 @@ def run_job(
         audio = load_audio(job.audio)
         result = analyze(audio, job.settings, engine)
         renderer = cache.renderer(job, engine)
+        t1 = time.perf_counter()
         renderer.build_engines(int(result.plan.keyframes.size), progress)
+        built = time.perf_counter() - t1
         report = render_video(
             result, renderer, rec["output"], job.settings, cancel=cancel, progress=progress
         )
@@ -155,7 +154,10 @@ def run_job(
         rendered_frames=report["rendered_frames"],
         duration_s=report["duration_s"],
         wall_s=round(wall, 3),
-        warmup_s=round(opened - t0, 3) if first else 0.0,
+        warmup_ms={
+            "open_engine": round((opened - t0) * 1000.0, 2) if first else 0.0,
+            "build_engines": round(built * 1000.0, 2),
+        },
         realtime=round(report["duration_s"] / wall, 2) if wall > 0 else None,
         timings_ms=report["timings_ms"],
         peak_host_mb=round(_peak_host_mb(), 1),

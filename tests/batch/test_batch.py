@@ -135,6 +135,8 @@ def test_a_batch_finishes_the_good_jobs_records_the_bad_and_a_rerun_skips(clips:
     assert s["peak_host_mb"] > 0 and any("ETA" in line for line in lines)
     done = report["jobs"][0]
     assert done["realtime"] > 0 and done["frames"] == 30 and "render" in done["timings_ms"]
+    assert done["warmup_ms"]["open_engine"] > 0  # the first job opened the engine
+    assert report["jobs"][1]["warmup_ms"]["open_engine"] == 0.0  # the second found it warm
 
     # a rerun: the finished jobs are skipped (their files untouched), the failed stay failed
     before = {n: (out / n).stat().st_mtime_ns for n in ("a.mp4", "second.mp4")}

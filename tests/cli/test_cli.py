@@ -77,6 +77,8 @@ def test_report_has_every_key(demo_render):
     assert {"features", "motion", "cadence", "smoothing", "render", "encode", "total"} <= set(
         r["timings_ms"]
     )
+    warm = r["warmup_ms"]  # opening the engine and building its engines, apart from the stages
+    assert set(warm) == {"open_engine", "build_engines"} and all(v >= 0 for v in warm.values())
     k = r["kinematics"]
     assert set(k) == {
         "pose_jerk_mean_raw",
