@@ -39,6 +39,7 @@ from studio.avatar.folder import AVATAR_META
 from studio.errors import StudioError
 from studio.export.video import check_output_path
 from studio.files import unused_name
+from studio.gui.batch_window import BatchWindow
 from studio.gui.export_dialog import ExportDialog
 from studio.gui.live import LiveContext, LivePanel
 from studio.gui.notices import NoticeBridge
@@ -282,6 +283,8 @@ class MainWindow(QMainWindow):
         file_menu.addSeparator()
         self.act_export = file_menu.addAction("&Export MP4…", self.open_export_dialog)
         self.act_export.setShortcut(QKeySequence("Ctrl+E"))
+        self.act_batch = file_menu.addAction("&Batch queue…", self.open_batch_window)
+        self.act_batch.setShortcut(QKeySequence("Ctrl+B"))
         file_menu.addSeparator()
         quit_action = file_menu.addAction("&Quit", self.close)
         quit_action.setShortcut(QKeySequence.StandardKey.Quit)
@@ -1069,6 +1072,17 @@ class MainWindow(QMainWindow):
         settings = self.current_settings()
         engine = self.engine if getattr(self.engine, "name", None) == settings.backend else None
         return LiveContext(settings, engine, self.checkpoints, self.avatar_path, self.audio_path)
+
+    def open_batch_window(self) -> BatchWindow:
+        """Open (or raise) the one Batch queue window, its defaults this window's current
+        settings, checkpoints and avatar."""
+        if getattr(self, "batch_window", None) is None:
+            self.batch_window = BatchWindow(parent=self)
+        self.batch_window.set_defaults(self.controls.settings(), self.checkpoints, self.avatar_path)
+        self.batch_window.show()
+        self.batch_window.raise_()
+        self.batch_window.activateWindow()
+        return self.batch_window
 
     # --- shutdown --------------------------------------------------------------------------------
 
