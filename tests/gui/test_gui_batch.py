@@ -1,0 +1,161 @@
+"""The Batch queue window under offscreen Qt: real clips on the demo engine, a bad file among
+them, a rerun that skips, Stop, and the main window's File → Batch queue… action."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import soundfile as sf
+
+pytest.importorskip("PySide6")
+
+from PySide6.QtGui import QDesktopServices  # noqa: E402
+
+from studio.batch.run import REPORT_FILE  # noqa: E402
+from studio.engines.demo.engine import demo_audio_path  # noqa: E402
+from studio.gui.batch_window import BatchWindow, unique_name  # noqa: E402
+from studio.settings import RenderSettings  # noqa: E402
+
+SIZE = 96  # small frames: the queue is what is tested
+BATCH_TIMEOUT_MS = 60_000
+
+
+def _speech(folder: Path, name: str, start_s: float, seconds: float) -> Path:
+    data, rate = sf.read(demo_audio_path(), dtype="float32")
+    a = int(start_s * rate)
+    path = folder / name
+    sf.write(path, data[a : a + int(seconds * rate)], rate)
+    return path
+
+
+@pytest.fixture
+def clips(tmp_path: Path) -> Path:
+    """Two short speech clips and a text file named bad.wav."""
+    folder = tmp_path / "clips"
+    folder.mkdir()
+    _speech(folder, "a.wav", 0.0, 1.2)
+    _speech(folder, "b.wav", 1.2, 1.0)
+    (folder / "bad.wav").write_text("not audio\n")
+    return folder
+
+
+@pytest.fixture
+def batch(qtbot, clips: Path, tmp_path: Path) -> BatchWindow:
+    """The window on 96-pixel base settings, the clips' folder added, output in tmp_path."""
+    w = BatchWindow(RenderSettings(size=SIZE))
+    qtbot.addWidget(w)
+    w.show()
+    assert w.add_folder(clips) == 3
+    w.set_output_dir(tmp_path / "out")
+    return w
+
+
+def _run(qtbot, w: BatchWindow) -> str:
+    with qtbot.waitSignal(w.batchFinished, timeout=BATCH_TIMEOUT_MS) as blocker:
+        assert w.run()
+    return blocker.args[0]
+
+
+def _status(w: BatchWindow) -> dict[str, str]:
+    return {r.name: r.status for r in w.rows}
+
+
+def test_unique_output_names() -> None:
+    assert unique_name("a.mp4", []) == "a.mp4"
+    assert unique_name("a", ["a.mp4"]) == "a_2.mp4"
+    assert unique_name("dir/A.mp4", ["a.mp4", "a_2.mp4"]) == "A_3.mp4"
+
+
+def test_a_batch_runs_records_the_bad_clip_and_a_rerun_skips(qtbot, batch, clips, monkeypatch):
+    w = batch
+    w.add_files([clips / "a.wav"])  # the same audio again: its own output name
+    assert [r.name for r in w.rows] == ["a.mp4", "b.mp4", "bad.mp4", "a_2.mp4"]
+    w.remove_rows([3])
+    started: list[str] = []
+    w.jobStarted.connect(started.append)
+    assert _run(qtbot, w) == "done"
+    out = Path(w.out_dir.text())
+    assert _status(w) == {"a.mp4": "done", "b.mp4": "done", "bad.mp4": "failed"}
+    assert started == ["a.mp4", "b.mp4", "bad.mp4"]
+    assert (out / "a.mp4").stat().st_size > 0 and (out / "b.mp4").stat().st_size > 0
+    bad = w.rows[2]
+    assert "bad.wav" in bad.error and "Traceback" not in bad.error
+    assert w.table.item(2, 7).toolTip() == bad.error
+    assert w.table.item(0, 5).data(256) == 100  # the progress bar full
+    assert "x" in w.table.item(0, 6).text()  # wall time and real-time factor
+    report = json.loads((out / REPORT_FILE).read_text())
+    assert report["summary"]["done"] == 2 and report["summary"]["failed"] == 1
+    assert w.summary.text().startswith("Finished: 2 done") and not w.message.isVisible()
+    assert any("bad.mp4: FAILED" in line for line in w.log.toPlainText().splitlines())
+
+    opened: list[str] = []
+
+    def open_url(url) -> bool:
+        opened.append(url.toLocalFile())
+        return True
+
+    monkeypatch.setattr(QDesktopServices, "openUrl", open_url)
+    w.table.cellDoubleClicked.emit(0, 0)  # a done row: its MP4
+    w.table.cellDoubleClicked.emit(2, 0)  # the failed row: nothing
+    assert w.open_output_folder()
+    assert opened == [str(out / "a.mp4"), str(out)]
+
+    # Again: the finished clips are skipped (the state file), the bad one is not retried...
+    assert _run(qtbot, w) == "done"
+    assert _status(w) == {"a.mp4": "skipped", "b.mp4": "skipped", "bad.mp4": "failed"}
+    assert "failed before" in w.table.item(2, 4).text() and "bad.wav" in w.rows[2].error
+    # ...unless asked to.
+    w.retry_failed.setChecked(True)
+    ran: list[str] = []
+    w.jobStarted.connect(ran.append)
+    assert _run(qtbot, w) == "done" and ran == ["bad.mp4"]
+
+
+def test_stop_keeps_the_finished_videos(qtbot, batch):
+    w = batch
+    w.rows.insert(0, w.rows.pop(2))  # bad.mp4 first: it fails at once, a then b
+    w.jobStarted.connect(lambda name: name == "a.mp4" and w.stop())
+    w.batchStarted.connect(lambda: w.add_files([w.rows[0].audio]))  # refused while running
+    assert _run(qtbot, w) == "stopped"
+    out = Path(w.out_dir.text())
+    status = _status(w)
+    assert status["bad.mp4"] == "failed" and status["b.mp4"] == "queued"
+    assert status["a.mp4"] in ("stopped", "done")  # stopped mid-clip, or it finished first
+    assert (out / "a.mp4").exists() == (status["a.mp4"] == "done")
+    assert not (out / "b.mp4").exists()
+    assert len(w.rows) == 3 and w.summary.text().startswith("Stopped")
+    assert json.loads((out / REPORT_FILE).read_text())["summary"]["pending"] >= 1
+    assert w.run_button.isEnabled() and not w.stop_button.isEnabled()
+
+
+def test_problems_are_one_line_in_the_window(qtbot, batch, tmp_path):
+    w = batch
+    bad_preset = tmp_path / "bad.json"
+    bad_preset.write_text("{not json")
+    assert not w.set_preset(str(bad_preset))
+    assert "bad.json" in w.message.text() and "Traceback" not in w.message.text()
+    good = tmp_path / "small.json"
+    RenderSettings(size=SIZE, smooth_window=9).save(good)
+    w.table.selectRow(1)
+    assert w.set_preset(str(good))
+    assert [r.preset for r in w.rows] == [None, str(good), None]
+    assert [j.settings.smooth_window for j in w.jobs()][1] == 9
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    w.set_output_dir(blocker / "out")  # under a file: the batch cannot make its folder
+    assert _run(qtbot, w) == "error"
+    assert w.message.isVisible() and "Traceback" not in w.message.text()
+    assert "\n" not in w.message.text() and not w.running
+
+
+def test_the_main_window_opens_one_batch_window(window, qtbot):
+    window.act_batch.trigger()
+    first = window.batch_window
+    assert first.isVisible() and first.base_settings == window.controls.settings()
+    assert window.act_batch.shortcut().toString() == "Ctrl+B"
+    window.act_batch.trigger()
+    assert window.batch_window is first
+    window.close()  # the batch window goes with it
+    assert not first.isVisible()
