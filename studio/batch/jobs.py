@@ -199,6 +199,16 @@ def _text(path: Path) -> str:
         raise InputError(f"{path}: cannot read the jobs: {e.strerror or e}") from None
 
 
+def audio_files(folder: str | Path) -> list[Path]:
+    """Every audio file directly in ``folder``, sorted (the jobs of a folder); [] where the
+    folder cannot be listed."""
+    try:
+        entries = sorted(Path(folder).iterdir())
+    except OSError:
+        return []
+    return [p for p in entries if p.is_file() and p.suffix.lower() in AUDIO_SUFFIXES]
+
+
 def read_jobs(
     source: str | Path, base: RenderSettings | None = None, avatar: str | None = None
 ) -> list[Job]:
@@ -209,9 +219,7 @@ def read_jobs(
     if not path.exists():
         raise InputError(f"{path}: no such file or folder of jobs")
     if path.is_dir():
-        files = sorted(
-            p for p in path.iterdir() if p.is_file() and p.suffix.lower() in AUDIO_SUFFIXES
-        )
+        files = audio_files(path)
         if not files:
             raise InputError(f"{path}: no audio files in the folder ({', '.join(AUDIO_SUFFIXES)})")
         rows = [(str(p), {"audio": p.name}) for p in files]

@@ -197,12 +197,13 @@ class BatchProgress:
         if ran and elapsed > 0 and self.audio_done_s > 0:
             rate = self.audio_done_s / elapsed
             left = max(self.audio_total_s - self.audio_done_s, 0.0)
-            eta = f", ETA {_clock(left / rate)}" if self.done < self.total else ""
+            eta = f", ETA {clock(left / rate)}" if self.done < self.total else ""
             tail = f" ({rate:.1f}x real time so far{eta})"
         self.say(f"[{self.done}/{self.total}] {rec['name']}: {what}{tail}")
 
 
-def _clock(seconds: float) -> str:
+def clock(seconds: float) -> str:
+    """Seconds as ``m:ss`` or ``h:mm:ss`` (an ETA)."""
     seconds = int(round(seconds))
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)

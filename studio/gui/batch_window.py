@@ -43,8 +43,15 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from studio.batch.jobs import AUDIO_SUFFIXES, Job
-from studio.batch.run import REPORT_FILE, EngineOptions, audio_seconds, one_line, run_batch
+from studio.batch.jobs import AUDIO_SUFFIXES, Job, audio_files
+from studio.batch.run import (
+    REPORT_FILE,
+    EngineOptions,
+    audio_seconds,
+    clock,
+    one_line,
+    run_batch,
+)
 from studio.errors import Cancelled, StudioError
 from studio.gui import theme
 from studio.gui.worker import start_in_thread
@@ -92,22 +99,6 @@ def unique_name(name: str, taken: Iterable[str]) -> str:
     while candidate.lower() in used:
         candidate, n = f"{stem}_{n}.mp4", n + 1
     return candidate
-
-
-def clock(seconds: float) -> str:
-    """Seconds as ``m:ss`` or ``h:mm:ss``."""
-    m, s = divmod(int(round(seconds)), 60)
-    h, m = divmod(m, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
-
-
-def audio_files(folder: str | Path) -> list[str]:
-    """Every audio file directly in ``folder``, sorted (what ``studio batch FOLDER`` runs)."""
-    try:
-        entries = sorted(Path(folder).iterdir())
-    except OSError:
-        return []
-    return [str(p) for p in entries if p.is_file() and p.suffix.lower() in AUDIO_SUFFIXES]
 
 
 @dataclass(frozen=True)
