@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
+import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -33,6 +35,8 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from studio.runtime.base import HALF_DTYPES, EngineBase, TensorSpec, capture_cuda_graph, math_mode
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "FP32_INPUTS",
@@ -275,6 +279,70 @@ def _room_for_compiled_engines() -> None:
             return
 
 
+def _aot_forward(
+    name: str,
+    adapter: PrecisionAdapter,
+    precision: str,
+    policy: str,
+    batch: int,
+    device: torch.device,
+    aot_dir: str | os.PathLike[str],
+    build: bool,
+) -> tuple[Callable[..., tuple[Tensor, ...]], str]:
+    """The adapter's forward from its AOTInductor package (:mod:`studio.runtime.aot_cache`):
+    (forward, "loaded" or "built"); or (the adapter, why not) for torch.compile to take."""
+    from studio.runtime import aot_cache
+
+    key = aot_cache.AotKey.of(name, adapter, precision, policy, batch, device)
+    example = adapter.example_inputs(batch)
+    try:
+        runner, why = aot_cache.load_or_build(aot_dir, key, adapter, example, build)
+    except Exception as e:  # noqa: BLE001 - a network AOTInductor cannot take: torch.compile
+        _log.warning(
+            "%s: no compiled package (%s: %s); compiling in process", name, type(e).__name__, e
+        )
+        return adapter, f"failed: {type(e).__name__}"
+    if runner is None:
+        _log.debug("%s: %s", name, why)
+        return adapter, why
+
+    def forward(*args: Tensor) -> tuple[Tensor, ...]:
+        out = runner(*args)
+        return tuple(out) if isinstance(out, list | tuple) else (out,)
+
+    problem = _differs(adapter, forward, example, precision)
+    if problem:  # never a silently wrong engine: compile in process instead
+        _log.warning("%s: its compiled package %s; compiling in process", name, problem)
+        return adapter, f"mismatch: {problem}"
+    return forward, why
+
+
+AOT_TOLERANCE = {"fp32": 1e-3, "tf32": 1e-2}  # relative to the largest output; halves 3e-2
+
+
+def _differs(
+    adapter: PrecisionAdapter,
+    forward: Callable[..., tuple[Tensor, ...]],
+    example: tuple[Tensor, ...],
+    precision: str,
+) -> str | None:
+    """Why ``forward`` does not compute ``adapter``'s outputs on ``example`` (None: it does)."""
+    tol = AOT_TOLERANCE.get(precision, 3e-2)
+    with torch.no_grad():
+        want, got = adapter(*example), forward(*example)
+    want = want if isinstance(want, tuple) else (want,)
+    if len(want) != len(got):
+        return f"returns {len(got)} outputs, not {len(want)}"
+    for i, (w, g) in enumerate(zip(want, got, strict=True)):
+        if w.shape != g.shape:
+            return f"output {i} has shape {tuple(g.shape)}, not {tuple(w.shape)}"
+        scale = float(w.abs().max()) or 1.0
+        err = float((w.float() - g.float()).abs().max()) / scale
+        if not err <= tol:
+            return f"output {i} differs by {err:.3g} of its range (tolerance {tol:g})"
+    return None
+
+
 class TorchEngine(EngineBase):
     """One studio network as an :class:`~studio.runtime.base.Engine` on torch.
 
@@ -306,6 +374,8 @@ class TorchEngine(EngineBase):
         compile: bool = False,
         compile_mode: str = "default",
         io_dtype: torch.dtype | None = None,
+        aot_dir: str | os.PathLike[str] | None = None,
+        aot_build: bool = False,
     ) -> None:
         dev = torch.device(device)
         if _reusable(name, module, precision, dev, mode, io_dtype, channels_last):
@@ -324,7 +394,19 @@ class TorchEngine(EngineBase):
         self._graph: torch.cuda.CUDAGraph | None = None
         self._static_out: tuple[Tensor, ...] | None = None
         self._fn: Callable[..., tuple[Tensor, ...]] = self.adapter
-        if compile:
+        self.aot = "off"  # compiled ahead of time: "loaded", "built", or why not
+        if compile and aot_dir is not None:
+            self._fn, self.aot = _aot_forward(
+                name,
+                self.adapter,
+                precision,
+                f"{self.mode}|{channels_last}|{compile_mode}",
+                batch,
+                dev,
+                aot_dir,
+                aot_build,
+            )
+        if compile and self.aot not in ("loaded", "built"):
             _room_for_compiled_engines()
             self._fn = torch.compile(self.adapter, mode=compile_mode, dynamic=False)
         example = self.adapter.example_inputs(batch)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -48,6 +49,7 @@ RENDER_NETWORKS = ("warp_network", "decoder")
 MAX_BATCH_SIZES = 4  # engines (graphs, compiled code) kept for this many batch sizes
 HALF_MODES = ("cast", "autocast")  # the torch engines' policies for fp16/bf16
 _LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
+AOT_DEFAULT = "compiled/aot under the cache root"  # aot_dir's default (None: no packages)
 
 
 def static_batch(frames: int, cap: int) -> int:
@@ -106,7 +108,9 @@ class WarpDecodeEngines:
     channels-last layouts, 4-D and 3-D; each batch size's engines then hold their own copy of
     the weights); ``compile_mode`` (``torch.compile``'s mode); ``feature_size`` (None: the
     product's f_s side; the decoder's static input, which must match the maps the warp
-    network's ``example_inputs`` give).
+    network's ``example_inputs`` give); ``aot_dir``: where compiled engines are kept as
+    AOTInductor packages (:mod:`studio.runtime.aot_cache`: built by the first compiled run,
+    loaded by later processes in a fraction of a second; None compiles in process each time).
     """
 
     def __init__(
@@ -125,8 +129,14 @@ class WarpDecodeEngines:
         channels_last: bool = False,
         compile_mode: str = "default",
         feature_size: int | None = None,
+        aot_dir: str | Path | None = AOT_DEFAULT,
     ) -> None:
         self.device = torch.device(device)
+        if aot_dir is AOT_DEFAULT:
+            from studio.paths import compiled_cache_dir
+
+            aot_dir = compiled_cache_dir() / "aot"
+        self.aot_dir = aot_dir
         self.runtime = runtime
         self.precisions = render_precisions(precision, runtime, self.device)
         torch_runtime = runtime == "torch"
@@ -171,6 +181,9 @@ class WarpDecodeEngines:
             "precision": dict(self.precisions),
             "cuda_graphs": self.graphs,
             "compiled": self.compiled,
+            "compiled_packages": sorted(
+                {getattr(e, "aot", "off") for eng in self._engines.values() for e in eng.values()}
+            ),
             "channel_pad": self.channel_pad,
             "depth_split": self.depth_split,
         }
@@ -231,6 +244,9 @@ class WarpDecodeEngines:
         }
         if self.compiled and self.compile_mode != "default":
             options["compile_mode"] = self.compile_mode
+        if self.compiled and self.aot_dir is not None:  # compiled once, loaded by later runs
+            options["aot_dir"] = self.aot_dir
+            options["aot_build"] = True
         if self.channels_last:
             options["channels_last"] = True
         return options

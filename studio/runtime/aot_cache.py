@@ -1,0 +1,182 @@
+"""Compiled torch engines that persist on disk: AOTInductor packages, keyed and verified.
+
+``torch.compile`` rebuilds its graphs in every new process (Dynamo traces again, Inductor
+looks its kernels up), so a fresh `studio render --compile` pays tens of seconds before its
+first frame. An AOTInductor package is the compiled network itself: exported once
+(``torch.export``), compiled to a shared library (``aoti_compile_and_package``), then loaded
+by a later process in well under a second, as a TensorRT engine is.
+
+Each package ``<cache>/aot/<network>-<precision>-b<batch>-<key digest>.pt2`` has a JSON
+beside it with its :class:`AotKey` (the network's weights' SHA-256, precision and policy,
+batch, device and compute capability, torch and CUDA versions) and the package's own SHA-256.
+:func:`load` checks both before loading: a stale or corrupted package is not loaded and the
+reason is said; :func:`build` writes a new one atomically under the package's file lock, so
+two processes build it once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from studio.files import write_atomic
+from studio.runtime.engine_cache import file_sha256
+
+AOT_FORMAT = 1  # bump when the build recipe changes what a package contains
+_log = logging.getLogger(__name__)
+
+
+def weights_sha256(module: nn.Module) -> str:
+    """SHA-256 over the module's parameters and buffers (names, dtypes, shapes, bytes)."""
+    h = hashlib.sha256()
+    for name, t in sorted(
+        {**dict(module.named_parameters()), **dict(module.named_buffers())}.items()
+    ):
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _device_facts(device: torch.device) -> tuple[str, str, str | None]:
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        major, minor = torch.cuda.get_device_capability(index)
+        return torch.cuda.get_device_name(index), f"{major}.{minor}", torch.version.cuda
+    import platform
+
+    return platform.machine() or "cpu", "cpu", None
+
+
+@dataclass(frozen=True)
+class AotKey:
+    """What a package was compiled for and from; equal keys mean it can be loaded."""
+
+    network: str
+    weights_sha256: str
+    precision: str
+    policy: str  # the precision adapter's mode, and any layout choice
+    batch: int
+    device_name: str
+    capability: str
+    torch_version: str
+    cuda_version: str | None
+    format: int = AOT_FORMAT
+
+    @classmethod
+    def of(
+        cls,
+        network: str,
+        module: nn.Module,
+        precision: str,
+        policy: str,
+        batch: int,
+        device: torch.device,
+    ) -> AotKey:
+        name, cap, cuda = _device_facts(torch.device(device))
+        return cls(
+            network,
+            weights_sha256(module),
+            precision,
+            policy,
+            int(batch),
+            name,
+            cap,
+            torch.__version__,
+            cuda,
+        )
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
+
+
+def package_file(cache_dir: str | os.PathLike[str], key: AotKey) -> Path:
+    """Where ``key``'s package lives."""
+    return Path(cache_dir) / f"{key.network}-{key.precision}-b{key.batch}-{key.digest()[:16]}.pt2"
+
+
+def _meta(package: Path) -> Path:
+    return package.with_name(package.name + ".json")
+
+
+def stale_reasons(recorded: dict[str, Any], wanted: AotKey) -> list[str]:
+    """Why a package recorded with ``recorded`` (its key's dict) cannot serve ``wanted``."""
+    want = asdict(wanted)
+    return [f"{k} {recorded.get(k)!r} -> {v!r}" for k, v in want.items() if recorded.get(k) != v]
+
+
+def load(cache_dir: str | os.PathLike[str], key: AotKey) -> tuple[Callable | None, str]:
+    """(the loaded package, "loaded"), or (None, why not: absent, stale, corrupt)."""
+    package = package_file(cache_dir, key)
+    if not package.is_file():
+        return None, "no compiled package yet"
+    try:
+        meta = json.loads(_meta(package).read_text())
+        recorded, sha = dict(meta["key"]), str(meta["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, f"{package.name}: its metadata is missing or unreadable"
+    reasons = stale_reasons(recorded, key)
+    if reasons:
+        return None, f"{package.name} is stale ({'; '.join(reasons)})"
+    if file_sha256(package) != sha:
+        return None, f"{package.name} is corrupt (its SHA-256 is not the one recorded)"
+    try:
+        runner = torch._inductor.aoti_load_package(str(package))
+    except Exception as e:  # noqa: BLE001 - a package that does not load is rebuilt
+        return None, f"{package.name} does not load ({type(e).__name__}: {e})"
+    return runner, "loaded"
+
+
+def build(
+    cache_dir: str | os.PathLike[str],
+    key: AotKey,
+    module: nn.Module,
+    example: tuple[torch.Tensor, ...],
+) -> Path:
+    """Export ``module`` on ``example`` and compile it into ``key``'s package (atomically,
+    under the package's build lock; a package another process finished meanwhile is kept)."""
+    from studio.paths import build_lock
+
+    package = package_file(cache_dir, key)
+    package.parent.mkdir(parents=True, exist_ok=True)
+    with build_lock(package, f"the compiled {key.network} (batch {key.batch})"):
+        if load(cache_dir, key)[0] is not None:
+            return package
+        partial = package.with_name(f".{package.name}.{os.getpid()}.partial.pt2")
+        try:
+            with torch.no_grad():
+                exported = torch.export.export(module, example)
+                torch._inductor.aoti_compile_and_package(exported, package_path=str(partial))
+            sha = file_sha256(partial)
+            os.replace(partial, package)
+        finally:
+            partial.unlink(missing_ok=True)
+        write_atomic(_meta(package), json.dumps({"key": asdict(key), "sha256": sha}, indent=1))
+    return package
+
+
+def load_or_build(
+    cache_dir: str | os.PathLike[str],
+    key: AotKey,
+    module: nn.Module,
+    example: tuple[torch.Tensor, ...],
+    build_missing: bool = True,
+) -> tuple[Callable | None, str]:
+    """The package of ``key``: loaded; else (``build_missing``) built, saying why, and
+    loaded; else (None, why not)."""
+    runner, why = load(cache_dir, key)
+    if runner is not None or not build_missing:
+        return runner, why
+    if why != "no compiled package yet":
+        _log.warning("%s: compiling it again", why)
+    build(cache_dir, key, module, example)
+    runner, again = load(cache_dir, key)
+    return runner, ("built" if runner is not None else again)

@@ -1,0 +1,119 @@
+"""Compiled torch engines kept on disk (AOTInductor packages): built once, loaded by a new
+process, verified, rebuilt when corrupt or stale (CPU, a reduced stitch network)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from studio.fixtures.random_tree import random_network
+from studio.runtime import aot_cache
+from studio.runtime.torch_backend import TorchEngine, _differs
+
+pytestmark = pytest.mark.slow  # an AOTInductor build is a C++ compile: ~10-40 s here
+
+LOAD = """
+import sys, torch
+from studio.fixtures.random_tree import random_network
+from studio.runtime.torch_backend import TorchEngine
+torch.manual_seed(0)
+net = random_network("stitch_network", reduced=True).eval()
+e = TorchEngine("stitch_network", net, "fp32", "cpu", batch=2, compile=True,
+                aot_dir=sys.argv[1], aot_build=False)
+print(e.aot)
+"""
+
+
+def _net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return random_network("stitch_network", reduced=True).eval()
+
+
+def test_built_once_loaded_by_a_new_process_and_rebuilt_when_corrupt(
+    tmp_path: Path, caplog
+) -> None:
+    net = _net()
+    built = TorchEngine(
+        "stitch_network",
+        net,
+        "fp32",
+        "cpu",
+        batch=2,
+        compile=True,
+        aot_dir=tmp_path,
+        aot_build=True,
+    )
+    assert built.aot == "built"
+    (package,) = tmp_path.glob("stitch_network-fp32-b2-*.pt2")
+    meta = json.loads(package.with_name(package.name + ".json").read_text())
+    assert meta["key"]["batch"] == 2 and meta["sha256"] == aot_cache.file_sha256(package)
+    eager = TorchEngine("stitch_network", net, "fp32", "cpu", batch=2)
+    feed = {s.name: torch.randn(s.shape) for s in eager.inputs}
+    want = eager.run(feed)
+    got = built.run(feed)
+    assert all(torch.allclose(want[k], got[k], atol=1e-5) for k in want)
+
+    # a new process finds it: loaded, not compiled
+    r = subprocess.run(
+        [sys.executable, "-c", LOAD, str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[-1] == "loaded"
+
+    # corrupted on disk: detected by its checksum, compiled again with a message
+    data = bytearray(package.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    package.write_bytes(bytes(data))
+    key = aot_cache.AotKey(**meta["key"])
+    assert aot_cache.load(tmp_path, key)[1].endswith(
+        "is corrupt (its SHA-256 is not the one recorded)"
+    )
+    with caplog.at_level("WARNING"):
+        again = TorchEngine(
+            "stitch_network",
+            net,
+            "fp32",
+            "cpu",
+            batch=2,
+            compile=True,
+            aot_dir=tmp_path,
+            aot_build=True,
+        )
+    assert (
+        again.aot == "built" and "is corrupt" in caplog.text and "compiling it again" in caplog.text
+    )
+    assert aot_cache.load(tmp_path, key)[1] == "loaded"
+
+    # recorded for another torch: stale, with the reason
+    meta_file = package.with_name(package.name + ".json")
+    meta = json.loads(meta_file.read_text())
+    meta["key"]["torch_version"] = "0.0.1"
+    meta_file.write_text(json.dumps(meta))
+    runner, why = aot_cache.load(tmp_path, key)
+    assert runner is None and "stale" in why and "torch_version '0.0.1'" in why
+
+
+def test_other_weights_or_batch_make_another_package(tmp_path: Path) -> None:
+    net = _net()
+    a = aot_cache.AotKey.of("stitch_network", net, "fp32", "p", 2, torch.device("cpu"))
+    b = aot_cache.AotKey.of("stitch_network", net, "fp32", "p", 4, torch.device("cpu"))
+    with torch.no_grad():
+        next(net.parameters()).add_(1.0)
+    c = aot_cache.AotKey.of("stitch_network", net, "fp32", "p", 2, torch.device("cpu"))
+    files = {aot_cache.package_file(tmp_path, k) for k in (a, b, c)}
+    assert len(files) == 3 and a.weights_sha256 != c.weights_sha256
+
+
+def test_a_package_that_computes_something_else_is_refused() -> None:
+    eng = TorchEngine("stitch_network", _net(), "fp32", "cpu", batch=2)
+    example = eng.adapter.example_inputs(2)
+    assert _differs(eng.adapter, lambda *a: eng.adapter(*a), example, "fp32") is None
+    wrong = _differs(
+        eng.adapter, lambda *a: tuple(o + 1.0 for o in eng.adapter(*a)), example, "fp32"
+    )
+    assert wrong is not None and "differs by" in wrong
