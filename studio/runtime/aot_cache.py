@@ -163,6 +163,11 @@ def build(
     return package
 
 
+def _failed_file(cache_dir: str | os.PathLike[str], key: AotKey) -> Path:
+    package = package_file(cache_dir, key)
+    return package.with_name(package.name + ".failed.json")
+
+
 def load_or_build(
     cache_dir: str | os.PathLike[str],
     key: AotKey,
@@ -171,12 +176,21 @@ def load_or_build(
     build_missing: bool = True,
 ) -> tuple[Callable | None, str]:
     """The package of ``key``: loaded; else (``build_missing``) built, saying why, and
-    loaded; else (None, why not)."""
+    loaded; else (None, why not). A network that failed to export or compile for this key
+    is remembered (``<package>.failed.json``), so later processes do not try again."""
     runner, why = load(cache_dir, key)
     if runner is not None or not build_missing:
         return runner, why
+    failed = _failed_file(cache_dir, key)
+    if failed.is_file():
+        return None, f"it failed to compile ahead of time before ({failed.name})"
     if why != "no compiled package yet":
         _log.warning("%s: compiling it again", why)
-    build(cache_dir, key, module, example)
+    try:
+        build(cache_dir, key, module, example)
+    except Exception as e:
+        reason = f"{type(e).__name__}: {e}"
+        write_atomic(failed, json.dumps({"key": asdict(key), "error": reason[:2000]}, indent=1))
+        raise
     runner, again = load(cache_dir, key)
     return runner, ("built" if runner is not None else again)

@@ -117,3 +117,16 @@ def test_a_package_that_computes_something_else_is_refused() -> None:
         eng.adapter, lambda *a: tuple(o + 1.0 for o in eng.adapter(*a)), example, "fp32"
     )
     assert wrong is not None and "differs by" in wrong
+
+
+def test_a_network_that_does_not_export_is_tried_once(tmp_path: Path) -> None:
+    class Branchy(torch.nn.Module):  # data-dependent Python control flow: export refuses it
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2 if float(x.sum()) > 0 else x
+
+    key = aot_cache.AotKey.of("branchy", Branchy(), "fp32", "p", 1, torch.device("cpu"))
+    example = (torch.ones(1, 3),)
+    with pytest.raises(Exception):  # noqa: B017 - whatever torch.export raises
+        aot_cache.load_or_build(tmp_path, key, Branchy(), example)
+    runner, why = aot_cache.load_or_build(tmp_path, key, Branchy(), example)
+    assert runner is None and "failed to compile ahead of time before" in why
