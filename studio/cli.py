@@ -888,7 +888,31 @@ def cmd_export_onnx(args: argparse.Namespace) -> int:
 def cmd_compile(args: argparse.Namespace) -> int:
     from studio.runtime.compile_cli import run
 
+    if args.runtime == "torch":
+        return _compile_torch(args)
     return run(args)
+
+
+def _compile_torch(args: argparse.Namespace) -> int:
+    """`studio compile --runtime torch`: the compiled render engines, built ahead."""
+    from studio.engines.ditto.prebuild import prebuild
+    from studio.settings import RenderSettings
+
+    json_out = _check_json_target(args.json, "--json", {"--checkpoints": args.checkpoints})
+    values = {"compile": True, "precision": args.precision or "auto"}
+    if args.batch is not None:
+        values["batch"] = args.batch
+    settings = RenderSettings(**values)
+    with _progress() as progress:
+        summary = prebuild(args.checkpoints, settings, args.device, progress)
+    if json_out is not None:
+        _write_json(json_out, summary)
+    _print_result(
+        f"compiled render engines for batches {', '.join(map(str, summary['batches']))} on "
+        f"{summary['device']} ({', '.join(summary['packages'])}) in {summary['folder']}",
+        json_out,
+    )
+    return 0
 
 
 def _qt_platform(env: MutableMapping[str, str], screenshot: bool, platform: str) -> None:

@@ -30,7 +30,9 @@ from typing import Any
 __all__ = ["add_arguments", "add_folder_options", "run"]
 
 
-def add_folder_options(p: argparse.ArgumentParser, holding: str, written: str) -> None:
+def add_folder_options(
+    p: argparse.ArgumentParser, holding: str, written: str, required_out: bool = True
+) -> None:
     """The folders `studio compile` and `studio export-onnx` both require: the checkpoint
     folder (``holding`` these) and the output folder (for the ``written`` files)."""
     p.add_argument(
@@ -39,12 +41,22 @@ def add_folder_options(p: argparse.ArgumentParser, holding: str, written: str) -
         metavar="DIR",
         help=f"Ditto's checkpoint folder (holding {holding})",
     )
-    p.add_argument("--out", required=True, metavar="DIR", help=f"folder for the {written}")
+    p.add_argument("--out", required=required_out, metavar="DIR", help=f"folder for the {written}")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `studio compile`."""
-    add_folder_options(p, "ditto_pytorch/ and/or ditto_onnx/", "engines")
+    add_folder_options(
+        p, "ditto_pytorch/ and/or ditto_onnx/", "engines (TensorRT)", required_out=False
+    )
+    p.add_argument(
+        "--runtime",
+        choices=("tensorrt", "torch"),
+        default="tensorrt",
+        help="tensorrt: TensorRT engines in --out (the default); torch: the compiled render "
+        "engines `--compile` uses (AOTInductor packages, in the cache root's compiled/aot), "
+        "for every batch up to the render batch (--batch; default: the renderer's own)",
+    )
     p.add_argument(
         "--precision",
         metavar="SPEC",
@@ -58,7 +70,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="subset of appearance_extractor, motion_extractor, warp_network, decoder, "
         "stitch_network, lmdm, hubert (default: every one present)",
     )
-    p.add_argument("--batch", type=int, default=1, metavar="N", help="static batch (default 1)")
+    p.add_argument(
+        "--batch",
+        type=int,
+        metavar="N",
+        help="static batch (TensorRT: default 1; torch: the render batch, default automatic)",
+    )
     p.add_argument(
         "--opt-level",
         type=int,
@@ -189,6 +206,9 @@ def run(args: argparse.Namespace) -> int:
 
     # 1. Arguments, before anything heavy.
     found = discover(args.checkpoints)
+    if args.out is None:
+        raise OptionError("--out", "TensorRT engines need a folder: give --out DIR")
+    args.batch = 1 if args.batch is None else args.batch
     out = Path(args.out).expanduser()
     if out.exists() and not out.is_dir():
         raise OutputError(f"--out {out} exists and is not a folder")

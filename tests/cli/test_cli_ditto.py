@@ -87,7 +87,7 @@ def test_report_splits_ditto_timings_and_names_the_engine(rendered):
     assert eng["memory"]["mode"] in {"resident", "streamed"} and eng["memory"]["batch"] >= 1
     precisions = {"warp_network": "fp32", "decoder": "fp32"}  # the CPU: no half kernels
     want = {"precision": precisions, "cuda_graphs": False, "compiled": False}
-    want |= {"channel_pad": 0, "depth_split": False}
+    want |= {"channel_pad": 0, "depth_split": False, "compiled_packages": ["off"]}
     assert eng["render"] == {"runtime": "torch", **want}
     assert report["settings"]["backend"] == "ditto"
     assert str(cache) in eng["avatar"]
@@ -235,3 +235,18 @@ def test_export_onnx_shows_a_stage_with_counts(ditto_assets, tmp_path, capsys):
     assert "exporting networks: 0/2 networks …" in err
     assert re.search(r"^exporting networks: 2/2 networks in \d", err, re.M), err
     assert "stitch_network" in stdout and "\r" not in err
+
+
+def test_compile_for_torch_needs_a_gpu_and_tensorrt_needs_out(ditto_assets, capsys):
+    tree = str(ditto_assets["tree"])
+    code, _, err = _run(["compile", "--runtime", "torch", "--checkpoints", tree], capsys)
+    assert code == 2 and "no CUDA GPU" in err  # `studio compile` builds for --device cuda
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    code, _, err = _run(
+        ["compile", "--runtime", "torch", "--checkpoints", tree, "--device", "cpu"], capsys
+    )
+    assert code == 2 and "compiled render engines run inside CUDA graphs" in err
+    code, _, err = _run(["compile", "--runtime", "torch", "--checkpoints", "/nonexistent"], capsys)
+    assert code == 2 and "/nonexistent" in err  # the folder before the device
+    code, _, err = _run(["compile", "--checkpoints", tree], capsys)
+    assert code == 2 and "--out" in err

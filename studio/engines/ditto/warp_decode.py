@@ -52,6 +52,11 @@ _LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 AOT_DEFAULT = "compiled/aot under the cache root"  # aot_dir's default (None: no packages)
 
 
+def ladder_upto(batch: int) -> list[int]:
+    """The ladder's rungs a renderer of ``batch`` may use (its batch and the smaller ones)."""
+    return [r for r in _LADDER if r < batch] + [int(batch)]
+
+
 def static_batch(frames: int, cap: int) -> int:
     """The engine batch that renders ``frames`` (<= ``cap``): the next rung of the ladder,
     or ``cap`` itself when that is smaller."""
