@@ -91,6 +91,13 @@ def _motion_options(p: argparse.ArgumentParser, audio: bool = True) -> None:
         + (" and, without --audio, the demo speech" if audio else ""),
     )
     g.add_argument("--preset", metavar="FILE", help="load settings from a JSON preset first")
+    if audio:
+        g.add_argument(
+            "--controls",
+            metavar="TRACKS.json",
+            help="keyed control tracks over the clip: head pose offsets and amplitude, mouth, "
+            "eyes, blinks, fades (README: Directing the performance)",
+        )
     _setting(g, "smooth_window", "N")
     _setting(g, "smooth_order", "K")
     _setting(g, "accel_limit", "A")
@@ -426,6 +433,15 @@ def _settings(args: argparse.Namespace, **extra):
     return base.replace(**values)
 
 
+def _load_controls(args: argparse.Namespace):
+    """The --controls tracks (None without the option); InputError naming the file."""
+    if not getattr(args, "controls", None):
+        return None
+    from studio.motion.controls import ControlTracks
+
+    return ControlTracks.load(args.controls)
+
+
 def _load_audio(args: argparse.Namespace):
     from studio.audio.io import load_audio
     from studio.engines.demo.engine import demo_audio_path
@@ -447,7 +463,12 @@ def _check_json_target(
 
 def _inputs(args: argparse.Namespace) -> dict[str, str | None]:
     """The command's input files by option (an output must not overwrite them)."""
-    names = {"--audio": "audio", "--avatar": "avatar", "--preset": "preset"}
+    names = {
+        "--audio": "audio",
+        "--avatar": "avatar",
+        "--preset": "preset",
+        "--controls": "controls",
+    }
     given = {option: getattr(args, name, None) for option, name in names.items()}
     return {**given, "--checkpoints": getattr(args, "checkpoints", None)}
 
@@ -543,11 +564,12 @@ def cmd_render(args: argparse.Namespace) -> int:
     report_path = _check_json_target(args.report, "--report", {"--out": args.out, **_inputs(args)})
     prepared = _prepare_engine(args, settings)
     audio = _load_audio(args)
+    controls = _load_controls(args)
     with _progress() as progress:
         t0 = time.perf_counter()
         engine = _open_engine(prepared, progress)
         opened = time.perf_counter()
-        result = analyze(audio, settings, engine)
+        result = analyze(audio, settings, engine, controls)
         renderer = engine.renderer(settings)
         # export/compile/capture before the first frame, as a stage of its own
         t1 = time.perf_counter()
@@ -562,6 +584,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     }
     report["audio"] = audio.path
     report["settings"] = settings.to_dict()
+    if controls:
+        report["controls"] = controls.to_dict()
     report["engine"] = _engine_report(engine)
     report["quality"] = quality_of(result, engine)
     if report_path is not None:
@@ -703,6 +727,8 @@ def _stop_on_signal(stop) -> Iterator[None]:
 
 
 def cmd_live(args: argparse.Namespace) -> int:
+    if getattr(args, "controls", None):
+        raise OptionError("--controls", "directs a clip (render, analyze), not a live session")
     import threading
 
     from studio.live.run import run_live, session_clock, status_line
@@ -788,9 +814,10 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     json_path = _check_json_target(args.json, "--json", _inputs(args))
     prepared = _prepare_engine(args, settings)
     audio = _load_audio(args)
+    controls = _load_controls(args)
     with _progress() as progress:
         engine = _open_engine(prepared, progress)
-        result = analyze(audio, settings, engine)
+        result = analyze(audio, settings, engine, controls)
     timings = dict(result.timings_ms)
     timings["total"] = (time.perf_counter() - started) * 1000.0
     report = build_report(result, timings, rendered=False)
@@ -798,6 +825,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     report["audio"] = audio.path
     report["settings"] = settings.to_dict()
     report["quality"] = quality_of(result, engine)
+    if controls:
+        report["controls"] = controls.to_dict()
     report["strides"] = result.plan.strides.tolist()
     report["keyframes"] = result.plan.keyframes.tolist()
     if json_path is not None:

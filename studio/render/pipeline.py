@@ -24,6 +24,7 @@ from studio.audio.phonetics import analyze as analyze_phonetics
 from studio.engines.base import Engine, Progress, Renderer, crossfade
 from studio.errors import Cancelled
 from studio.motion.cadence import CadencePlan, blend_weights, plan_cadence, sample_motion
+from studio.motion.controls import ControlTracks, apply_controls
 from studio.motion.kinematics import kinematics_report, smooth_motion
 from studio.render.inbetween import motion_inbetweens
 from studio.settings import RenderSettings
@@ -81,13 +82,21 @@ def generate(engine: Engine, audio: Audio, seed: int) -> tuple[PhoneticFrames, n
 
 
 def postprocess(
-    audio: Audio, phon: PhoneticFrames, raw: np.ndarray, settings: RenderSettings, timings=None
+    audio: Audio,
+    phon: PhoneticFrames,
+    raw: np.ndarray,
+    settings: RenderSettings,
+    timings=None,
+    controls: ControlTracks | None = None,
 ) -> MotionResult:
-    """Cadence plan, cadence sampling and smoothing on cached raw motion."""
+    """Control tracks, cadence plan, cadence sampling and smoothing on cached raw motion
+    (``controls`` direct the motion before the rest: the smoothing keeps a keyed turn within
+    its acceleration limit, cadence renders what a keyed move needs)."""
     timings = dict(timings or {})
     t0 = time.perf_counter()
-    plan = plan_cadence(phon, settings.stride, settings.cadence, motion=raw)
-    sampled = sample_motion(raw, plan)
+    directed = apply_controls(raw, controls)
+    plan = plan_cadence(phon, settings.stride, settings.cadence, motion=directed)
+    sampled = sample_motion(directed, plan)
     timings["cadence"] = _ms(t0)
     t0 = time.perf_counter()
     smoothed = smooth_motion(sampled, settings.smoothing)
@@ -96,10 +105,12 @@ def postprocess(
     return MotionResult(audio, phon, raw, plan, smoothed, kin, timings)
 
 
-def analyze(audio: Audio, settings: RenderSettings, engine: Engine) -> MotionResult:
+def analyze(
+    audio: Audio, settings: RenderSettings, engine: Engine, controls: ControlTracks | None = None
+) -> MotionResult:
     """Motion, cadence plan and kinematics for a clip, without rendering."""
     phon, raw, timings = generate(engine, audio, settings.seed)
-    return postprocess(audio, phon, raw, settings, timings)
+    return postprocess(audio, phon, raw, settings, timings, controls)
 
 
 blend = crossfade  # the in-place cross-fade (a renderer without keypoints makes these)

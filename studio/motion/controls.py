@@ -1,0 +1,210 @@
+"""Control tracks: keyframed directions over a clip, applied to the motion once it is made.
+
+A track holds keys (time in seconds, a value, and how the value goes to the next key:
+``hold``, ``linear`` or ``smooth``, an ease in and out); before its first key a track has the
+first key's value, after its last the last's. The tracks, each optional:
+
+- ``pitch``, ``yaw``, ``roll``: degrees added to the head's pose (a nod is a pitch key);
+- ``head``: the amplitude of the head's movement about the clip's first frame (1: as
+  generated, 0: still, 1.5: livelier), pose and position alike;
+- ``mouth``: the amplitude of the mouth's movement about its first frame (1: as generated;
+  0.5 for a subdued delivery);
+- ``eyes``: the lids' opening added, in pixels of a 512 frame (positive: wider);
+- ``blink``: 1 blinks as generated, 0 holds the lids as they were at the clip's start;
+- ``fade``: 1 the performance, 0 the avatar at rest as at the first frame (fade in and out).
+
+They apply to the generated motion rows before cadence and smoothing (:func:`apply_controls`),
+so both engines honour them (their motion has one layout), the smoothing's acceleration limit
+keeps a keyed turn natural, and the motion model does not run again after an edit. The first
+frame is the reference, as it is for Ditto's relative driving.
+
+The file (``studio render --controls FILE``)::
+
+    {"format": "studio-controls/1",
+     "tracks": {"pitch": [{"t": 5.0, "value": 0}, {"t": 5.3, "value": 8, "interp": "smooth"},
+                          {"t": 5.6, "value": 0}],
+                "mouth": [{"t": 0, "value": 1}, {"t": 2, "value": 0.6, "interp": "linear"}]}}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from studio import layout
+from studio.errors import InputError
+
+CONTROLS_FORMAT = "studio-controls/1"
+INTERPOLATIONS = ("hold", "linear", "smooth")
+TRACKS: dict[str, tuple[float, float, float]] = {  # name -> (neutral, lowest, highest)
+    "pitch": (0.0, -45.0, 45.0),
+    "yaw": (0.0, -60.0, 60.0),
+    "roll": (0.0, -45.0, 45.0),
+    "head": (1.0, 0.0, 3.0),
+    "mouth": (1.0, 0.0, 3.0),
+    "eyes": (0.0, -20.0, 20.0),
+    "blink": (1.0, 0.0, 1.0),
+    "fade": (1.0, 0.0, 1.0),
+}
+PIXELS_PER_UNIT = 256.0  # keypoint units -> pixels of a 512 frame (the frame spans [-1, 1])
+
+
+@dataclass(frozen=True)
+class Key:
+    """A track's value from ``t`` seconds, and how it goes to the next key."""
+
+    t: float
+    value: float
+    interp: str = "smooth"
+
+
+@dataclass(frozen=True)
+class ControlTracks:
+    """Keyed tracks by name (:data:`TRACKS`), keys sorted by time."""
+
+    tracks: Mapping[str, tuple[Key, ...]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return any(self.tracks.values())
+
+    def sample(self, name: str, num_frames: int, fps: int = layout.FPS) -> np.ndarray:
+        """The track's value at every frame [N] (its neutral value where it has no keys)."""
+        keys = self.tracks.get(name, ())
+        times = np.arange(num_frames, dtype=np.float64) / fps
+        if not keys:
+            return np.full(num_frames, TRACKS[name][0])
+        out = np.full(num_frames, keys[0].value, dtype=np.float64)
+        for a, b in zip(keys, keys[1:], strict=False):
+            inside = (times >= a.t) & (times < b.t)
+            u = (times[inside] - a.t) / max(b.t - a.t, 1e-9)
+            if a.interp == "hold":
+                w = np.zeros_like(u)
+            elif a.interp == "linear":
+                w = u
+            else:
+                w = u * u * (3.0 - 2.0 * u)
+            out[inside] = a.value + w * (b.value - a.value)
+        out[times >= keys[-1].t] = keys[-1].value
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": CONTROLS_FORMAT,
+            "tracks": {
+                name: [{"t": k.t, "value": k.value, "interp": k.interp} for k in keys]
+                for name, keys in self.tracks.items()
+                if keys
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "controls") -> ControlTracks:
+        """Tracks from their JSON form; InputError naming ``source``, the track and the key."""
+        if not isinstance(data, dict):
+            raise InputError(f'{source}: control tracks are a JSON object with "tracks"')
+        fmt = data.get("format", CONTROLS_FORMAT)
+        if fmt != CONTROLS_FORMAT:
+            raise InputError(f"{source}: format {fmt!r} is not {CONTROLS_FORMAT!r}")
+        unknown = sorted(set(data) - {"format", "tracks"})
+        if unknown:
+            raise InputError(f"{source}: unknown key {unknown[0]!r} (format, tracks)")
+        tracks = data.get("tracks", {})
+        if not isinstance(tracks, dict):
+            raise InputError(f"{source}: tracks must be an object of track name -> keys")
+        out: dict[str, tuple[Key, ...]] = {}
+        for name, keys in tracks.items():
+            if name not in TRACKS:
+                raise InputError(
+                    f"{source}: unknown track {name!r}; the tracks are {', '.join(TRACKS)}"
+                )
+            if not isinstance(keys, list):
+                raise InputError(f"{source}: {name}: a list of keys {{t, value, interp}}")
+            out[name] = tuple(
+                sorted(
+                    (_key(k, f"{source}: {name}[{i}]", name) for i, k in enumerate(keys)),
+                    key=lambda k: k.t,
+                )
+            )
+        return cls(out)
+
+    def save(self, path: str | Path) -> None:
+        from studio.files import write_atomic
+
+        write_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> ControlTracks:
+        """Tracks from a JSON file; InputError naming the file for anything wrong."""
+        p = Path(path)
+        if not p.is_file():
+            raise InputError(f"{p}: control tracks file not found")
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise InputError(f"{p}: cannot read the control tracks: {e}") from None
+        return cls.from_dict(data, source=str(p))
+
+
+def _key(item: Any, where: str, track: str) -> Key:
+    if not isinstance(item, dict) or "t" not in item or "value" not in item:
+        raise InputError(f'{where}: a key is {{"t": seconds, "value": number}}')
+    unknown = sorted(set(item) - {"t", "value", "interp"})
+    if unknown:
+        raise InputError(f"{where}: unknown key {unknown[0]!r} (t, value, interp)")
+    t, value = item["t"], item["value"]
+    for label, v in (("t", t), ("value", value)):
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            raise InputError(f"{where}: {label} must be a finite number, not {v!r}")
+    if t < 0:
+        raise InputError(f"{where}: t must be 0 or more seconds, not {t}")
+    _, low, high = TRACKS[track]
+    if not low <= value <= high:
+        raise InputError(f"{where}: value {value} is outside {low:g}..{high:g} for {track}")
+    interp = item.get("interp", "smooth")
+    if interp not in INTERPOLATIONS:
+        raise InputError(f"{where}: interp {interp!r} is not one of {', '.join(INTERPOLATIONS)}")
+    return Key(float(t), float(value), interp)
+
+
+def apply_controls(
+    motion: np.ndarray, controls: ControlTracks | None, fps: int = layout.FPS
+) -> np.ndarray:
+    """``motion`` [N, 265] directed by ``controls`` (module docstring); the rows themselves
+    when there are none."""
+    if not controls or len(motion) == 0:
+        return motion
+    motion = np.asarray(motion, dtype=np.float32)
+    n = motion.shape[0]
+    tr = {name: controls.sample(name, n, fps) for name in TRACKS}
+    deg = layout.pose_degrees(motion)
+    t = motion[:, layout.T].astype(np.float64)
+    exp = motion[:, layout.EXP].reshape(n, layout.NUM_KP, layout.KP_DIMS).astype(np.float64)
+    scale = motion[:, layout.SCALE.start].astype(np.float64) + 1.0
+    head = tr["head"][:, None]
+    deg = deg[:1] + head * (deg - deg[:1]) + np.stack([tr[a] for a in layout.POSE_ANGLES], 1)
+    t = t[:1] + head * (t - t[:1])
+    lips, lids = list(layout.LIP_KP), list(layout.EYE_KP)
+    exp[:, lips] = exp[:1, lips] + tr["mouth"][:, None, None] * (exp[:, lips] - exp[:1, lips])
+    exp[:, lids] = exp[:1, lids] + tr["blink"][:, None, None] * (exp[:, lids] - exp[:1, lids])
+    opening = tr["eyes"] / PIXELS_PER_UNIT / np.maximum(scale, 1e-6) / 2.0
+    for upper, lower in layout.EYE_LIDS_KP:  # image y grows downwards: opening parts them
+        exp[:, upper, 1] -= opening
+        exp[:, lower, 1] += opening
+    fade = tr["fade"]
+    if np.any(fade < 1.0):  # towards the first frame, the avatar at rest
+        first = layout.pose_degrees(motion[:1])
+        deg = first + fade[:, None] * (deg - first)
+        t = t[:1] + fade[:, None] * (t - t[:1])
+        exp = exp[:1] + fade[:, None, None] * (exp - exp[:1])
+    out = motion.copy()
+    out[:, layout.T] = t
+    out[:, layout.EXP] = exp.reshape(n, layout.EXP_DIM)
+    limit = layout.POSE_LIMIT_DEG - 1.0
+    layout.set_pose_degrees(out, np.clip(deg, -limit, limit))
+    return out
