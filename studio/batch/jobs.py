@@ -6,6 +6,7 @@ A JOBS file names one clip per line (JSONL: an object; CSV: a header row, then a
 - ``avatar``: the photo (an engine that takes one; default: ``--avatar``);
 - ``output``: the MP4's name in the output folder (default: the audio's name, ``.mp4``);
 - ``preset``: a preset file whose settings the job starts from (default: the command's);
+- ``controls``: a control tracks file directing the clip (:mod:`studio.motion.controls`);
 - any setting by its key (``smooth_window``, ``cadence.max_warp_px``; in JSONL also a
   ``settings`` object in the preset's own layout), applied on top.
 
@@ -28,7 +29,7 @@ from studio.errors import InputError, StudioError
 from studio.settings import RenderSettings, keys
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".mp3", ".m4a", ".aac", ".aiff", ".aif", ".opus")
-JOB_KEYS = ("audio", "avatar", "output", "preset", "settings")
+JOB_KEYS = ("audio", "avatar", "output", "preset", "controls", "settings")
 MAX_JOBS_BYTES = 64 * 2**20  # a JOBS file larger than this is not a list of clips
 
 
@@ -42,6 +43,7 @@ class Job:
     settings: RenderSettings
     source: str  # "jobs.jsonl:3": where the job was written, for messages
     extra: dict[str, Any] = field(default_factory=dict)  # the line as written (the report)
+    controls: str | None = None  # a control tracks file
 
     def to_dict(self) -> dict[str, Any]:
         """The job as plain JSON (what a Ray worker is sent)."""
@@ -52,6 +54,7 @@ class Job:
             "settings": self.settings.to_dict(),
             "source": self.source,
             "extra": self.extra,
+            "controls": self.controls,
         }
 
     @classmethod
@@ -59,14 +62,20 @@ class Job:
         """The job of :meth:`to_dict`."""
         settings = RenderSettings.from_dict(data["settings"], source=data["source"])
         return cls(
-            data["name"], data["audio"], data["avatar"], settings, data["source"], data["extra"]
+            data["name"],
+            data["audio"],
+            data["avatar"],
+            settings,
+            data["source"],
+            data["extra"],
+            data.get("controls"),
         )
 
     def fingerprint(self) -> str:
         """What the output depends on (inputs by path, size and mtime; the settings): a
         rerun skips a finished job only while this is unchanged."""
         parts: list[Any] = [self.name, self.settings.to_dict()]
-        for path in (self.audio, self.avatar):
+        for path in (self.audio, self.avatar, self.controls):
             if path is None:
                 parts.append(None)
                 continue
@@ -150,7 +159,8 @@ def _job(
     if not name.lower().endswith(".mp4"):
         name += ".mp4"
     settings = _settings_of(row, base, folder, where)
-    return Job(name, str(audio_path), avatar_path, settings, where, dict(row))
+    controls = None if not row.get("controls") else str(folder / str(row["controls"]))
+    return Job(name, str(audio_path), avatar_path, settings, where, dict(row), controls)
 
 
 def _read_jsonl(path: Path) -> list[tuple[str, dict[str, Any]]]:
@@ -181,7 +191,7 @@ def _read_csv(path: Path) -> list[tuple[str, dict[str, Any]]]:
         row = {k.strip(): _value(v or "") for k, v in raw.items()}
         if all(v is None for v in row.values()):
             continue
-        for k in ("audio", "avatar", "output", "preset"):
+        for k in ("audio", "avatar", "output", "preset", "controls"):
             if row.get(k) is not None:
                 row[k] = str(row[k])
         rows.append((f"{path}:{number}", {k: v for k, v in row.items() if v is not None}))

@@ -118,6 +118,7 @@ def run_job(
     one-line error, frames, seconds of audio and of work, peak memory). Never raises for the
     job's own problems; :class:`~studio.errors.Cancelled` and KeyboardInterrupt go through."""
     from studio.audio.io import load_audio
+    from studio.motion.controls import ControlTracks
     from studio.render.pipeline import analyze, render_video
 
     t0 = time.perf_counter()
@@ -134,7 +135,8 @@ def run_job(
         engine = cache.engine(job)
         opened = time.perf_counter()
         audio = load_audio(job.audio)
-        result = analyze(audio, job.settings, engine)
+        controls = None if job.controls is None else ControlTracks.load(job.controls)
+        result = analyze(audio, job.settings, engine, controls)
         renderer = cache.renderer(job, engine)
         t1 = time.perf_counter()
         renderer.build_engines(int(result.plan.keyframes.size), progress)

@@ -257,3 +257,25 @@ def test_each_jobs_stage_timings_are_its_own(clips: Path) -> None:
     for name in ("one.mp4", "two.mp4"):
         report = render_video(result, renderer, str(clips / name), s)
         assert report["timings_ms"]["warp_decode"] == 100.0
+
+
+def test_a_job_with_control_tracks_is_directed_by_them(clips: Path) -> None:
+    (clips / "calm.json").write_text(json.dumps({"tracks": {"mouth": [{"t": 0, "value": 0}]}}))
+    (clips / "broken.json").write_text(json.dumps({"tracks": {"mouth": [{"t": 0, "value": 9}]}}))
+    lines = [
+        {"audio": "a.wav", "size": SIZE, "output": "plain.mp4"},
+        {"audio": "a.wav", "size": SIZE, "output": "calm.mp4", "controls": "calm.json"},
+        {"audio": "a.wav", "size": SIZE, "output": "broken.mp4", "controls": "broken.json"},
+    ]
+    (clips / "jobs.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    jobs = read_jobs(clips / "jobs.jsonl")
+    assert jobs[1].controls == str(clips / "calm.json")
+    report = run_batch(jobs, clips / "out", say=lambda _: None)
+    assert [r["status"] for r in report["jobs"]] == ["done", "done", "failed"]
+    assert "broken.json: mouth[0]: value 9" in report["jobs"][2]["error"]
+    plain, calm = _frames(clips / "out" / "plain.mp4"), _frames(clips / "out" / "calm.mp4")
+    assert any(not np.array_equal(a, b) for a, b in zip(plain, calm, strict=True))
+    # the tracks file is part of what a finished job was made from: changed, it runs again
+    (clips / "calm.json").write_text(json.dumps({"tracks": {"mouth": [{"t": 0, "value": 0.5}]}}))
+    again = run_batch(read_jobs(clips / "jobs.jsonl"), clips / "out", say=lambda _: None)
+    assert [r["status"] for r in again["jobs"]] == ["skipped", "done", "failed"]
