@@ -467,7 +467,18 @@ class TorchEngine(EngineBase):
             buf.copy_(t)
             static[s.name] = buf
         args = [static[n] for n in self.input_names]
-        graph, out = capture_cuda_graph(lambda: self._fn(*args), warmup, self.context)
+        try:
+            graph, out = capture_cuda_graph(lambda: self._fn(*args), warmup, self.context)
+        except Exception as e:
+            if self.aot not in ("loaded", "built"):
+                raise
+            # a compiled package that does not capture: torch.compile in process instead
+            _log.warning("%s: its compiled package does not capture (%s)", self.name, e)
+            torch.cuda.synchronize()
+            self.aot = f"failed: capture ({type(e).__name__})"
+            _room_for_compiled_engines()
+            self._fn = torch.compile(self.adapter, mode="default", dynamic=False)
+            graph, out = capture_cuda_graph(lambda: self._fn(*args), warmup, self.context)
         self._graph, self._static_out = graph, out
         self.static_inputs = static
         return True
