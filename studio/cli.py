@@ -93,6 +93,12 @@ def _motion_options(p: argparse.ArgumentParser, audio: bool = True) -> None:
     g.add_argument("--preset", metavar="FILE", help="load settings from a JSON preset first")
     if audio:
         g.add_argument(
+            "--project",
+            metavar="FILE.json",
+            help="a project file (audio, avatar, settings and control tracks, as the GUI saves "
+            "it); options given as well override it",
+        )
+        g.add_argument(
             "--controls",
             metavar="TRACKS.json",
             help="keyed control tracks over the clip: head pose offsets and amplitude, mouth, "
@@ -415,7 +421,12 @@ def _settings(args: argparse.Namespace, **extra):
     checked by the schema (OptionError naming the option)."""
     from studio.settings import RenderSettings, keys, spec
 
+    project = getattr(args, "project_", None)
+    if args.preset and project is not None:
+        raise OptionError("--preset", "cannot be combined with --project (it holds settings)")
     base = RenderSettings.load(args.preset) if args.preset else RenderSettings()
+    if project is not None:
+        base = project.settings
     options = {k: spec(k).option for k in keys()}
     given = {  # by argparse's dest of each option (absent: an option of another command)
         k: getattr(args, option.lstrip("-").replace("-", "_"), None)
@@ -434,12 +445,28 @@ def _settings(args: argparse.Namespace, **extra):
 
 
 def _load_controls(args: argparse.Namespace):
-    """The --controls tracks (None without the option); InputError naming the file."""
+    """The --controls tracks, else the project's (None without either); InputError naming
+    the file."""
     if not getattr(args, "controls", None):
-        return None
+        project = getattr(args, "project_", None)
+        return project.controls if project is not None and project.controls else None
     from studio.motion.controls import ControlTracks
 
     return ControlTracks.load(args.controls)
+
+
+def _open_project(args: argparse.Namespace) -> None:
+    """With --project: the project read (``args.project_``), its audio and avatar the
+    defaults of --audio and --avatar."""
+    args.project_ = None
+    if not getattr(args, "project", None):
+        return
+    from studio.render.project import Project
+
+    project = Project.load(args.project)
+    args.project_ = project
+    args.audio = args.audio or project.audio
+    args.avatar = args.avatar or project.avatar
 
 
 def _load_audio(args: argparse.Namespace):
@@ -558,6 +585,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     from studio.render.pipeline import analyze, quality_of, render_video
 
     started = time.perf_counter()
+    _open_project(args)
     settings = _settings(args, size=args.size, crf=args.crf, preset=args.x264_preset)
     out = check_output_path(args.out)
     check_not_input(args.out, "--out", _inputs(args))
@@ -727,8 +755,9 @@ def _stop_on_signal(stop) -> Iterator[None]:
 
 
 def cmd_live(args: argparse.Namespace) -> int:
-    if getattr(args, "controls", None):
-        raise OptionError("--controls", "directs a clip (render, analyze), not a live session")
+    for option in ("controls", "project"):
+        if getattr(args, option, None):
+            raise OptionError(f"--{option}", "is for a clip (render, analyze), not a live session")
     import threading
 
     from studio.live.run import run_live, session_clock, status_line
@@ -810,6 +839,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from studio.render.pipeline import analyze, build_report, quality_of
 
     started = time.perf_counter()
+    _open_project(args)
     settings = _settings(args)
     json_path = _check_json_target(args.json, "--json", _inputs(args))
     prepared = _prepare_engine(args, settings)
