@@ -87,9 +87,8 @@ def test_render_a_project(tmp_path: Path, capsys) -> None:
         ],
         capsys,
     )
-    assert code == 0, (
-        err and json.loads((tmp_path / "r2.json").read_text())["settings"]["smooth_window"] == 7
-    )
+    assert code == 0, err
+    assert json.loads((tmp_path / "r2.json").read_text())["settings"]["smooth_window"] == 7
     code, _, err = run_cli(
         [
             *argv,
