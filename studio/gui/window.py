@@ -62,8 +62,10 @@ from studio.gui.worker import (
     start_in_thread,
 )
 from studio.layout import FPS
+from studio.motion.controls import ControlTracks
 from studio.render.engines import ENGINES
 from studio.render.pipeline import MotionResult, quality_of
+from studio.render.project import Project
 from studio.settings import MAX_SIZE, RenderSettings
 
 AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".oga", ".mp3", ".aiff", ".aif", ".au", ".caf"}
@@ -71,6 +73,7 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff"}
 AUDIO_FILTER = "Audio (*.wav *.flac *.ogg *.mp3 *.aiff *.au);;All files (*)"
 IMAGE_FILTER = "Images (*.png *.jpg *.jpeg *.bmp *.webp);;All files (*)"
 PRESET_FILTER = "Presets (*.json)"
+PROJECT_FILTER = "Projects (*.json)"
 MAX_RECENT = 8
 DEBOUNCE_MS = 60
 NEEDS_AVATAR = "Open an avatar image first (File → Open Avatar…)"
@@ -116,6 +119,7 @@ class MainWindow(QMainWindow):
         self.avatar_path: str | None = avatar
         self.generation = 0
         self.result: MotionResult | None = None
+        self.tracks: ControlTracks | None = None  # keyed directions of the clip (File menu)
         self.frames: list[np.ndarray | None] = []
         self.old_frames: list[np.ndarray | None] = []  # the previous preview: stand-ins
         self.rendering = False
@@ -280,6 +284,12 @@ class MainWindow(QMainWindow):
         file_menu.addSeparator()
         file_menu.addAction("&Load Preset…", self.load_preset_dialog)
         file_menu.addAction("&Save Preset…", self.save_preset_dialog)
+        file_menu.addSeparator()
+        file_menu.addAction("Open &Project…", self.open_project_dialog)
+        file_menu.addAction("Save P&roject…", self.save_project_dialog)
+        file_menu.addAction("Load Control &Tracks…", self.load_tracks_dialog)
+        self.act_clear_tracks = file_menu.addAction("Clear Control Tracks", self.clear_tracks)
+        self.act_clear_tracks.setEnabled(False)
         file_menu.addSeparator()
         self.act_export = file_menu.addAction("&Export MP4…", self.open_export_dialog)
         self.act_export.setShortcut(QKeySequence("Ctrl+E"))
@@ -448,7 +458,9 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage("computing motion…")
         self._show_busy()
         self.requestMotion.emit(
-            MotionJob(gen, self.audio_path, settings, self.checkpoints, self.avatar_path)
+            MotionJob(
+                gen, self.audio_path, settings, self.checkpoints, self.avatar_path, self.tracks
+            )
         )
 
     def request_render(self) -> None:
@@ -965,6 +977,73 @@ class MainWindow(QMainWindow):
             self.controls.settings().save(path)
         except (OSError, StudioError) as e:
             self.show_error(f"Cannot save the preset to {path}: {e}")
+
+    # --- control tracks and projects -------------------------------------------------------
+
+    def set_tracks(self, tracks: ControlTracks | None) -> None:
+        """Direct the clip with ``tracks`` (None: none): keys on the timeline, the motion
+        post-processed again (the motion model does not run again)."""
+        self.tracks = tracks if tracks else None
+        self.timeline.set_controls(self.tracks)
+        self.act_clear_tracks.setEnabled(self.tracks is not None)
+        self.request_motion()
+
+    def clear_tracks(self) -> None:
+        self.set_tracks(None)
+
+    def load_tracks_dialog(self) -> None:
+        path = self._ask_open("Load control tracks", PRESET_FILTER)
+        if path:
+            self.load_tracks(path)
+
+    def load_tracks(self, path: str) -> None:
+        try:
+            tracks = ControlTracks.load(path)
+        except StudioError as e:
+            self.show_error(str(e))
+            return
+        self.set_tracks(tracks)
+
+    def open_project_dialog(self) -> None:
+        path = self._ask_open("Open project", PROJECT_FILTER)
+        if path:
+            self.open_project(path)
+
+    def open_project(self, path: str) -> None:
+        """The project's audio, avatar, settings and tracks, as they were saved."""
+        try:
+            project = Project.load(path)
+        except StudioError as e:
+            self.show_error(str(e))
+            return
+        self.controls.set_settings(project.settings)
+        if project.avatar:
+            self._set_avatar(project.avatar, announce=False, rebuild=False)
+        if project.audio:
+            self.audio_path = project.audio
+            self.setWindowTitle(f"Talking-head studio — {Path(project.audio).name}")
+        self._add_recent(path)
+        self.set_tracks(project.controls)
+
+    def save_project_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Save project", str(Path.home()), PROJECT_FILTER
+        )
+        if path:
+            self.save_project(path if path.endswith(".json") else path + ".json")
+
+    def save_project(self, path: str) -> None:
+        try:
+            Project(
+                self.audio_path,
+                self.avatar_path,
+                self.controls.settings(),
+                self.tracks or ControlTracks(),
+            ).save(path)
+        except (OSError, StudioError) as e:
+            self.show_error(f"Cannot save the project to {path}: {e}")
+            return
+        self.statusBar().showMessage(f"project saved to {path}", 5000)
 
     def dragEnterEvent(self, event) -> None:  # noqa: N802 - Qt API
         if event.mimeData().hasUrls():

@@ -30,6 +30,7 @@ from studio.audio.io import Audio, load_audio
 from studio.engines.base import EngineRequest
 from studio.engines.demo.engine import demo_audio_path
 from studio.errors import Cancelled, StudioError
+from studio.motion.controls import ControlTracks
 from studio.render.engines import (
     ENGINES,
     capabilities,
@@ -68,6 +69,7 @@ class MotionJob:
     settings: RenderSettings
     checkpoints: str | None = None
     avatar: str | None = None
+    controls: ControlTracks | None = None  # keyed directions (studio.motion.controls)
 
 
 @dataclass(frozen=True)
@@ -341,7 +343,7 @@ class MotionWorker(QObject):
         phon, raw, timings = self._motion[key]
         if self.cancellation.is_cancelled(gen):
             return
-        result = postprocess(audio, phon, raw, s, timings)
+        result = postprocess(audio, phon, raw, s, timings, job.controls)
         self.motionReady.emit(gen, result, engine)
 
 
@@ -475,6 +477,7 @@ class RenderWorker(QObject):
             job.result.raw,
             job.settings,
             job.result.timings_ms,
+            job.result.controls,
         )
         return render_video(
             result,

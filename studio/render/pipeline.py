@@ -48,6 +48,7 @@ class MotionResult:
     smoothed: np.ndarray  # after pose smoothing: what is rendered
     kinematics: dict[str, float]
     timings_ms: dict[str, float] = field(default_factory=dict)
+    controls: ControlTracks | None = None  # the tracks that directed it (an export keeps them)
 
     @property
     def num_frames(self) -> int:
@@ -102,7 +103,7 @@ def postprocess(
     smoothed = smooth_motion(sampled, settings.smoothing)
     timings["smoothing"] = _ms(t0)
     kin = kinematics_report(sampled, smoothed, plan.strides, settings.accel_limit)
-    return MotionResult(audio, phon, raw, plan, smoothed, kin, timings)
+    return MotionResult(audio, phon, raw, plan, smoothed, kin, timings, controls or None)
 
 
 def analyze(

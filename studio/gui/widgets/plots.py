@@ -8,6 +8,8 @@ legend beside it, outside the data.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
@@ -67,7 +69,15 @@ def _swatch(colour: str, width: int = 2, dash: bool = False) -> pg.PlotDataItem:
 
 
 BAND_Y0, BAND_HEIGHT = -1.45, 0.3  # the stride bands' place under the waveform
-INBETWEEN_TINT = "#ffffffb0"  # pales an in-between's stride band (keyframes keep full colour)
+INBETWEEN_TINT = "#ffffffb0"
+TRACK_COLOURS = (
+    "#f2c14e",
+    "#7bd389",
+    "#f78154",
+    "#b388eb",
+    "#4ecdc4",
+    "#ff6b9d",
+)  # pales an in-between's stride band (keyframes keep full colour)
 
 
 class Timeline(pg.GraphicsLayoutWidget):
@@ -128,6 +138,7 @@ class Timeline(pg.GraphicsLayoutWidget):
         self.setMinimumHeight(120)
         self.setMaximumHeight(170)
         self._n = 0
+        self.track_items: list[Any] = []  # the control tracks' keys (set_controls)
         self.scene().sigMouseClicked.connect(self._clicked)
 
     def getPlotItem(self) -> pg.PlotItem:  # noqa: N802 - pyqtgraph's name
@@ -145,6 +156,35 @@ class Timeline(pg.GraphicsLayoutWidget):
         self.wave_hi.setData(t, hi / peak)
         self.wave_lo.setData(t, lo / peak)
         self._plot.setXRange(0, n / rate, padding=0.01)
+
+    def set_controls(self, tracks: Any) -> None:
+        """The control tracks' keys as diamonds along the top of the waveform, one row per
+        keyed track (its name and each key's value in the tooltip); None clears them."""
+        for item in self.track_items:
+            self._plot.removeItem(item)
+        self.track_items = []
+        if not tracks:
+            return
+        keyed = [(name, keys) for name, keys in tracks.tracks.items() if keys]
+        for row, (name, keys) in enumerate(keyed):
+            y = 0.95 - 0.12 * row
+            colour = TRACK_COLOURS[row % len(TRACK_COLOURS)]
+            spots = [
+                {"pos": (k.t, y), "data": f"{name} {k.value:g} ({k.interp}) at {k.t:.2f} s"}
+                for k in keys
+            ]
+            dots = pg.ScatterPlotItem(
+                spots=spots, symbol="d", size=9, pen=pg.mkPen(theme.TEXT), brush=pg.mkBrush(colour)
+            )
+            dots.setToolTip(name)
+            line = pg.PlotDataItem(
+                [k.t for k in keys], [y] * len(keys), pen=pg.mkPen(colour, width=1)
+            )
+            label = pg.TextItem(name, color=colour, anchor=(0, 1))
+            label.setPos(0.0, y)
+            for item in (line, dots, label):
+                self._plot.addItem(item)
+                self.track_items.append(item)
 
     def set_plan(self, strides: np.ndarray, keyframes: np.ndarray) -> None:
         """Coloured stride bands (1 red, 2 amber, 3 blue), keyframe ticks and the in-between

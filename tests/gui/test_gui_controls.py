@@ -1,0 +1,53 @@
+"""Control tracks and projects in the window (pytest-qt, offscreen, demo engine)."""
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("PySide6")
+
+from studio import layout  # noqa: E402
+from studio.motion.controls import ControlTracks  # noqa: E402
+
+TIMEOUT_MS = 120_000
+NOD = {"tracks": {"pitch": [{"t": 2.0, "value": 0}, {"t": 2.3, "value": 9}, {"t": 2.6, "value": 0}]}}
+
+
+def test_tracks_direct_the_preview_and_a_project_reopens_it(window, qtbot, tmp_path):
+    before = layout.pose_degrees(window.result.smoothed)
+    path = tmp_path / "nod.json"
+    path.write_text(json.dumps(NOD))
+    calls = window.motion_worker.generate_calls
+    with qtbot.waitSignal(window.renderFinished, timeout=TIMEOUT_MS):
+        window.load_tracks(str(path))
+    assert window.motion_worker.generate_calls == calls  # the motion model did not run again
+    assert window.result.controls == ControlTracks.from_dict(NOD)
+    after = layout.pose_degrees(window.result.smoothed)
+    assert np.abs(after[:40] - before[:40]).max() < 0.05  # nothing before the first key
+    assert after[57, 0] - before[57, 0] > 4.0  # the nod (smoothed, limited) at 2.3 s
+    assert window.timeline.track_items and window.act_clear_tracks.isEnabled()
+
+    project = tmp_path / "clip.json"
+    window.controls.window.setValue(9)
+    window.save_project(str(project))
+    saved = json.loads(project.read_text())
+    assert saved["controls"] == ControlTracks.from_dict(NOD).to_dict()
+    assert saved["settings"]["smooth_window"] == 9
+
+    with qtbot.waitSignal(window.renderFinished, timeout=TIMEOUT_MS):
+        window.clear_tracks()
+    assert window.result.controls is None and not window.timeline.track_items
+    window.controls.window.setValue(5)
+    with qtbot.waitSignal(window.renderFinished, timeout=TIMEOUT_MS):
+        window.open_project(str(project))
+    assert window.tracks == ControlTracks.from_dict(NOD)
+    assert window.controls.settings().smooth_window == 9 and window.result.controls is not None
+
+
+def test_a_bad_tracks_file_is_one_message(window, qtbot, tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('{"tracks": {"yaw": [{"t": 1, "value": 500}]}}')
+    with qtbot.waitSignal(window.errorShown, timeout=5_000) as shown:
+        window.load_tracks(str(path))
+    assert "bad.json: yaw[0]: value 500" in shown.args[0] and window.tracks is None
