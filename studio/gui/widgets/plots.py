@@ -70,6 +70,7 @@ def _swatch(colour: str, width: int = 2, dash: bool = False) -> pg.PlotDataItem:
 
 BAND_Y0, BAND_HEIGHT = -1.45, 0.3  # the stride bands' place under the waveform
 INBETWEEN_TINT = "#ffffffb0"
+TRACK_ROW = 0.3  # waveform units between two tracks' rows of keys
 TRACK_COLOURS = (
     "#f2c14e",
     "#7bd389",
@@ -167,7 +168,7 @@ class Timeline(pg.GraphicsLayoutWidget):
             return
         keyed = [(name, keys) for name, keys in tracks.tracks.items() if keys]
         for row, (name, keys) in enumerate(keyed):
-            y = 0.95 - 0.12 * row
+            y = 0.95 - TRACK_ROW * row
             colour = TRACK_COLOURS[row % len(TRACK_COLOURS)]
             spots = [
                 {"pos": (k.t, y), "data": f"{name} {k.value:g} ({k.interp}) at {k.t:.2f} s"}
@@ -180,8 +181,8 @@ class Timeline(pg.GraphicsLayoutWidget):
             line = pg.PlotDataItem(
                 [k.t for k in keys], [y] * len(keys), pen=pg.mkPen(colour, width=1)
             )
-            label = pg.TextItem(name, color=colour, anchor=(0, 1))
-            label.setPos(0.0, y)
+            label = pg.TextItem(name, color=colour, anchor=(-0.1, 0.5))  # after its last key
+            label.setPos(keys[-1].t, y)
             for item in (line, dots, label):
                 self._plot.addItem(item)
                 self.track_items.append(item)
