@@ -166,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     _setting(r, "size", "PX")
     _setting(r, "crf", "N")
     _setting(r, "preset", "NAME")
+    _setting(r, "fps", "FPS")
+    _setting(r, "codec", "NAME")
     r.add_argument("--report", metavar="REPORT.json", help="write the JSON report here")
 
     b = sub.add_parser(
@@ -191,6 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     _setting(b, "size", "PX")
     _setting(b, "crf", "N")
     _setting(b, "preset", "NAME")
+    _setting(b, "fps", "FPS")
+    _setting(b, "codec", "NAME")
     b.add_argument(
         "--report", metavar="REPORT.json", help="also write the batch report here (- for stdout)"
     )

@@ -23,9 +23,18 @@ from typing import Any
 
 from studio import __version__
 
-ENCODERS = ("libx264", "h264_nvenc", "libx265", "aac", "libopus")
+ENCODERS = (
+    "libx264",
+    "h264_nvenc",
+    "libx265",
+    "hevc_nvenc",
+    "libsvtav1",
+    "av1_nvenc",
+    "aac",
+    "libopus",
+)
 # Encoders that drive hardware -> the hardware's name (probed by _nvidia_encoder).
-HARDWARE_ENCODERS = {"h264_nvenc": "NVIDIA GPU"}
+HARDWARE_ENCODERS = dict.fromkeys(("h264_nvenc", "hevc_nvenc", "av1_nvenc"), "NVIDIA GPU")
 
 
 def _version(module: str) -> str | None:

@@ -47,6 +47,8 @@ PRESETS = X264_PRESETS  # every x264 speed preset: the encoder, the CLI and the 
 MEMORY_MODES = ("auto", "resident", "streamed")
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 FRAMES = ("full", "crop")
+FPS_CHOICES = ("25", "24", "30", "50", "60")  # 25: the motion's own; others resampled
+CODECS = ("h264", "hevc", "av1")
 MAX_SEED = 2**31 - 1  # the GUI's spin box holds a 32-bit int
 MAX_STEPS = 1000
 MAX_BATCH = 256
@@ -157,6 +159,17 @@ class RenderSettings(BaseModel):
     crf: int = _field(18, "--crf", "H.264 quality (constant rate factor), lower is better", 0, 51)
     preset: Literal[PRESETS] = _choice(  # type: ignore[valid-type]
         "medium", "--x264-preset", "x264 speed preset: faster ones encode sooner, larger files"
+    )
+    fps: Literal[FPS_CHOICES] = _choice(  # type: ignore[valid-type]
+        "25",
+        "--fps",
+        "output frame rate: 25 is the motion's own, 24/30/50/60 are resampled from the motion "
+        "(every frame rendered)",
+    )
+    codec: Literal[CODECS] = _choice(  # type: ignore[valid-type]
+        "h264",
+        "--codec",
+        "video codec: h264 (x264), hevc (x265) or av1 (SVT-AV1) where PyAV has the encoder",
     )
     backend: str = Field(
         "demo",

@@ -54,9 +54,21 @@ X264_PRESETS = (
     "veryslow",
     "placebo",
 )
+# codec -> (PyAV encoder, what it is for people); x264's speed presets map onto each
+ENCODERS = {"h264": ("libx264", "H.264"), "hevc": ("libx265", "HEVC"), "av1": ("libsvtav1", "AV1")}
+SVT_PRESETS = dict(zip(X264_PRESETS, (12, 11, 10, 9, 8, 7, 6, 4, 2, 1), strict=True))
 _AVCOL_BT709 = 1  # AVColorPrimaries / AVColorTransferCharacteristic / AVColorSpace value
 _AVCOL_RANGE_MPEG = 1
 _AUDIO_CHUNK = 1 << 16  # samples per AudioFrame handed to the resampler, at most
+
+
+def encoder_available(codec: str) -> bool:
+    """Whether this PyAV build can encode ``codec`` (:data:`ENCODERS`)."""
+    try:
+        av.codec.Codec(ENCODERS[codec][0], "w")
+    except (KeyError, ValueError, av.error.FFmpegError):
+        return False
+    return True
 
 
 def check_output_path(path: str | os.PathLike) -> Path:
@@ -127,6 +139,7 @@ class VideoWriter:
         preset: str = "medium",
         fps: int = FPS,
         audio_rate: int | None = None,
+        codec: str = "h264",
     ) -> None:
         for label, value in (("width", width), ("height", height)):
             if int(value) != value or value <= 0 or value % 2:
@@ -143,6 +156,15 @@ class VideoWriter:
             raise ValueError("give the clip's audio or a rate for audio written as it comes")
         if audio_rate is not None and int(audio_rate) not in AAC_RATES:
             raise ValueError(f"audio_rate must be one of {AAC_RATES}, got {audio_rate}")
+        if codec not in ENCODERS:
+            raise OptionError("codec", f"must be one of {', '.join(ENCODERS)}; got {codec!r}.")
+        if not encoder_available(codec):
+            raise OptionError(
+                "codec",
+                f"{codec}: this PyAV build has no {ENCODERS[codec][0]} encoder (`studio doctor` "
+                "lists the encoders); choose h264",
+            )
+        self.codec = codec
         self.audio_rate = None if audio_rate is None else int(audio_rate)
         self.path = check_output_path(path)
         self.width, self.height, self.fps = int(width), int(height), int(fps)
@@ -293,15 +315,13 @@ class VideoWriter:
         try:
             out = av.open(str(tmp), mode="w", format="mp4", options={"movflags": "+faststart"})
             self._container = out
-            vs = out.add_stream("libx264", rate=self.fps)
+            vs = out.add_stream(ENCODERS[self.codec][0], rate=self.fps)
             vs.width, vs.height, vs.pix_fmt = self.width, self.height, "yuv420p"
             vs.time_base = Fraction(1, self.fps)
             cc = vs.codec_context
             cc.color_primaries = cc.color_trc = cc.colorspace = _AVCOL_BT709
             cc.color_range = _AVCOL_RANGE_MPEG
-            # x264's frame threads (one per core) scale where its default slices do not.
-            cc.thread_type, cc.thread_count = "FRAME", 0
-            vs.options = {"crf": str(self.crf), "preset": self.preset}
+            vs.options = self._encoder_options(cc)
             self._vstream = vs
             self._reformatter = VideoReformatter()
             if self.audio is not None:
@@ -310,6 +330,20 @@ class VideoWriter:
                 self._add_audio_stream(out, self.audio_rate, 1)
         except (av.error.FFmpegError, OSError) as e:
             raise self._output_error(e) from None
+
+    def _encoder_options(self, cc: av.codec.context.CodecContext) -> dict[str, str]:
+        """The encoder's options for the quality (CRF) and speed (x264's preset names)."""
+        if self.codec == "h264":
+            # x264's frame threads (one per core) scale where its default slices do not.
+            cc.thread_type, cc.thread_count = "FRAME", 0
+            return {"crf": str(self.crf), "preset": self.preset}
+        if self.codec == "hevc":
+            cc.codec_tag = "hvc1"  # the tag Apple's players want for HEVC in MP4
+            return {"crf": str(self.crf), "preset": self.preset, "x265-params": "log-level=error"}
+        # SVT-AV1: CRF 0..63 (x264's 18, visually lossless, is about its 22), presets 0..13;
+        # its banner and notes on stderr only for errors (a user's SVT_LOG still wins)
+        os.environ.setdefault("SVT_LOG", "1")
+        return {"crf": str(round(self.crf * 63 / 51)), "preset": str(SVT_PRESETS[self.preset])}
 
     def _open_audio(self, out: av.container.OutputContainer, audio: Audio) -> None:
         """Add the AAC stream and open the original (InputError if its file changed)."""

@@ -31,7 +31,7 @@ from studio.gui.widgets.controls import SIZES, combo_box, setting_combo, setting
 class ExportDialog(QDialog):
     """Collects export options and shows the export's progress."""
 
-    exportRequested = Signal(str, int, int, str)  # path, size, crf, x264 preset
+    exportRequested = Signal(str, int, int, str, str, str)  # path, size, crf, preset, fps, codec
     cancelRequested = Signal()
 
     def __init__(
@@ -42,6 +42,8 @@ class ExportDialog(QDialog):
         parent=None,
         full_frame_hw: tuple[int, int] | None = None,
         preset: str = "medium",
+        fps: str = "25",
+        codec: str = "h264",
     ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Export MP4")
@@ -76,10 +78,22 @@ class ExportDialog(QDialog):
             "make larger files; on a fast GPU, 'veryfast' keeps the encoder from setting the pace",
         )
         self.preset.setCurrentIndex(max(0, self.preset.findData(preset)))
+        self.fps = setting_combo(
+            "fps",
+            tip="25 fps is the motion's own rate; 24/30/50/60 render every frame from the motion "
+            "resampled to that rate (no adaptive cadence)",
+        )
+        self.fps.setCurrentIndex(max(0, self.fps.findData(fps)))
+        self.codec = setting_combo(
+            "codec",
+            tip="H.264 plays everywhere; HEVC and AV1 make smaller files at the same quality "
+            "(slower to encode; `studio doctor` lists the encoders)",
+        )
+        self.codec.setCurrentIndex(max(0, self.codec.findData(codec)))
         self.progress = QProgressBar()
         self.progress.setRange(0, 100)
         self.progress.setValue(0)
-        self.status = QLabel("H.264 + AAC, 25 fps. The file appears only when the export finishes.")
+        self.status = QLabel("MP4 with AAC audio. The file appears only when the export finishes.")
         self.status.setWordWrap(True)
         form = QFormLayout()
         form.addRow("File", row)
@@ -87,6 +101,8 @@ class ExportDialog(QDialog):
         form.addRow("", self.size_note)
         form.addRow("Quality (CRF)", self.crf)
         form.addRow("Encoder speed", self.preset)
+        form.addRow("Frame rate", self.fps)
+        form.addRow("Codec", self.codec)
         self.buttons = QDialogButtonBox()
         self.export_button = self.buttons.addButton(
             "Export", QDialogButtonBox.ButtonRole.AcceptRole
@@ -152,6 +168,8 @@ class ExportDialog(QDialog):
             int(self.size.currentData()),
             self.crf.value(),
             str(self.preset.currentData()),
+            str(self.fps.currentData()),
+            str(self.codec.currentData()),
         )
 
     def _cancel(self) -> None:

@@ -1072,7 +1072,14 @@ class MainWindow(QMainWindow):
         path = str(last) if last else default_export_path(self.audio_path)
         path = str(unused_name(path))  # never suggest the file the last export wrote
         dlg = ExportDialog(
-            path, s.size, s.crf, self, full_frame_hw=self.export_frame_hw(), preset=s.preset
+            path,
+            s.size,
+            s.crf,
+            self,
+            full_frame_hw=self.export_frame_hw(),
+            preset=s.preset,
+            fps=s.fps,
+            codec=s.codec,
         )
         dlg.exportRequested.connect(self.export)
         dlg.cancelRequested.connect(self.render_worker.cancel_export)
@@ -1080,15 +1087,23 @@ class MainWindow(QMainWindow):
         dlg.open()
         return dlg
 
-    def export(self, path: str, size: int, crf: int, preset: str | None = None) -> None:
+    def export(
+        self,
+        path: str,
+        size: int,
+        crf: int,
+        preset: str | None = None,
+        fps: str | None = None,
+        codec: str | None = None,
+    ) -> None:
         """Export the current motion to ``path`` with the preview's settings (and the dialog's
-        size, quality and encoder speed)."""
+        size, quality, encoder speed, frame rate and codec)."""
         if self.result is None:
             self.show_error("Nothing to export yet: wait for the motion to be computed.")
             return
         try:
             target = check_output_path(path)
-            settings = export_settings(self.current_settings(), size, crf, preset)
+            settings = export_settings(self.current_settings(), size, crf, preset, fps, codec)
             ran = self.engine.name if self.engine is not None else DEFAULT_BACKEND
             if ran != settings.backend:
                 raise StudioError(
@@ -1110,11 +1125,11 @@ class MainWindow(QMainWindow):
     def preview_frames_for(self, settings: RenderSettings) -> tuple | None:
         """The preview's frames (None where missing) when they are what an export with
         ``settings`` would render: the same motion, and settings that differ at most in what
-        only the encoder reads (quality, speed) or what the renderer ignores."""
+        only the encoder reads (quality, speed, codec) or what the renderer ignores."""
         p = self.preview_settings
         if p is None or self.preview_result is not self.result:
             return None
-        if settings.replace(size=p.size, crf=p.crf, preset=p.preset) != p:
+        if settings.replace(size=p.size, crf=p.crf, preset=p.preset, codec=p.codec) != p:
             return None
         if self.engine is None or self.engine.renderer_key(settings) != self.engine.renderer_key(p):
             return None

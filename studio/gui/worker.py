@@ -501,11 +501,22 @@ def start_in_thread(worker: QObject, name: str) -> QThread:
 
 
 def export_settings(
-    settings: RenderSettings, size: int, crf: int, preset: str | None = None
+    settings: RenderSettings,
+    size: int,
+    crf: int,
+    preset: str | None = None,
+    fps: str | None = None,
+    codec: str | None = None,
 ) -> RenderSettings:
-    """The settings an export runs with: the preview's, with the dialog's size, quality and
-    x264 speed preset."""
-    return settings.replace(size=size, crf=crf, preset=preset or settings.preset)
+    """The settings an export runs with: the preview's, with the dialog's size, quality,
+    encoder speed, frame rate and codec."""
+    return settings.replace(
+        size=size,
+        crf=crf,
+        preset=preset or settings.preset,
+        fps=fps or settings.fps,
+        codec=codec or settings.codec,
+    )
 
 
 def default_export_path(audio_path: str | None) -> str:

@@ -13,7 +13,7 @@ import contextlib
 import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -58,7 +58,7 @@ class MotionResult:
     def sampled(self) -> np.ndarray:
         """The cadence-sampled motion, made again from ``raw`` and the plan when first asked
         (the plots want it; a render does not, so a long clip does not hold it twice)."""
-        return sample_motion(self.raw, self.plan)
+        return sample_motion(apply_controls(self.raw, self.controls), self.plan)
 
 
 def _ms(t0: float) -> float:
@@ -246,6 +246,17 @@ def iter_frames(
             progress("render", frame, n)
 
 
+def retimed(result: MotionResult, fps: int) -> MotionResult:
+    """``result`` at ``fps``: its smoothed motion resampled (:func:`studio.motion.retime.retime`)
+    and every frame a keyframe (cadence's plan is the 25 fps clip's); its rows are the
+    directed ones already, so it carries no tracks to apply again."""
+    from studio.motion.retime import retime
+
+    rows = retime(result.smoothed, fps)
+    plan = plan_cadence(None, 1, num_frames=rows.shape[0])
+    return replace(result, raw=rows, plan=plan, smoothed=rows, controls=None)
+
+
 def quality_of(result: MotionResult, engine: Engine) -> dict:
     """The clip's weight-free quality metrics (:func:`studio.motion.quality.quality_report`):
     head dynamics, silent-lip stability, blinks, mouth-envelope correlation."""
@@ -302,6 +313,10 @@ def render_video(
     from studio.export.video import VideoWriter
 
     started = time.perf_counter() if started is None else started
+    fps = int(settings.fps)
+    if fps != layout.FPS:  # every frame at the output's times, rendered from resampled motion
+        result = retimed(result, fps)
+        known = None
     stats: dict = {}
     split_before = renderer.timings_ms
     t0 = time.perf_counter()
@@ -313,6 +328,8 @@ def render_video(
         audio=result.audio,
         crf=settings.crf,
         preset=settings.preset,
+        fps=fps,
+        codec=settings.codec,
     ) as writer:
         with EncoderThread(writer) as encoder, _encoder_planes(renderer):
             frames = iter_frames(
@@ -337,6 +354,7 @@ def render_video(
     timings["encode_wait"] = encoder.wait_s * 1000.0
     timings["total"] = _ms(started)
     report = build_report(result, timings, rendered=True)
+    report["fps"], report["codec"] = fps, settings.codec
     report["output"] = str(out_path)
     report["size"] = renderer.size
     report["frame_size"] = [width, height]

@@ -11,7 +11,9 @@ from studio import layout  # noqa: E402
 from studio.motion.controls import ControlTracks  # noqa: E402
 
 TIMEOUT_MS = 120_000
-NOD = {"tracks": {"pitch": [{"t": 2.0, "value": 0}, {"t": 2.3, "value": 9}, {"t": 2.6, "value": 0}]}}
+NOD = {
+    "tracks": {"pitch": [{"t": 2.0, "value": 0}, {"t": 2.3, "value": 9}, {"t": 2.6, "value": 0}]}
+}
 
 
 def test_tracks_direct_the_preview_and_a_project_reopens_it(window, qtbot, tmp_path):
