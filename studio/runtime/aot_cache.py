@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,8 +36,19 @@ AOT_FORMAT = 1  # bump when the build recipe changes what a package contains
 _log = logging.getLogger(__name__)
 
 
+_HASHES: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+
+
 def weights_sha256(module: nn.Module) -> str:
-    """SHA-256 over the module's parameters and buffers (names, dtypes, shapes, bytes)."""
+    """SHA-256 over the module's parameters and buffers (names, dtypes, shapes, bytes); kept
+    per module (the engines of every batch size share one network's weights)."""
+    known = _HASHES.get(module)
+    if known is None:
+        known = _HASHES[module] = _hash_weights(module)
+    return known
+
+
+def _hash_weights(module: nn.Module) -> str:
     h = hashlib.sha256()
     for name, t in sorted(
         {**dict(module.named_parameters()), **dict(module.named_buffers())}.items()

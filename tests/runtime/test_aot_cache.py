@@ -102,9 +102,10 @@ def test_other_weights_or_batch_make_another_package(tmp_path: Path) -> None:
     net = _net()
     a = aot_cache.AotKey.of("stitch_network", net, "fp32", "p", 2, torch.device("cpu"))
     b = aot_cache.AotKey.of("stitch_network", net, "fp32", "p", 4, torch.device("cpu"))
+    other = _net()  # other weights: new checkpoints load into a new module
     with torch.no_grad():
-        next(net.parameters()).add_(1.0)
-    c = aot_cache.AotKey.of("stitch_network", net, "fp32", "p", 2, torch.device("cpu"))
+        next(other.parameters()).add_(1.0)
+    c = aot_cache.AotKey.of("stitch_network", other, "fp32", "p", 2, torch.device("cpu"))
     files = {aot_cache.package_file(tmp_path, k) for k in (a, b, c)}
     assert len(files) == 3 and a.weights_sha256 != c.weights_sha256
 
