@@ -207,6 +207,19 @@ def slow_down(module: object, name: str, seconds: float = 1.0) -> None:
     setattr(module, name, slowed)
 
 
+def demo_speech_piece(folder, name, start_s, seconds):
+    """A piece of the demo speech (``seconds`` from ``start_s``) written to ``folder/name``."""
+    import soundfile as sf
+
+    from studio.engines.demo.engine import demo_audio_path
+
+    data, rate = sf.read(demo_audio_path(), dtype="float32")
+    a = int(start_s * rate)
+    path = folder / name
+    sf.write(path, data[a : a + int(seconds * rate)], rate)
+    return path
+
+
 def run_cli(argv, capsys):
     """`studio ARGV` in this process: (exit status, stdout, stderr); argparse's own exits
     count as the status they carry."""

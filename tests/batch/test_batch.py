@@ -9,33 +9,23 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
-import soundfile as sf
-from conftest import run_cli
+from conftest import demo_speech_piece, run_cli
 
 from studio.batch.jobs import read_jobs
 from studio.batch.run import REPORT_FILE, run_batch
 from studio.batch.state import STATE_FILE, BatchState
-from studio.engines.demo.engine import demo_audio_path
 from studio.errors import InputError, OutputError
 from studio.settings import RenderSettings
 
 SIZE = 96  # small frames: the batch logic is what is tested
 
 
-def _speech(folder: Path, name: str, start_s: float, seconds: float) -> Path:
-    data, rate = sf.read(demo_audio_path(), dtype="float32")
-    a = int(start_s * rate)
-    path = folder / name
-    sf.write(path, data[a : a + int(seconds * rate)], rate)
-    return path
-
-
 @pytest.fixture
 def clips(tmp_path: Path) -> Path:
     """A folder with two short speech clips, a text file named .wav, and a jobs file naming
     them and a missing one."""
-    _speech(tmp_path, "a.wav", 0.0, 1.2)
-    _speech(tmp_path, "b.wav", 1.2, 1.0)
+    demo_speech_piece(tmp_path, "a.wav", 0.0, 1.2)
+    demo_speech_piece(tmp_path, "b.wav", 1.2, 1.0)
     (tmp_path / "bad.wav").write_text("not audio\n")
     lines = [
         {"audio": "a.wav", "size": SIZE},
@@ -144,7 +134,7 @@ def test_a_batch_finishes_the_good_jobs_records_the_bad_and_a_rerun_skips(clips:
     assert [r["status"] for r in again["jobs"]] == ["skipped", "skipped", "failed", "failed"]
     assert {n: (out / n).stat().st_mtime_ns for n in before} == before
     # --retry-failed runs them: a fixed file is made
-    _speech(clips, "missing.wav", 0.5, 0.8)
+    demo_speech_piece(clips, "missing.wav", 0.5, 0.8)
     retried = run_batch(jobs, out, retry_failed=True, say=lines.append)
     assert [r["status"] for r in retried["jobs"]] == ["skipped", "skipped", "failed", "done"]
     assert len(_frames(out / "missing.mp4")) == 20

@@ -11,7 +11,8 @@ import pytest
 
 pytest.importorskip("ray")
 
-from test_batch import SIZE, _frames, _speech  # noqa: E402
+from conftest import demo_speech_piece  # noqa: E402
+from test_batch import SIZE, _frames  # noqa: E402
 
 from studio.batch.jobs import read_jobs  # noqa: E402
 from studio.batch.ray_run import RaySetup, ray_runner  # noqa: E402
@@ -23,8 +24,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_ray_actors_make_the_local_paths_videos(tmp_path: Path) -> None:
-    _speech(tmp_path, "a.wav", 0.0, 1.2)
-    _speech(tmp_path, "b.wav", 1.2, 1.0)
+    demo_speech_piece(tmp_path, "a.wav", 0.0, 1.2)
+    demo_speech_piece(tmp_path, "b.wav", 1.2, 1.0)
     (tmp_path / "bad.wav").write_text("not audio\n")
     lines = [{"audio": n, "size": SIZE} for n in ("a.wav", "b.wav", "bad.wav")]
     (tmp_path / "jobs.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
@@ -50,7 +51,7 @@ def test_ray_actors_make_the_local_paths_videos(tmp_path: Path) -> None:
 
 
 def test_more_actors_than_the_cluster_holds_is_a_clear_error(tmp_path: Path) -> None:
-    _speech(tmp_path, "a.wav", 0.0, 0.4)
+    demo_speech_piece(tmp_path, "a.wav", 0.0, 0.4)
     (tmp_path / "jobs.jsonl").write_text(json.dumps({"audio": "a.wav", "size": SIZE}) + "\n")
     runner = ray_runner(RaySetup(actors=512, gpus_per_actor=0))
     with pytest.raises(OptionError, match="512 actors of 1 CPU need 512 CPUs; the cluster has"):

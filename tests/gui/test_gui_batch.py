@@ -7,14 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
-import soundfile as sf
+from conftest import demo_speech_piece
 
 pytest.importorskip("PySide6")
 
 from PySide6.QtGui import QDesktopServices  # noqa: E402
 
 from studio.batch.run import REPORT_FILE  # noqa: E402
-from studio.engines.demo.engine import demo_audio_path  # noqa: E402
 from studio.gui.batch_window import BatchWindow, unique_name  # noqa: E402
 from studio.settings import RenderSettings  # noqa: E402
 
@@ -22,21 +21,13 @@ SIZE = 96  # small frames: the queue is what is tested
 BATCH_TIMEOUT_MS = 60_000
 
 
-def _speech(folder: Path, name: str, start_s: float, seconds: float) -> Path:
-    data, rate = sf.read(demo_audio_path(), dtype="float32")
-    a = int(start_s * rate)
-    path = folder / name
-    sf.write(path, data[a : a + int(seconds * rate)], rate)
-    return path
-
-
 @pytest.fixture
 def clips(tmp_path: Path) -> Path:
     """Two short speech clips and a text file named bad.wav."""
     folder = tmp_path / "clips"
     folder.mkdir()
-    _speech(folder, "a.wav", 0.0, 1.2)
-    _speech(folder, "b.wav", 1.2, 1.0)
+    demo_speech_piece(folder, "a.wav", 0.0, 1.2)
+    demo_speech_piece(folder, "b.wav", 1.2, 1.0)
     (folder / "bad.wav").write_text("not audio\n")
     return folder
 
