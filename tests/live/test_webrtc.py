@@ -115,11 +115,12 @@ def _wait_stats(page, ok, timeout_s: float = 10.0) -> dict:
     return stats
 
 
-def _av_offsets(page, within_ms: float = 45.0, settle_s: float = 25.0) -> list[float]:
+def _av_offsets(page, within_ms: float = 45.0, settle_s: float = 45.0) -> list[float]:
     """Audio minus video playout position (ms, on the sender's clock) from getStats'
     estimatedPlayoutTimestamp, read every 0.5 s until the median of the last four readings is
     within ``within_ms`` (the page's lip sync settles in a few seconds; longer on a loaded
-    machine) or ``settle_s`` passed; the last four readings."""
+    machine: Chrome shrinks a jitter buffer a starved start grew only slowly) or ``settle_s``
+    passed; the last four readings."""
 
     def offset() -> float | None:
         s = page.evaluate(STATS_JS)
