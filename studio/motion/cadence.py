@@ -275,25 +275,32 @@ def blend_weights(plan: CadencePlan) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return prv, nxt, w
 
 
-def sample_motion(motion: np.ndarray, plan: CadencePlan) -> np.ndarray:
-    """Motion kept at keyframes and interpolated linearly between them.
+def blend_rows(motion: np.ndarray, lo: np.ndarray, hi: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Rows ``(1 - w) motion[lo] + w motion[hi]`` [len(lo), 265], the head's angles
+    interpolated in degrees and re-encoded onto the bins (what is linear is the angle, not its
+    logits); a row with ``w == 0`` is ``motion[lo]`` bit for bit. Made a block at a time: no
+    clip-long temporaries."""
+    motion = np.asarray(motion, dtype=np.float32)
+    wc = np.asarray(w, dtype=np.float32)[:, None]
+    out = np.empty((len(lo), motion.shape[1]), dtype=np.float32)
+    for b in range(0, len(out), layout.BLOCK_ROWS):
+        rows = slice(b, b + layout.BLOCK_ROWS)
+        out[rows] = motion[lo[rows]] * (1 - wc[rows]) + motion[hi[rows]] * wc[rows]
+    wd = np.asarray(w, dtype=np.float64)[:, None]  # the angles' weights in double precision
+    inner = np.flatnonzero(wd[:, 0] > 0)
+    if inner.size:
+        deg = layout.pose_degrees(motion)
+        target = deg[lo[inner]] * (1 - wd[inner]) + deg[hi[inner]] * wd[inner]
+        layout.set_pose_degrees(out, target, inner)
+    exact = np.flatnonzero(wc[:, 0] == 0)
+    out[exact] = motion[lo[exact]]
+    return out
 
-    Angles are interpolated in degrees and re-encoded onto the interpolated bins,
-    so what is linear is the head angle, not its logits.
-    """
+
+def sample_motion(motion: np.ndarray, plan: CadencePlan) -> np.ndarray:
+    """Motion kept at keyframes and interpolated linearly between them (:func:`blend_rows`)."""
     motion = np.asarray(motion, dtype=np.float32)
     if motion.shape[0] != plan.num_frames:
         raise ValueError(f"motion has {motion.shape[0]} frames, plan has {plan.num_frames}")
     prv, nxt, w = blend_weights(plan)
-    wc = w[:, None].astype(np.float32)
-    out = np.empty_like(motion)
-    for b in range(0, len(out), layout.BLOCK_ROWS):  # a block at a time: no clip-long temporaries
-        rows = slice(b, b + layout.BLOCK_ROWS)
-        out[rows] = motion[prv[rows]] * (1 - wc[rows]) + motion[nxt[rows]] * wc[rows]
-    inner = np.flatnonzero(w > 0)
-    if inner.size:
-        deg = layout.pose_degrees(motion)
-        target = deg[prv] * (1 - w[:, None]) + deg[nxt] * w[:, None]
-        layout.set_pose_degrees(out, target[inner], inner)
-    out[plan.keyframes] = motion[plan.keyframes]
-    return out
+    return blend_rows(motion, prv, nxt, w)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from studio import layout
+from studio.motion.cadence import blend_rows
 
 
 def output_frames(num_frames: int, fps: int, fps_in: int = layout.FPS) -> int:
@@ -28,10 +29,4 @@ def retime(motion: np.ndarray, fps: int, fps_in: int = layout.FPS) -> np.ndarray
     pos = np.minimum(np.arange(m) * (fps_in / fps), n - 1)
     lo = np.floor(pos).astype(np.int64)
     hi = np.minimum(lo + 1, n - 1)
-    w = (pos - lo).astype(np.float32)[:, None]
-    out = motion[lo] * (1.0 - w) + motion[hi] * w
-    deg = layout.pose_degrees(motion)
-    layout.set_pose_degrees(out, deg[lo] * (1.0 - w) + deg[hi] * w)
-    exact = w[:, 0] == 0.0  # rows on a source frame are that frame, bit for bit
-    out[exact] = motion[lo[exact]]
-    return out
+    return blend_rows(motion, lo, hi, pos - lo)
