@@ -114,8 +114,10 @@ class Renderer:
         """[K, motion] rows -> [K, H, W, 3] uint8."""
         raise NotImplementedError
 
-    def prepare(self, motion: np.ndarray) -> None:
-        """Take the clip's (smoothed) motion; :meth:`render_frames` indexes into it."""
+    def prepare(self, motion: np.ndarray, inbetweens: bool = True) -> None:
+        """Take the clip's (smoothed) motion; :meth:`render_frames` indexes into it.
+        ``inbetweens``: whether frames will be made between the rendered ones (a renderer
+        that keeps its keyframes for them need not otherwise)."""
         self._motion = motion
 
     def render_frames(self, frames: np.ndarray) -> np.ndarray:

@@ -176,7 +176,7 @@ def iter_frames(
     keys = _needed_keyframes(plan, prv, nxt, w, known)
     chunks = [keys[start : start + batch] for start in range(0, keys.size, batch)]
     if chunks:
-        renderer.prepare(result.smoothed)
+        renderer.prepare(result.smoothed, inbetweens=bool((w > 0.0).any()))
     # A device renderer works one chunk ahead (the GPU renders while we encode).
     if overlap:
         results = renderer.iter_render(iter(chunks))

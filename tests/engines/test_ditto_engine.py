@@ -419,3 +419,17 @@ def test_graphed_warp_replays_the_eager_warp() -> None:
         got = graphs(motion_inbetweens, list(a), list(b), kp.to(dev), w)
         assert got.shape == want.shape
         assert (got.int() - want.int()).abs().max().item() <= 1
+
+
+def test_a_clip_without_inbetweens_keeps_no_crops(render_nets) -> None:
+    from studio.settings import RenderSettings
+
+    motion = _motion(3)
+    for frame in ("full", "crop"):
+        r = _renderer(render_nets, RenderSettings(backend="ditto", frame=frame), batch=2)
+        r.prepare(motion, inbetweens=False)
+        plain = r.render_frames(np.arange(3))
+        assert len(r.crops) == 0
+        r.prepare(motion)
+        kept = r.render_frames(np.arange(3))
+        assert len(r.crops) == 3 and np.array_equal(plain, kept)  # the same frames either way

@@ -331,6 +331,7 @@ class DittoRenderer(Renderer):
         self.clock = StageClock(dev)
         self._pinned: list[Tensor | None] = [None, None, None]  # iter_render's two, _download's
         self.crops = KeyframeCrops()  # the latest keyframes' crops, for their in-betweens
+        self._keep_crops = True  # prepare() says whether the clip has in-betweens
         self.warp_graphs = WarpGraphs(dev)  # their warp, from CUDA graphs on a GPU
         self.warp_decode = networks.warp_decode(
             settings.precision, settings.compile, settings.runtime
@@ -344,11 +345,13 @@ class DittoRenderer(Renderer):
                 self.source, rows, StitchConfig(d0=d0), self.controls, self.nets.stitch
             )
 
-    def prepare(self, motion: np.ndarray) -> None:
-        """Take the clip's motion: d0 is its frame 0; resident mode stitches every frame now."""
+    def prepare(self, motion: np.ndarray, inbetweens: bool = True) -> None:
+        """Take the clip's motion: d0 is its frame 0; resident mode stitches every frame now;
+        keyframe crops are kept only for a clip with in-betweens."""
         rows = self._upload(motion)
         self.d0 = rows[0].clone()
         self.crops.clear()
+        self._keep_crops = inbetweens
         self._x = self._stitch(rows) if self.memory.mode == "resident" else None
         self._motion = rows if self._x is None else None
 
@@ -461,10 +464,17 @@ class DittoRenderer(Renderer):
         with self.clock.stage("warp_decode"):
             batch = self.warp_decode.batch_for(x_d.shape[0], self.batch)
             img = self.warp_decode(self.f_s, x_s, x_d, batch)
-            if frames is not None:
-                crop = (img.clamp(0, 1) * 255).to(torch.uint8).permute(0, 2, 3, 1)
-                self.crops.put(frames, crop)
+        if frames is None or not self._keep_crops:
+            return self._finish(img)
+        crop = (img.clamp(0, 1) * 255).to(torch.uint8).permute(0, 2, 3, 1)
+        self.crops.put(frames, crop)
+        if self._crop_is_frame():  # the kept crop is the frame: not converted twice
+            with self.clock.stage("putback"):
+                return crop
         return self._finish(img)
+
+    def _crop_is_frame(self) -> bool:
+        return not self.full and self.width == CROP and self.pixel_format == "rgb24"
 
     def _finish(self, img: Tensor) -> Tensor:
         """Crops [b, 3, 512, 512] in 0..1 -> the frames: pasted back (or resized), as RGB or
@@ -503,8 +513,8 @@ class DittoRenderer(Renderer):
             _, x_d = self._keypoints(keys.reshape(-1))  # on the device: no host sync
             kp = ((x_d[..., :2].double() + 1.0) * (CROP / 2.0)).unflatten(0, (len(keys), 3))
             made = self.warp_graphs(warp, prev, nxt, kp, w)
-        if not self.full and self.width == CROP and self.pixel_format == "rgb24":
-            frames = made  # the crop is the frame
+        if self._crop_is_frame():
+            frames = made
         else:
             # + 0.5: the frames' truncating conversion gives the warped uint8 values back
             frames = self._finish(made.permute(0, 3, 1, 2).float().add_(0.5).div_(255.0))
