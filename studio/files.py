@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from studio.errors import OutputError
+from studio.errors import InputError, OutputError
 
 __all__ = [
     "STDOUT",
@@ -30,6 +30,7 @@ __all__ = [
     "check_output_file",
     "check_writable_folder",
     "is_stdout",
+    "read_json",
     "unused_name",
     "write_atomic",
     "write_json",
@@ -251,3 +252,23 @@ def unused_name(path: str | Path) -> Path:
     while (candidate := p.with_name(f"{stem}_{n}{p.suffix}")).exists():
         n += 1
     return candidate
+
+
+def read_json(path: str | os.PathLike[str], what: str, max_bytes: int) -> Any:
+    """The JSON in the file ``path``, a ``what`` (a preset, control tracks, a project);
+    InputError naming the file for anything wrong: absent, not a regular file (a FIFO or a
+    device would hang), over ``max_bytes``, unreadable, not JSON, nested too deeply."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{p}: {what} file not found")
+    if not p.is_file():
+        raise InputError(f"{p}: not a regular file, so not a {what}")
+    try:
+        size = p.stat().st_size
+        if size > max_bytes:
+            raise InputError(f"{p}: {size} bytes, too large for a {what} (at most {max_bytes})")
+        return json.loads(p.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise InputError(f"{p}: not a {what}: nested too deeply") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise InputError(f"{p}: cannot read the {what}: {e}") from None

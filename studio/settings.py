@@ -25,7 +25,7 @@ from pydantic_core import ErrorDetails
 
 from studio.errors import InputError, OptionError
 from studio.export.video import X264_PRESETS
-from studio.files import write_atomic
+from studio.files import read_json, write_atomic
 from studio.layout import DEFAULT_EMOTION, DEFAULT_SAMPLING_STEPS, EMOTIONS
 from studio.motion.cadence import STRIDES, CadenceThresholds
 from studio.motion.kinematics import (
@@ -278,21 +278,7 @@ class RenderSettings(BaseModel):
     def load(cls, path: str | os.PathLike) -> RenderSettings:
         """Read a JSON preset; InputError naming the file for anything wrong with it."""
         p = Path(path)
-        if not p.exists():
-            raise InputError(f"{p}: preset file not found")
-        if not p.is_file():  # a folder, a FIFO or a device would hang or mislead
-            raise InputError(f"{p}: not a regular file, so not a preset")
-        try:
-            size = p.stat().st_size
-            if size > MAX_PRESET_BYTES:
-                raise InputError(
-                    f"{p}: {size} bytes, too large for a preset (at most {MAX_PRESET_BYTES})"
-                )
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except RecursionError:
-            raise InputError(f"{p}: not a preset: nested too deeply") from None
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            raise InputError(f"{p}: cannot read the preset: {e}") from None
+        data = read_json(p, "preset", MAX_PRESET_BYTES)
         return cls.from_dict(data, source=str(p))
 
 

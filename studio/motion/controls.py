@@ -39,6 +39,7 @@ import numpy as np
 
 from studio import layout
 from studio.errors import InputError
+from studio.files import read_json
 
 CONTROLS_FORMAT = "studio-controls/1"
 INTERPOLATIONS = ("hold", "linear", "smooth")
@@ -52,6 +53,7 @@ TRACKS: dict[str, tuple[float, float, float]] = {  # name -> (neutral, lowest, h
     "blink": (1.0, 0.0, 1.0),
     "fade": (1.0, 0.0, 1.0),
 }
+MAX_CONTROLS_BYTES = 16 * 2**20
 PIXELS_PER_UNIT = 256.0  # keypoint units -> pixels of a 512 frame (the frame spans [-1, 1])
 
 
@@ -142,12 +144,7 @@ class ControlTracks:
     def load(cls, path: str | Path) -> ControlTracks:
         """Tracks from a JSON file; InputError naming the file for anything wrong."""
         p = Path(path)
-        if not p.is_file():
-            raise InputError(f"{p}: control tracks file not found")
-        try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            raise InputError(f"{p}: cannot read the control tracks: {e}") from None
+        data = read_json(p, "control tracks", MAX_CONTROLS_BYTES)
         return cls.from_dict(data, source=str(p))
 
 

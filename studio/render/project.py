@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.errors import InputError
-from studio.files import write_atomic
+from studio.files import read_json, write_atomic
 from studio.motion.controls import ControlTracks
 from studio.settings import RenderSettings
 
@@ -74,14 +74,7 @@ class Project:
     def load(cls, path: str | Path) -> Project:
         """Read a project file; InputError naming it for anything wrong."""
         p = Path(path)
-        if not p.is_file():
-            raise InputError(f"{p}: project file not found")
-        try:
-            if p.stat().st_size > MAX_PROJECT_BYTES:
-                raise InputError(f"{p}: too large for a project file")
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            raise InputError(f"{p}: cannot read the project: {e}") from None
+        data = read_json(p, "project", MAX_PROJECT_BYTES)
         return cls.from_dict(data, p.absolute().parent, str(p))
 
 
