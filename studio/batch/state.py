@@ -71,24 +71,21 @@ class BatchState:
             with contextlib.suppress(OSError):
                 (folder / f"{STATE_FILE}.lock").unlink()
 
-    def finished(self, name: str, fingerprint: str) -> bool:
-        """Whether job ``name`` is done from the same inputs and its output is there."""
+    def _was(self, name: str, fingerprint: str, status: str) -> bool:
         rec = self.jobs.get(name)
         return (
             rec is not None
-            and rec.get("status") == "done"
+            and rec.get("status") == status
             and rec.get("fingerprint") == fingerprint
-            and (self.out_dir / name).is_file()
         )
+
+    def finished(self, name: str, fingerprint: str) -> bool:
+        """Whether job ``name`` is done from the same inputs and its output is there."""
+        return self._was(name, fingerprint, "done") and (self.out_dir / name).is_file()
 
     def failed(self, name: str, fingerprint: str) -> bool:
         """Whether job ``name`` failed last time, from the same inputs."""
-        rec = self.jobs.get(name)
-        return (
-            rec is not None
-            and rec.get("status") == "failed"
-            and rec.get("fingerprint") == fingerprint
-        )
+        return self._was(name, fingerprint, "failed")
 
     def record(self, name: str, outcome: dict[str, Any]) -> None:
         """Keep job ``name``'s outcome (status, fingerprint, error, …) and save the state."""

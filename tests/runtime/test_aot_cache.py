@@ -34,20 +34,18 @@ def _net() -> torch.nn.Module:
     return random_network("stitch_network", reduced=True).eval()
 
 
+def _compiled(net: torch.nn.Module, folder: Path) -> TorchEngine:
+    """The network's compiled engine (batch 2, fp32), its package built or loaded in ``folder``."""
+    return TorchEngine(
+        "stitch_network", net, "fp32", "cpu", batch=2, compile=True, aot_dir=folder, aot_build=True
+    )
+
+
 def test_built_once_loaded_by_a_new_process_and_rebuilt_when_corrupt(
     tmp_path: Path, caplog
 ) -> None:
     net = _net()
-    built = TorchEngine(
-        "stitch_network",
-        net,
-        "fp32",
-        "cpu",
-        batch=2,
-        compile=True,
-        aot_dir=tmp_path,
-        aot_build=True,
-    )
+    built = _compiled(net, tmp_path)
     assert built.aot == "built"
     (package,) = tmp_path.glob("stitch_network-fp32-b2-*.pt2")
     meta = json.loads(package.with_name(package.name + ".json").read_text())
@@ -74,16 +72,7 @@ def test_built_once_loaded_by_a_new_process_and_rebuilt_when_corrupt(
         "is corrupt (its SHA-256 is not the one recorded)"
     )
     with caplog.at_level("WARNING"):
-        again = TorchEngine(
-            "stitch_network",
-            net,
-            "fp32",
-            "cpu",
-            batch=2,
-            compile=True,
-            aot_dir=tmp_path,
-            aot_build=True,
-        )
+        again = _compiled(net, tmp_path)
     assert (
         again.aot == "built" and "is corrupt" in caplog.text and "compiling it again" in caplog.text
     )
