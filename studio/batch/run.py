@@ -23,6 +23,7 @@ from studio.batch.jobs import Job
 from studio.batch.state import BatchState
 from studio.engines.base import EngineRequest, Progress
 from studio.errors import Cancelled, StudioError
+from studio.files import write_json
 
 REPORT_FILE = "batch_report.json"
 REPORT_FORMAT = "studio-batch-report/1"
@@ -263,8 +264,8 @@ def run_batch(
     started = time.perf_counter()
     with BatchState.open(out) as state:
         todo, skipped = plan(jobs, state, retry_failed)
-        seconds = {job.name: audio_seconds(job) for job in jobs}
-        bar = BatchProgress(len(jobs), sum(seconds[job.name] for job in todo))
+        seconds = {job.name: audio_seconds(job) for job in todo}  # skipped jobs: no reading
+        bar = BatchProgress(len(jobs), sum(seconds.values()))
         if say is not None:
             bar.say = say
         records: dict[str, dict[str, Any]] = {}
@@ -283,8 +284,6 @@ def run_batch(
                     on_job(rec)
         finally:
             report = batch_report(jobs, records, time.perf_counter() - started)
-            from studio.files import write_json
-
             write_json(out / REPORT_FILE, report)
     return report
 
