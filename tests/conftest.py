@@ -1,6 +1,7 @@
 """Shared test setup: Qt runs offscreen (without a display Qt aborts), and tensor helpers."""
 
 import contextlib
+import gc
 import os
 import time
 
@@ -234,6 +235,21 @@ def run_cli(argv, capsys):
 
 
 GUI_RENDER_TIMEOUT_MS = 120_000
+
+
+@pytest.fixture(autouse=True)
+def _collect_windows_on_the_gui_thread(request):
+    """A Qt test's windows deleted and their Python wrappers collected at its end, here on the
+    GUI thread: left to the cyclic collector, a closed window's Qt objects would be destroyed
+    in whichever thread next allocates, such as a worker thread of the next test's window."""
+    yield
+    if "qtbot" not in request.fixturenames:
+        return
+    from PySide6.QtCore import QCoreApplication, QEvent
+
+    for _ in range(2):
+        QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+        gc.collect()
 
 
 @pytest.fixture

@@ -220,6 +220,7 @@ class BatchWindow(QWidget):
         self._cancel = threading.Event()
         self._worker: BatchWorker | None = None
         self._thread: QThread | None = None
+        self._ended: QThread | None = None
         self._build()
         if parent is not None:
             parent.installEventFilter(self)
@@ -561,9 +562,10 @@ class BatchWindow(QWidget):
 
     @Slot(str, str, object)
     def _batch_done(self, outcome: str, message: str, report: object) -> None:
-        if self._thread is not None:
+        if self._thread is not None:  # its worker has returned: the thread ends at once
             self._thread.quit()
-            self._thread.wait()
+            self._thread.wait(10_000)
+            self._ended = self._thread  # kept, never destroyed while it may still run
         self._thread = self._worker = None
         self.outcome = outcome
         self.report = report if isinstance(report, dict) else None
