@@ -158,16 +158,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser(
         "render",
-        help="render an MP4 (H.264 + AAC)",
-        description="Render a talking-head MP4 from speech.",
+        help="render a video (MP4, WebM, QuickTime) or a PNG sequence",
+        description="Render a talking head from speech: OUT.mp4 (H.264, HEVC or AV1 + AAC), "
+        "OUT.webm (VP9 + Opus), OUT.mov (ProRes 4444 + PCM) or OUT.png (a folder OUT/ of PNG "
+        "frames and OUT.wav); --background transparent gives .webm, .mov and .png an alpha "
+        "channel.",
     )
     _motion_options(r)
-    r.add_argument("--out", required=True, metavar="OUT.mp4", help="output video")
+    r.add_argument(
+        "--out",
+        required=True,
+        metavar="OUT.mp4",
+        help="output: .mp4, .webm, .mov, or .png for a PNG sequence in the folder OUT/",
+    )
     _setting(r, "size", "PX")
     _setting(r, "crf", "N")
     _setting(r, "preset", "NAME")
     _setting(r, "fps", "FPS")
-    _setting(r, "codec", "NAME")
+    _setting(r, "codec", "NAME", " (of .mp4 outputs)")
+    _setting(r, "background", "NAME")
     r.add_argument("--report", metavar="REPORT.json", help="write the JSON report here")
 
     b = sub.add_parser(
@@ -194,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     _setting(b, "crf", "N")
     _setting(b, "preset", "NAME")
     _setting(b, "fps", "FPS")
-    _setting(b, "codec", "NAME")
+    _setting(b, "codec", "NAME", " (of .mp4 outputs)")
+    _setting(b, "background", "NAME")
     b.add_argument(
         "--report", metavar="REPORT.json", help="also write the batch report here (- for stdout)"
     )
@@ -585,13 +595,14 @@ def _engine_report(engine) -> dict:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from studio.export.video import check_output_path
+    from studio.export.video import check_alpha_output, check_output_path
     from studio.render.pipeline import analyze, quality_of, render_video
 
     started = time.perf_counter()
     _open_project(args)
     settings = _settings(args, size=args.size, crf=args.crf, preset=args.x264_preset)
     out = check_output_path(args.out)
+    check_alpha_output(out, settings.background == "transparent")
     check_not_input(args.out, "--out", _inputs(args))
     report_path = _check_json_target(args.report, "--report", {"--out": args.out, **_inputs(args)})
     prepared = _prepare_engine(args, settings)

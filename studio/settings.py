@@ -49,6 +49,14 @@ PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 FRAMES = ("full", "crop")
 FPS_CHOICES = ("25", "24", "30", "50", "60")  # 25: the motion's own; others resampled
 CODECS = ("h264", "hevc", "av1")
+# what the head is drawn over: the avatar's own picture, nothing (alpha), or a keying colour
+BACKGROUND_COLOURS: dict[str, tuple[int, int, int]] = {
+    "green": (0, 177, 64),  # chroma-key green
+    "blue": (0, 71, 187),  # chroma-key blue
+    "black": (0, 0, 0),
+    "white": (255, 255, 255),
+}
+BACKGROUNDS = ("avatar", "transparent", *BACKGROUND_COLOURS)
 MAX_SEED = 2**31 - 1  # the GUI's spin box holds a 32-bit int
 MAX_STEPS = 1000
 MAX_BATCH = 256
@@ -171,6 +179,12 @@ class RenderSettings(BaseModel):
         "--codec",
         "video codec: h264 (x264), hevc (x265) or av1 (SVT-AV1) where PyAV has the encoder",
     )
+    background: Literal[BACKGROUNDS] = _choice(  # type: ignore[valid-type]
+        "avatar",
+        "--background",
+        "what the head is drawn over: the avatar's own picture; transparent (alpha, for "
+        ".webm, .mov or .png); or a green, blue, black or white screen",
+    )
     backend: str = Field(
         "demo",
         strict=True,
@@ -233,6 +247,12 @@ class RenderSettings(BaseModel):
                 f"{self.smooth_order} must be below the window, {self.smooth_window}",
             )
         return self
+
+    @property
+    def backdrop(self) -> tuple[int, int, int] | None:
+        """The solid colour the frames are drawn over (None: the avatar's own backdrop;
+        a transparent export draws over black and white to find its alpha)."""
+        return BACKGROUND_COLOURS.get(self.background)
 
     @property
     def smoothing(self) -> SmoothingSettings:

@@ -184,8 +184,9 @@ def test_old_presets_still_load(tmp_path):
     everything |= {"frame": "crop", "compile": True, "runtime": "onnxruntime"}
     everything["cadence"] = {**first["cadence"], "max_warp_px": 8.0}  # a later key, default
     p.write_text(json.dumps(everything))
-    # later keys take their defaults (issue 21: frame rate and codec)
-    assert RenderSettings.load(p).to_dict() == {**everything, "fps": "25", "codec": "h264"}
+    # later keys take their defaults (issue 21: frame rate, codec and background)
+    later = {"fps": "25", "codec": "h264", "background": "avatar"}
+    assert RenderSettings.load(p).to_dict() == {**everything, **later}
 
 
 def test_the_preset_format_keeps_its_keys_and_round_trips(tmp_path):
@@ -286,7 +287,7 @@ def test_the_gui_widgets_have_the_schema_ranges_and_choices(qtbot):
     qtbot.addWidget(dialog)
     panel.window.setValue(int(spec("smooth_window").high))  # the order's range follows it
     widgets = {**panel.fields, "crf": dialog.crf, "preset": dialog.preset}
-    widgets |= {"fps": dialog.fps, "codec": dialog.codec}
+    widgets |= {"fps": dialog.fps, "codec": dialog.codec, "background": dialog.background}
     shown_elsewhere = {"backend", "memory", "batch"}  # engine menu; Ditto's automatic choices
     not_shown = {"cadence.calm_voicing", "cadence.calm_level_step"}  # kept from a preset
     assert set(widgets) == set(keys()) - shown_elsewhere - not_shown

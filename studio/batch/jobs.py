@@ -4,7 +4,9 @@ A JOBS file names one clip per line (JSONL: an object; CSV: a header row, then a
 
 - ``audio`` (required): the speech, relative paths from the JOBS file's folder;
 - ``avatar``: the photo (an engine that takes one; default: ``--avatar``);
-- ``output``: the MP4's name in the output folder (default: the audio's name, ``.mp4``);
+- ``output``: the output's name in the output folder, ``.mp4``, ``.webm``, ``.mov`` or
+  ``.png`` (a PNG sequence) (default: the audio's name, ``.mp4``; ``.webm`` with
+  ``"background": "transparent"``);
 - ``preset``: a preset file whose settings the job starts from (default: the command's);
 - ``controls``: a control tracks file directing the clip (:mod:`studio.motion.controls`);
 - any setting by its key (``smooth_window``, ``cadence.max_warp_px``; in JSONL also a
@@ -25,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from studio.errors import InputError, StudioError
+from studio.errors import InputError, OutputError, StudioError
+from studio.export.video import OUTPUT_SUFFIXES, check_alpha_output
 from studio.settings import RenderSettings, keys
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".mp3", ".m4a", ".aac", ".aiff", ".aif", ".opus")
@@ -153,12 +156,18 @@ def _job(
     audio_path = folder / audio
     avatar_value = row.get("avatar") or avatar
     avatar_path = None if avatar_value is None else str(folder / str(avatar_value))
-    name = str(row.get("output") or Path(audio).stem + ".mp4")
+    settings = _settings_of(row, base, folder, where)
+    alpha = settings.background == "transparent"
+    default = ".webm" if alpha else ".mp4"  # a transparent head needs a file with alpha
+    name = str(row.get("output") or Path(audio).stem + default)
     if Path(name).name != name or name in (".", ".."):
         raise InputError(f"{where}: output: {name!r} must be a file name, not a path")
-    if not name.lower().endswith(".mp4"):
-        name += ".mp4"
-    settings = _settings_of(row, base, folder, where)
+    if Path(name).suffix.lower() not in OUTPUT_SUFFIXES:
+        name += default
+    try:
+        check_alpha_output(name, alpha)
+    except OutputError as e:
+        raise InputError(f"{where}: output: {e}") from None
     controls = None if not row.get("controls") else str(folder / str(row["controls"]))
     return Job(name, str(audio_path), avatar_path, settings, where, dict(row), controls)
 

@@ -81,7 +81,9 @@ class BatchState:
 
     def finished(self, name: str, fingerprint: str) -> bool:
         """Whether job ``name`` is done from the same inputs and its output is there."""
-        return self._was(name, fingerprint, "done") and (self.out_dir / name).is_file()
+        from studio.export.video import written_path
+
+        return self._was(name, fingerprint, "done") and written_path(self.out_dir / name).exists()
 
     def failed(self, name: str, fingerprint: str) -> bool:
         """Whether job ``name`` failed last time, from the same inputs."""

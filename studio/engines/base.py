@@ -43,6 +43,19 @@ def crossfade(a: np.ndarray, b: np.ndarray, w: float) -> np.ndarray:
     return (out >> 8).astype(np.uint8)
 
 
+def straight_rgba(over_black: np.ndarray, over_white: np.ndarray) -> np.ndarray:
+    """[..., H, W, 4] uint8 RGBA with straight alpha from the same frames drawn over black and
+    over white (triangulation matting: a drawing composited over its backdrop is
+    ``a * C + (1 - a) * B``, so ``1 - a`` is the white frame's excess over the black one
+    and the black frame is ``a * C``)."""
+    k = over_black.astype(np.int32)
+    excess = (over_white.astype(np.int32) - k).mean(axis=-1)
+    alpha = np.clip(np.rint(255.0 - excess), 0, 255).astype(np.int32)
+    colour = np.where(alpha[..., None] > 0, (k * 255 + alpha[..., None] // 2), 0)
+    colour = np.minimum(colour // np.maximum(alpha[..., None], 1), 255)
+    return np.concatenate([colour, alpha[..., None]], axis=-1).astype(np.uint8)
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What an engine can do, known without opening it (and without torch)."""
@@ -130,6 +143,31 @@ class Renderer:
         """:meth:`render_frames` of each chunk, in order."""
         for chunk in chunks:
             yield self.render_frames(chunk)
+
+    def set_backdrop(self, colour: tuple[int, int, int] | None) -> None:
+        """Draw the frames over a solid ``colour`` (RGB) instead of the avatar's own
+        backdrop; None gives the avatar's back."""
+        raise NotImplementedError(f"{type(self).__name__} draws over its avatar only")
+
+    @property
+    def backdrop(self) -> tuple[int, int, int] | None:
+        """The colour :meth:`set_backdrop` set (None: the avatar's own)."""
+        return getattr(self, "_backdrop", None)
+
+    def render_rgba(self, frames: np.ndarray) -> np.ndarray:
+        """Frames ``frames`` (indices into the prepared motion) -> [K, H, W, 4] uint8 with
+        straight alpha: the head on nothing. Drawn over black and over white
+        (:func:`straight_rgba`), exact for a renderer that composites its drawing over its
+        backdrop (the demo character, Ditto's paste-back)."""
+        before = self.backdrop
+        try:
+            self.set_backdrop((0, 0, 0))
+            black = self.render_frames(frames)
+            self.set_backdrop((255, 255, 255))
+            white = self.render_frames(frames)
+        finally:
+            self.set_backdrop(before)
+        return straight_rgba(np.asarray(black), np.asarray(white))
 
     def keypoints_2d(self, motion: np.ndarray) -> np.ndarray | None:
         """[K, motion] rows -> [K, 21, 2] (x, y) pixel positions of the implicit keypoints in

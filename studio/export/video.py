@@ -1,4 +1,5 @@
-"""MP4 export with PyAV: H.264 (libx264, yuv420p) video plus an AAC track of the input audio.
+"""Video export with PyAV: MP4 (H.264, HEVC or AV1 + AAC), WebM (VP9 + Opus) and QuickTime
+(ProRes 4444 + PCM), the last two with an alpha channel when the frames carry one.
 
 The writer is atomic: it encodes into a hidden temporary file next to the target and
 renames it onto the target only when everything succeeded, so a failed, cancelled or
@@ -8,12 +9,12 @@ Colour: RGB frames are converted to BT.709 limited range and the stream is tagge
 which is what players assume for HD and what browsers/Qt assume for untagged H.264.
 
 Audio: the original (``Audio.original_blocks``: the input file decoded again a block at
-a time, never held whole) is encoded at its own rate when AAC has that rate as a standard
-one (8000..96000 Hz), otherwise resampled to 48000 Hz. Mono and stereo are kept; more
-than two channels are averaged to mono, because libsndfile gives no channel map to build
-a correct stereo downmix from. The audio is read and interleaved with the video as frames
-arrive (one decoded block held at a time), and the rest is written at close, so the track
-lasts as long as the audio.
+a time, never held whole) is encoded at its own rate when the container's audio codec takes
+it (AAC's standard rates, any rate for PCM; Opus is always 48 kHz), otherwise resampled to
+48000 Hz. Mono and stereo are kept; more than two channels are averaged to mono, because
+libsndfile gives no channel map to build a correct stereo downmix from. The audio is read and
+interleaved with the video as frames arrive (one decoded block held at a time), and the rest
+is written at close, so the track lasts as long as the audio.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import secrets
 import threading
 import time
 from collections.abc import Generator, Iterable, Iterator
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
@@ -42,6 +44,7 @@ from studio.layout import FPS
 AAC_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000)
 AAC_FALLBACK_RATE = 48000
 AAC_FRAME_SIZE = 1024
+OPUS_FRAME_SIZE = 960  # 20 ms at 48 kHz
 X264_PRESETS = (
     "ultrafast",
     "superfast",
@@ -57,6 +60,37 @@ X264_PRESETS = (
 # codec -> (PyAV encoder, what it is for people); x264's speed presets map onto each
 ENCODERS = {"h264": ("libx264", "H.264"), "hevc": ("libx265", "HEVC"), "av1": ("libsvtav1", "AV1")}
 SVT_PRESETS = dict(zip(X264_PRESETS, (12, 11, 10, 9, 8, 7, 6, 4, 2, 1), strict=True))
+
+
+@dataclass(frozen=True)
+class Container:
+    """An output file type: its muxer, its video encoder (None: the ``codec`` setting's),
+    pixel formats without and with alpha (None: no alpha), its audio encoder and the rates
+    that encoder takes as they are (None: any)."""
+
+    muxer: str
+    label: str
+    codec: str | None  # its video codec's short name (None: the ``codec`` setting's)
+    video: str | None
+    pix_fmt: str
+    alpha_pix_fmt: str | None
+    audio: str
+    audio_rates: tuple[int, ...] | None
+
+
+CONTAINERS = {
+    ".mp4": Container("mp4", "MP4", None, None, "yuv420p", None, "aac", AAC_RATES),
+    ".webm": Container(
+        "webm", "WebM (VP9)", "vp9", "libvpx-vp9", "yuv420p", "yuva420p", "libopus", (48000,)
+    ),
+    ".mov": Container(
+        "mov", "QuickTime (ProRes 4444)", "prores", "prores_ks", "yuv422p10le", "yuva444p10le",
+        "pcm_s16le", None,
+    ),
+}
+PNG_SEQUENCE = ".png"  # an output named NAME.png is a folder NAME/ of PNG frames and the audio
+OUTPUT_SUFFIXES = (*CONTAINERS, PNG_SEQUENCE)
+ALPHA_SUFFIXES = tuple(k for k, c in CONTAINERS.items() if c.alpha_pix_fmt) + (PNG_SEQUENCE,)
 _AVCOL_BT709 = 1  # AVColorPrimaries / AVColorTransferCharacteristic / AVColorSpace value
 _AVCOL_RANGE_MPEG = 1
 _AUDIO_CHUNK = 1 << 16  # samples per AudioFrame handed to the resampler, at most
@@ -74,10 +108,12 @@ def encoder_available(codec: str) -> bool:
 def check_output_path(path: str | os.PathLike) -> Path:
     """Validate an export target before any rendering; return it resolved.
 
-    Raises OutputError when the path is a directory, does not end in .mp4, has a file name
-    longer than the file system takes ("file name too long"), or its folder is missing, not
-    a folder, or not writable (checked by creating a probe file, which also works for root
-    and read-only mounts). A symlink is followed: the path returned is the file written.
+    Raises OutputError when the path is a directory, does not end in one of
+    :data:`OUTPUT_SUFFIXES`, has a file name longer than the file system takes ("file name too
+    long"), or its folder is missing, not a folder, or not writable (checked by creating a
+    probe file, which also works for root and read-only mounts). A symlink is followed: the
+    path returned is the file written. A ``.png`` output is a folder of frames named after it
+    (:func:`png_folder`): a file already there is an error.
     """
     p = Path(path).expanduser()
     check_file_name(p, "--out")  # first: the system refuses even to look up a longer name
@@ -85,9 +121,10 @@ def check_output_path(path: str | os.PathLike) -> Path:
         raise OutputError(
             f"Output path '{path}' is a directory; give a file name such as '{p / 'video.mp4'}'."
         )
-    if p.suffix.lower() != ".mp4":
+    if p.suffix.lower() not in OUTPUT_SUFFIXES:
         raise OutputError(
-            f"Output file '{path}' must end in .mp4; use a name such as '{p.stem or 'video'}.mp4'."
+            f"Output file '{path}' must end in .mp4, .webm, .mov or .png (a PNG sequence); "
+            f"use a name such as '{p.stem or 'video'}.mp4'."
         )
     p = p.resolve()
     folder = p.parent
@@ -98,6 +135,11 @@ def check_output_path(path: str | os.PathLike) -> Path:
     if not folder.is_dir():
         raise OutputError(
             f"Output folder '{folder}' for '{p.name}' is not a folder; choose another location."
+        )
+    if p.suffix.lower() == PNG_SEQUENCE and png_folder(p).exists() and not png_folder(p).is_dir():
+        raise OutputError(
+            f"'{png_folder(p)}' is a file; a PNG sequence '{p.name}' is written to a folder of "
+            "that name: choose another name."
         )
     probe = folder / f".studio-probe-{secrets.token_hex(4)}"  # short: any legal name passes
     try:
@@ -112,10 +154,35 @@ def check_output_path(path: str | os.PathLike) -> Path:
     return p
 
 
-class VideoWriter:
-    """Atomic H.264 + AAC MP4 writer; use as a context manager.
+def png_folder(path: str | os.PathLike) -> Path:
+    """The folder a ``NAME.png`` output is written to: ``NAME/`` beside it."""
+    p = Path(path)
+    return p.with_name(p.stem)
 
-    ``write`` takes [H, W, 3] uint8 RGB frames. Leaving the ``with`` block normally
+
+def written_path(path: str | os.PathLike) -> Path:
+    """What an export to ``path`` leaves on disk: the file, or a PNG sequence's folder."""
+    p = Path(path)
+    return png_folder(p) if p.suffix.lower() == PNG_SEQUENCE else p
+
+
+def check_alpha_output(path: str | os.PathLike, alpha: bool) -> None:
+    """OutputError when frames with alpha would go to a file type without it (MP4)."""
+    suffix = Path(path).suffix.lower()
+    if alpha and suffix not in ALPHA_SUFFIXES:
+        raise OutputError(
+            f"'{Path(path).name}': {suffix or 'this file type'} has no alpha channel for a "
+            "transparent background; write .webm (VP9), .mov (ProRes 4444) or .png (a PNG "
+            "sequence), or choose a green or blue background."
+        )
+
+
+class VideoWriter:
+    """Atomic video writer (:data:`CONTAINERS`, by the target's suffix); use as a context
+    manager.
+
+    ``write`` takes [H, W, 3] uint8 RGB frames, or [H, W, 4] RGBA (straight alpha) when opened
+    with ``alpha`` (WebM and QuickTime). Leaving the ``with`` block normally
     commits (renames the temporary file onto the target); an exception discards the
     temporary file and propagates. ``abort()`` (safe to call from another thread, e.g.
     a cancel button) discards at once; later ``write`` calls raise Cancelled.
@@ -140,6 +207,7 @@ class VideoWriter:
         fps: int = FPS,
         audio_rate: int | None = None,
         codec: str = "h264",
+        alpha: bool = False,
     ) -> None:
         for label, value in (("width", width), ("height", height)):
             if int(value) != value or value <= 0 or value % 2:
@@ -164,9 +232,14 @@ class VideoWriter:
                 f"{codec}: this PyAV build has no {ENCODERS[codec][0]} encoder (`studio doctor` "
                 "lists the encoders); choose h264",
             )
-        self.codec = codec
-        self.audio_rate = None if audio_rate is None else int(audio_rate)
         self.path = check_output_path(path)
+        self.container = CONTAINERS.get(self.path.suffix.lower())  # type: ignore[assignment]
+        if self.container is None:
+            raise ValueError(f"{self.path.name}: a PNG sequence is written by PngSequenceWriter")
+        check_alpha_output(self.path, alpha)
+        self.alpha = bool(alpha)
+        self.codec = self.container.codec or codec
+        self.audio_rate = None if audio_rate is None else int(audio_rate)
         self.width, self.height, self.fps = int(width), int(height), int(fps)
         self.audio, self.crf, self.preset = audio, int(crf), preset
         self.frames_written = 0
@@ -211,14 +284,16 @@ class VideoWriter:
     # --- public API -------------------------------------------------------------
 
     def write(self, frame: np.ndarray) -> None:
-        """Encode one [H, W, 3] uint8 RGB frame, or one already in yuv420p planes
-        ([H * 3 / 2, W], BT.709 limited range: :func:`studio.export.yuv.rgb_to_yuv420p`).
-        ValueError on a wrong shape or dtype."""
+        """Encode one [H, W, 3] uint8 RGB frame ([H, W, 4] RGBA with ``alpha``), or one
+        already in yuv420p planes ([H * 3 / 2, W], BT.709 limited range:
+        :func:`studio.export.yuv.rgb_to_yuv420p`). ValueError on a wrong shape or dtype."""
         arr = np.asarray(frame)
-        planar = arr.shape == (self.height * 3 // 2, self.width)
-        if arr.shape != (self.height, self.width, 3) and not planar:
+        channels = 4 if self.alpha else 3
+        planar = self.takes_planes and arr.shape == (self.height * 3 // 2, self.width)
+        if arr.shape != (self.height, self.width, channels) and not planar:
+            kind = "RGBA" if self.alpha else "RGB"
             raise ValueError(
-                f"frame must be [{self.height}, {self.width}, 3] RGB or "
+                f"frame must be [{self.height}, {self.width}, {channels}] {kind} or "
                 f"[{self.height * 3 // 2}, {self.width}] yuv420p, got {list(arr.shape)}"
             )
         if arr.dtype != np.uint8:
@@ -255,8 +330,8 @@ class VideoWriter:
             vf.colorspace, vf.color_range = Colorspace.ITU709, ColorRange.MPEG
             return vf
         return self._reformatter.reformat(
-            av.VideoFrame.from_ndarray(arr, format="rgb24"),
-            format="yuv420p",
+            av.VideoFrame.from_ndarray(arr, format="rgba" if self.alpha else "rgb24"),
+            format=self._vstream.pix_fmt,
             dst_colorspace=Colorspace.ITU709,
             src_color_range=ColorRange.JPEG,
             dst_color_range=ColorRange.MPEG,
@@ -289,6 +364,16 @@ class VideoWriter:
         self.__exit__(None, None, None)
 
     @property
+    def takes_planes(self) -> bool:
+        """Whether :meth:`write` takes yuv420p planes (the stream's own format)."""
+        return self.pix_fmt == "yuv420p"
+
+    @property
+    def pix_fmt(self) -> str:
+        """The video stream's pixel format."""
+        return (self.container.alpha_pix_fmt if self.alpha else None) or self.container.pix_fmt
+
+    @property
     def temp_path(self) -> Path | None:
         """The temporary file being written (None before open and after commit/discard)."""
         return self._tmp
@@ -304,7 +389,7 @@ class VideoWriter:
     def _open(self) -> None:
         token = secrets.token_hex(4)
         stem = os.fsdecode(os.fsencode(self.path.stem)[:200])  # a 255-byte name stays legal
-        tmp = self.path.with_name(f".{stem}.partial-{token}.mp4")
+        tmp = self.path.with_name(f".{stem}.partial-{token}{self.path.suffix.lower()}")
         try:
             fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
         except OSError as e:
@@ -313,10 +398,12 @@ class VideoWriter:
         self._tmp = tmp
         self._state = "open"
         try:
-            out = av.open(str(tmp), mode="w", format="mp4", options={"movflags": "+faststart"})
+            c = self.container
+            options = {"movflags": "+faststart"} if c.muxer in ("mp4", "mov") else {}
+            out = av.open(str(tmp), mode="w", format=c.muxer, options=options)
             self._container = out
-            vs = out.add_stream(ENCODERS[self.codec][0], rate=self.fps)
-            vs.width, vs.height, vs.pix_fmt = self.width, self.height, "yuv420p"
+            vs = out.add_stream(c.video or ENCODERS[self.codec][0], rate=self.fps)
+            vs.width, vs.height, vs.pix_fmt = self.width, self.height, self.pix_fmt
             vs.time_base = Fraction(1, self.fps)
             cc = vs.codec_context
             cc.color_primaries = cc.color_trc = cc.colorspace = _AVCOL_BT709
@@ -333,6 +420,13 @@ class VideoWriter:
 
     def _encoder_options(self, cc: av.codec.context.CodecContext) -> dict[str, str]:
         """The encoder's options for the quality (CRF) and speed (x264's preset names)."""
+        if self.codec == "vp9":  # VP9: constant quality (CRF 0..63, b:v 0), cpu-used for speed
+            speed = max(0, min(8, 8 - X264_PRESETS.index(self.preset)))
+            crf = str(round(self.crf * 63 / 51))
+            return {"crf": crf, "b": "0", "deadline": "good", "cpu-used": str(speed), "row-mt": "1"}
+        if self.codec == "prores":  # ProRes: 4444 with alpha, else 422 HQ; quality by profile
+            cc.codec_tag = "ap4h" if self.alpha else "apch"
+            return {"profile": "4" if self.alpha else "3", "vendor": "apl0"}
         if self.codec == "h264":
             # x264's frame threads (one per core) scale where its default slices do not.
             cc.thread_type, cc.thread_count = "FRAME", 0
@@ -353,18 +447,30 @@ class VideoWriter:
     def _add_audio_stream(
         self, out: av.container.OutputContainer, rate_in: int, channels: int
     ) -> None:
-        """The AAC stream for ``channels`` of audio at ``rate_in`` Hz, and its resampler."""
+        """The container's audio stream for ``channels`` of audio at ``rate_in`` Hz, and its
+        resampler (to the encoder's sample format, rate and frame size)."""
         stereo = channels == 2
         self._audio_mix = channels > 2
         self._audio_layout = "stereo" if stereo else "mono"
         self._audio_rate_in = int(rate_in)
-        rate = self._audio_rate_in if self._audio_rate_in in AAC_RATES else AAC_FALLBACK_RATE
-        astream = out.add_stream("aac", rate=rate, layout=self._audio_layout)
-        # The native AAC encoder caps at 6 bits per sample per channel.
-        astream.codec_context.bit_rate = min(96_000, 6 * rate) * (2 if stereo else 1)
+        rates = self.container.audio_rates
+        rate = self._audio_rate_in
+        if rates is not None and rate not in rates:
+            rate = AAC_FALLBACK_RATE
+        astream = out.add_stream(self.container.audio, rate=rate, layout=self._audio_layout)
+        cc = astream.codec_context
+        if self.container.audio == "aac":  # the native AAC encoder caps at 6 bits a sample
+            cc.bit_rate = min(96_000, 6 * rate) * (2 if stereo else 1)
+        elif self.container.audio == "libopus":
+            cc.bit_rate = 64_000 * (2 if stereo else 1)
         self._astream = astream
+        formats = cc.codec.audio_formats
+        frame_size = {"aac": AAC_FRAME_SIZE, "libopus": OPUS_FRAME_SIZE}.get(self.container.audio)
         self._resampler = av.AudioResampler(
-            format="fltp", layout=self._audio_layout, rate=rate, frame_size=AAC_FRAME_SIZE
+            format=formats[0].name if formats else "fltp",
+            layout=self._audio_layout,
+            rate=rate,
+            frame_size=frame_size,
         )
 
     def _feed_audio(self, upto: int | None) -> None:

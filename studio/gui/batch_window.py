@@ -53,6 +53,7 @@ from studio.batch.run import (
     run_batch,
 )
 from studio.errors import Cancelled, StudioError
+from studio.export.video import written_path
 from studio.gui import theme
 from studio.gui.worker import start_in_thread
 from studio.settings import RenderSettings
@@ -725,8 +726,8 @@ class BatchWindow(QWidget):
         """Open row ``i``'s MP4 in the system's player, when it is done and there."""
         if not 0 <= i < len(self.rows) or self.rows[i].status not in OPENABLE:
             return False
-        path = Path(self.out_dir.text().strip()) / self.rows[i].name
-        if not path.is_file():
+        path = written_path(Path(self.out_dir.text().strip()) / self.rows[i].name)
+        if not path.exists():
             self.show_message(f"{path}: not there any more")
             return False
         return bool(QDesktopServices.openUrl(QUrl.fromLocalFile(str(path))))

@@ -1,4 +1,6 @@
-"""The Export MP4 dialog: path, size, quality, encoder speed; progress, ETA and Cancel.
+"""The Export dialog: path and file type (MP4, WebM, QuickTime, PNG sequence), background
+(the avatar's, transparent, or a keying colour), size, quality, encoder speed, frame rate and
+codec; progress, ETA and Cancel.
 
 An existing file is never overwritten without asking: Export on one offers to replace it or
 to write beside it under a fresh name.
@@ -24,14 +26,29 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
+from studio.export.video import ALPHA_SUFFIXES, CONTAINERS, PNG_SEQUENCE, written_path
 from studio.files import unused_name
 from studio.gui.widgets.controls import SIZES, combo_box, setting_combo, setting_spin, size_label
+
+FORMATS = {  # file type -> its label in the menu
+    **{suffix: c.label for suffix, c in CONTAINERS.items()},
+    PNG_SEQUENCE: "PNG sequence (a folder of frames + WAV)",
+}
+BACKGROUND_LABELS = {
+    "avatar": "Avatar (as previewed)",
+    "transparent": "Transparent (alpha)",
+    "green": "Green screen",
+    "blue": "Blue screen",
+    "black": "Black",
+    "white": "White",
+}
 
 
 class ExportDialog(QDialog):
     """Collects export options and shows the export's progress."""
 
-    exportRequested = Signal(str, int, int, str, str, str)  # path, size, crf, preset, fps, codec
+    # path, size, crf, preset, fps, codec, background
+    exportRequested = Signal(str, int, int, str, str, str, str)
     cancelRequested = Signal()
 
     def __init__(
@@ -44,9 +61,10 @@ class ExportDialog(QDialog):
         preset: str = "medium",
         fps: str = "25",
         codec: str = "h264",
+        background: str = "avatar",
     ) -> None:
         super().__init__(parent)
-        self.setWindowTitle("Export MP4")
+        self.setWindowTitle("Export")
         self.setMinimumWidth(520)
         self.path = QLineEdit(path)
         browse = QPushButton("Browse…")
@@ -90,10 +108,26 @@ class ExportDialog(QDialog):
             "(slower to encode; `studio doctor` lists the encoders)",
         )
         self.codec.setCurrentIndex(max(0, self.codec.findData(codec)))
+        self.format = combo_box(
+            ((label, suffix) for suffix, label in FORMATS.items()),
+            "MP4 plays everywhere; WebM (VP9) and QuickTime (ProRes 4444) keep an alpha channel "
+            "for compositing, as does a PNG sequence (a folder of frames and the audio as WAV)",
+        )
+        self.background = setting_combo(
+            "background",
+            BACKGROUND_LABELS,
+            tip="what the head is drawn over: the avatar's own picture, nothing (alpha: WebM, "
+            "QuickTime or PNG), or a keying colour for a video editor",
+        )
+        self.background.setCurrentIndex(max(0, self.background.findData(background)))
+        self._show_format()
+        self.path.textChanged.connect(self._show_format)
+        self.format.currentIndexChanged.connect(self._format_chosen)
+        self.background.currentIndexChanged.connect(self._background_chosen)
         self.progress = QProgressBar()
         self.progress.setRange(0, 100)
         self.progress.setValue(0)
-        self.status = QLabel("MP4 with AAC audio. The file appears only when the export finishes.")
+        self.status = QLabel("The file appears only when the export finishes.")
         self.status.setWordWrap(True)
         form = QFormLayout()
         form.addRow("File", row)
@@ -102,7 +136,9 @@ class ExportDialog(QDialog):
         form.addRow("Quality (CRF)", self.crf)
         form.addRow("Encoder speed", self.preset)
         form.addRow("Frame rate", self.fps)
-        form.addRow("Codec", self.codec)
+        form.addRow("Format", self.format)
+        form.addRow("Background", self.background)
+        form.addRow("Codec (MP4)", self.codec)
         self.buttons = QDialogButtonBox()
         self.export_button = self.buttons.addButton(
             "Export", QDialogButtonBox.ButtonRole.AcceptRole
@@ -122,30 +158,62 @@ class ExportDialog(QDialog):
         self._t0 = 0.0
         self.overwrite_box: QMessageBox | None = None
 
+    def suffix(self) -> str:
+        """The chosen file type's suffix (.mp4, .webm, .mov, .png)."""
+        return str(self.format.currentData())
+
+    def _show_format(self) -> None:
+        """The Format menu follows the path's suffix; the codec menu is for MP4 only."""
+        suffix = Path(self.path.text().strip()).suffix.lower()
+        i = self.format.findData(suffix)
+        if i >= 0 and i != self.format.currentIndex():
+            self.format.blockSignals(True)
+            self.format.setCurrentIndex(i)
+            self.format.blockSignals(False)
+        self.codec.setEnabled(self.suffix() == ".mp4")
+
+    def _format_chosen(self) -> None:
+        """A file type chosen from the menu gives the path its suffix."""
+        path = Path(self.path.text().strip())
+        self.path.setText(str(path.with_suffix(self.suffix())))
+        if self.suffix() not in ALPHA_SUFFIXES and self.background.currentData() == "transparent":
+            self.background.setCurrentIndex(self.background.findData("avatar"))
+
+    def _background_chosen(self) -> None:
+        """Transparent needs a file type with alpha: MP4 becomes WebM."""
+        if self.background.currentData() == "transparent" and self.suffix() not in ALPHA_SUFFIXES:
+            self.format.setCurrentIndex(self.format.findData(".webm"))
+
     def _browse(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(
-            self, "Export MP4", self.path.text(), "MP4 video (*.mp4)"
+        filters = ";;".join(f"{label} (*{suffix})" for suffix, label in FORMATS.items())
+        chosen = f"{FORMATS[self.suffix()]} (*{self.suffix()})"
+        path, picked = QFileDialog.getSaveFileName(
+            self, "Export", self.path.text(), filters, chosen
         )
         if path:
-            self.path.setText(path if path.lower().endswith(".mp4") else path + ".mp4")
+            suffix = picked.rsplit("*", 1)[-1].rstrip(")") if picked else self.suffix()
+            self.path.setText(path if Path(path).suffix.lower() in FORMATS else path + suffix)
 
     def _export(self) -> None:
-        target = Path(self.path.text().strip()).expanduser()
-        if target.is_file():
+        target = written_path(Path(self.path.text().strip()).expanduser())
+        if target.exists():
             self._ask_overwrite(target)
             return
         self._emit_export()
 
     def _ask_overwrite(self, target: Path) -> None:
         """Replace ``target``, write beside it under a fresh name, or go back (non-blocking)."""
-        fresh = unused_name(target)
+        chosen = Path(self.path.text().strip()).expanduser()
+        fresh = unused_name(chosen)
+        while written_path(fresh).exists():  # a PNG sequence's folder is the name to avoid
+            fresh = unused_name(fresh)
         box = QMessageBox(
             QMessageBox.Icon.Question,
-            "Export MP4",
+            "Export",
             f"{target.name} already exists in {target.parent}.",
             parent=self,
         )
-        box.setInformativeText(f"Replace it, or save the new video as {fresh.name}?")
+        box.setInformativeText(f"Replace it, or save the new export as {fresh.name}?")
         replace = box.addButton("Replace", QMessageBox.ButtonRole.DestructiveRole)
         keep = box.addButton(f"Save as {fresh.name}", QMessageBox.ButtonRole.AcceptRole)
         box.addButton(QMessageBox.StandardButton.Cancel)
@@ -170,6 +238,7 @@ class ExportDialog(QDialog):
             str(self.preset.currentData()),
             str(self.fps.currentData()),
             str(self.codec.currentData()),
+            str(self.background.currentData()),
         )
 
     def _cancel(self) -> None:

@@ -37,7 +37,7 @@ from PySide6.QtWidgets import (
 
 from studio.avatar.folder import AVATAR_META
 from studio.errors import StudioError
-from studio.export.video import check_output_path
+from studio.export.video import check_alpha_output, check_output_path
 from studio.files import unused_name
 from studio.gui.batch_window import BatchWindow
 from studio.gui.export_dialog import ExportDialog
@@ -796,7 +796,8 @@ class MainWindow(QMainWindow):
         note = f"; {reused} preview frames reused" if reused else ""
         if self.export_dialog is not None:
             self.export_dialog.finished(
-                f"Wrote {path} ({report['frames']} frames, {report['render_fps']:.1f} fps{note}).",
+                f"Wrote {report.get('output', path)} ({report['frames']} frames, "
+                f"{report['render_fps']:.1f} fps{note}).",
                 ok=True,
             )
         self.statusBar().showMessage(f"exported {path}", 8000)
@@ -1080,6 +1081,7 @@ class MainWindow(QMainWindow):
             preset=s.preset,
             fps=s.fps,
             codec=s.codec,
+            background=s.background,
         )
         dlg.exportRequested.connect(self.export)
         dlg.cancelRequested.connect(self.render_worker.cancel_export)
@@ -1095,15 +1097,19 @@ class MainWindow(QMainWindow):
         preset: str | None = None,
         fps: str | None = None,
         codec: str | None = None,
+        background: str | None = None,
     ) -> None:
         """Export the current motion to ``path`` with the preview's settings (and the dialog's
-        size, quality, encoder speed, frame rate and codec)."""
+        size, quality, encoder speed, frame rate, codec and background)."""
         if self.result is None:
             self.show_error("Nothing to export yet: wait for the motion to be computed.")
             return
         try:
             target = check_output_path(path)
-            settings = export_settings(self.current_settings(), size, crf, preset, fps, codec)
+            settings = export_settings(
+                self.current_settings(), size, crf, preset, fps, codec, background
+            )
+            check_alpha_output(target, settings.background == "transparent")
             ran = self.engine.name if self.engine is not None else DEFAULT_BACKEND
             if ran != settings.backend:
                 raise StudioError(

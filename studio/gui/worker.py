@@ -507,15 +507,17 @@ def export_settings(
     preset: str | None = None,
     fps: str | None = None,
     codec: str | None = None,
+    background: str | None = None,
 ) -> RenderSettings:
     """The settings an export runs with: the preview's, with the dialog's size, quality,
-    encoder speed, frame rate and codec."""
+    encoder speed, frame rate, codec and background."""
     return settings.replace(
         size=size,
         crf=crf,
         preset=preset or settings.preset,
         fps=fps or settings.fps,
         codec=codec or settings.codec,
+        background=background or settings.background,
     )
 
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,6 +30,9 @@ from studio.motion.controls import ControlTracks, apply_controls
 from studio.motion.kinematics import kinematics_report, smooth_motion
 from studio.render.inbetween import motion_inbetweens
 from studio.settings import RenderSettings
+
+if TYPE_CHECKING:
+    from studio.export.writer import Writer
 
 CancelCheck = Callable[[], bool]
 
@@ -281,10 +286,57 @@ def build_report(result: MotionResult, timings_ms: dict[str, float], rendered: b
     }
 
 
+def iter_rgba(
+    result: MotionResult,
+    renderer: Renderer,
+    batch: int | None = None,
+    cancel: CancelCheck | None = None,
+    progress: Progress | None = None,
+    stats: dict | None = None,
+) -> Iterator[np.ndarray]:
+    """Every frame as [H, W, 4] RGBA with straight alpha (the renderer's
+    :meth:`~studio.engines.base.Renderer.render_rgba`), in order. Every frame is rendered:
+    in-betweens are made from RGB keyframes, so a transparent export renders them in full."""
+    n = result.num_frames
+    batch = batch or renderer.batch
+    stats = stats if stats is not None else {}
+    stats.setdefault("render_s", 0.0)
+    stats.setdefault("blend_s", 0.0)
+    stats["reused_frames"] = 0
+    renderer.prepare(result.smoothed, inbetweens=False)
+    if progress is not None:
+        progress("render", 0, n)
+    for start in range(0, n, batch):
+        if cancel is not None and cancel():
+            raise Cancelled()
+        t0 = time.perf_counter()
+        images = renderer.render_rgba(np.arange(start, min(start + batch, n)))
+        stats["render_s"] += time.perf_counter() - t0
+        yield from images
+        if progress is not None:
+            progress("render", min(start + batch, n), n)
+
+
 @contextlib.contextmanager
-def _encoder_planes(renderer: Renderer) -> Iterator[None]:
-    """Let a renderer that can (``yuv_planes``) hand over yuv420p planes while exporting."""
-    if not renderer.yuv_planes:
+def drawn_over(renderer: Renderer, colour: tuple[int, int, int] | None) -> Iterator[None]:
+    """The renderer draws over ``colour`` inside the block (None: its avatar's own backdrop,
+    nothing changed), and over what it drew over before after it."""
+    if colour is None:
+        yield
+        return
+    before = renderer.backdrop
+    renderer.set_backdrop(colour)
+    try:
+        yield
+    finally:
+        renderer.set_backdrop(before)
+
+
+@contextlib.contextmanager
+def _encoder_planes(renderer: Renderer, writer: Writer) -> Iterator[None]:
+    """Let a renderer that can (``yuv_planes``) hand over yuv420p planes while exporting to
+    a writer that takes them."""
+    if not renderer.yuv_planes or not writer.takes_planes:
         yield
         return
     before, renderer.pixel_format = renderer.pixel_format, "yuv420p"
@@ -304,24 +356,29 @@ def render_video(
     started: float | None = None,
     known: Sequence[np.ndarray | None] | None = None,
 ) -> dict:
-    """Render every frame and write the MP4 atomically; returns the report.
+    """Render every frame and write the video (or PNG sequence) atomically; returns the report.
 
     ``started`` is the perf_counter() value the job began at (for the total); ``known``
-    frames (see :func:`iter_frames`) are encoded as they are, not rendered again.
+    frames (see :func:`iter_frames`) are encoded as they are, not rendered again. The
+    settings' ``background`` draws the head over a colour, or over nothing (RGBA frames to a
+    file type with alpha).
     """
     from studio.export.encoder_thread import EncoderThread
-    from studio.export.video import VideoWriter
+    from studio.export.writer import open_writer
 
     started = time.perf_counter() if started is None else started
     fps = int(settings.fps)
     if fps != layout.FPS:  # every frame at the output's times, rendered from resampled motion
         result = retimed(result, fps)
         known = None
+    alpha = settings.background == "transparent"
+    if settings.background != "avatar":  # frames seen before were drawn over the avatar
+        known = None
     stats: dict = {}
     split_before = renderer.timings_ms
     t0 = time.perf_counter()
     height, width = frame_shape(renderer)
-    with VideoWriter(
+    with open_writer(
         out_path,
         width,
         height,
@@ -330,11 +387,19 @@ def render_video(
         preset=settings.preset,
         fps=fps,
         codec=settings.codec,
+        alpha=alpha,
     ) as writer:
-        with EncoderThread(writer) as encoder, _encoder_planes(renderer):
-            frames = iter_frames(
-                result, renderer, cancel=cancel, progress=progress, stats=stats, known=known
-            )
+        with (
+            EncoderThread(writer) as encoder,
+            _encoder_planes(renderer, writer),
+            drawn_over(renderer, settings.backdrop),
+        ):
+            if alpha:
+                frames = iter_rgba(result, renderer, cancel=cancel, progress=progress, stats=stats)
+            else:
+                frames = iter_frames(
+                    result, renderer, cancel=cancel, progress=progress, stats=stats, known=known
+                )
             for img in frames:
                 encoder.put(img)
             if cancel is not None and cancel():
@@ -354,8 +419,10 @@ def render_video(
     timings["encode_wait"] = encoder.wait_s * 1000.0
     timings["total"] = _ms(started)
     report = build_report(result, timings, rendered=True)
-    report["fps"], report["codec"] = fps, settings.codec
-    report["output"] = str(out_path)
+    report["fps"], report["codec"] = fps, writer.codec
+    report["background"] = settings.background
+    # a PNG sequence is its folder
+    report["output"] = str(out_path) if writer.codec != "png" else f"{writer.path}{os.sep}"
     report["size"] = renderer.size
     report["frame_size"] = [width, height]
     report["render_fps"] = round(result.num_frames / max(loop_s, 1e-9), 2)

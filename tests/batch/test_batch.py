@@ -269,3 +269,24 @@ def test_a_job_with_control_tracks_is_directed_by_them(clips: Path) -> None:
     (clips / "calm.json").write_text(json.dumps({"tracks": {"mouth": [{"t": 0, "value": 0.5}]}}))
     again = run_batch(read_jobs(clips / "jobs.jsonl"), clips / "out", say=lambda _: None)
     assert [r["status"] for r in again["jobs"]] == ["skipped", "done", "failed"]
+
+
+def test_jobs_for_compositing_write_files_with_alpha_and_png_folders(tmp_path: Path) -> None:
+    demo_speech_piece(tmp_path, "a.wav", 0.0, 0.6)
+    lines = [
+        {"audio": "a.wav", "size": SIZE, "background": "transparent"},
+        {"audio": "a.wav", "output": "seq.png", "size": SIZE, "background": "green"},
+    ]
+    (tmp_path / "jobs.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    jobs = read_jobs(tmp_path / "jobs.jsonl")
+    assert [j.name for j in jobs] == ["a.webm", "seq.png"]  # transparent: WebM by default
+    out = tmp_path / "out"
+    report = run_batch(jobs, out, say=lambda _: None)
+    assert [r["status"] for r in report["jobs"]] == ["done", "done"]
+    assert (out / "a.webm").is_file() and len(list((out / "seq").glob("seq_*.png"))) == 15
+    again = run_batch(jobs, out, say=lambda _: None)
+    assert [r["status"] for r in again["jobs"]] == ["skipped", "skipped"]  # the folder counts
+    bad = {"audio": "a.wav", "output": "b.mp4", "background": "transparent"}
+    (tmp_path / "bad.jsonl").write_text(json.dumps(bad) + "\n")
+    with pytest.raises(InputError, match=r"bad\.jsonl:1: output: .*no alpha channel"):
+        read_jobs(tmp_path / "bad.jsonl")

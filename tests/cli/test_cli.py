@@ -252,7 +252,7 @@ def test_invalid_options(tmp_path, capsys, opts, option):
 
 
 @pytest.mark.parametrize(
-    "target, words", [("nodir/out.mp4", "does not exist"), ("out.mov", ".mp4"), (".", "directory")]
+    "target, words", [("nodir/out.mp4", "does not exist"), ("out.avi", ".mp4"), (".", "directory")]
 )
 def test_unwritable_outputs(tmp_path, capsys, target, words):
     out = tmp_path / target

@@ -433,3 +433,37 @@ def test_a_clip_without_inbetweens_keeps_no_crops(render_nets) -> None:
         r.prepare(motion)
         kept = r.render_frames(np.arange(3))
         assert len(r.crops) == 3 and np.array_equal(plain, kept)  # the same frames either way
+
+
+def test_transparent_frames_are_the_paste_back_mask(render_nets) -> None:
+    r = _renderer(render_nets)
+    r.prepare(_motion(2))
+    over_avatar = r.render_frames(np.arange(2))
+    rgba = r.render_rgba(np.arange(2))
+    assert rgba.shape == (2, 300, 420, 4) and r.backdrop is None  # the avatar's back again
+    y0, y1, x0, x1 = r.paste.box
+    mask = np.zeros((300, 420))
+    mask[y0:y1, x0:x1] = r.paste.mask[..., 0].numpy() * 255
+    alpha = rgba[..., 3].astype(int)
+    assert alpha[:, mask == 0].max() == 0  # transparent wherever the paste-back mask is zero
+    assert np.abs(alpha - mask).max() <= 2
+    inside = mask >= 254.5  # the face itself: the colour the avatar frame shows there
+    assert np.abs(rgba[:, inside, :3].astype(int) - over_avatar[:, inside]).max() <= 1
+    r.set_backdrop((0, 177, 64))
+    green = r.render_frames(np.arange(1))[0]
+    assert (green[mask == 0] == (0, 177, 64)).all()
+    assert np.array_equal(green[inside], over_avatar[0][inside])
+
+
+def test_crop_frames_over_a_backdrop_through_the_feather_mask(render_nets) -> None:
+    from studio.settings import RenderSettings
+
+    r = _renderer(render_nets, RenderSettings(backend="ditto", frame="crop"), size=128)
+    r.prepare(_motion(1))
+    plain = r.render_frames(np.arange(1))[0]
+    r.set_backdrop((0, 0, 255))
+    blue = r.render_frames(np.arange(1))[0]
+    assert np.abs(blue[:2, :2].astype(int) - (0, 0, 255)).max() <= 2  # the feathered corner
+    assert np.abs(blue[60:68, 60:68].astype(int) - plain[60:68, 60:68]).max() <= 1
+    rgba = r.render_rgba(np.arange(1))[0]
+    assert rgba[0, 0, 3] <= 2 and rgba[64, 64, 3] >= 253

@@ -270,10 +270,11 @@ def test_check_output_path_directory(tmp_path):
 
 
 def test_check_output_path_suffix(tmp_path):
-    with pytest.raises(OutputError, match=r"\.mp4"):
-        check_output_path(tmp_path / "a.mov")
+    with pytest.raises(OutputError, match=r"must end in \.mp4, \.webm, \.mov or \.png"):
+        check_output_path(tmp_path / "a.avi")
     with pytest.raises(OutputError, match=r"\.mp4"):
         check_output_path(tmp_path / "a")
+    assert check_output_path(tmp_path / "a.MOV") == tmp_path / "a.MOV"
 
 
 def test_abort_from_another_thread(tmp_path):

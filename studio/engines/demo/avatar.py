@@ -402,10 +402,11 @@ class DemoAvatar(Renderer):
             raise ValueError(f"size must be even and in [{MIN_SIZE}, {MAX_SIZE}], got {size}")
         super().__init__(size)
         self._pc = np.arange(size, dtype=np.float32) + np.float32(0.5)  # pixel centres
-        self._bg = self._background()
+        self._bg = self._own_bg = self._background()
         self._body = self._body_sprite()
         self._bg8 = np.ascontiguousarray((self._bg + 0.5).astype(np.uint8).transpose(1, 2, 0))
         self._canvas = self._bg.copy()
+        self._backdrop: tuple[int, int, int] | None = None
         self._scratch = np.empty(0, dtype=np.float32)
         self._dirty: list[list[int] | None] = [None, None]  # [y0, y1, x0, x1] per group
 
@@ -451,6 +452,18 @@ class DemoAvatar(Renderer):
             )
             self._draw(f, out[k])
         return out
+
+    def set_backdrop(self, colour: tuple[int, int, int] | None) -> None:
+        """The character over a solid ``colour`` instead of its backdrop (None: that again)."""
+        if colour is None:
+            bg = self._own_bg
+        else:
+            bg = np.empty_like(self._own_bg)
+            bg[:] = np.asarray(colour, np.float32)[:, None, None]
+        self._backdrop = None if colour is None else tuple(int(c) for c in colour)
+        self._bg = bg
+        self._bg8 = np.ascontiguousarray((bg + 0.5).astype(np.uint8).transpose(1, 2, 0))
+        self._canvas = bg.copy()
 
     def keypoints_2d(self, motion: np.ndarray) -> np.ndarray:
         """[K, 265] motion -> [K, 31, 2] pixel positions of the rig's 21 keypoints, where

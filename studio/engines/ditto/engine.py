@@ -33,7 +33,7 @@ from studio.audio.io import Audio
 from studio.audio.phonetics import PhoneticFrames
 from studio.avatar.folder import avatar_source
 from studio.avatar.image import load_image
-from studio.avatar.putback import PasteBack
+from studio.avatar.putback import PasteBack, paste_mask
 from studio.avatar.register import REGISTRATION_ROLES, register_avatar
 from studio.engines.base import EngineRequest, InbetweenWarp, Prepared, Progress, Renderer
 from studio.engines.ditto import CAPABILITIES
@@ -319,8 +319,13 @@ class DittoRenderer(Renderer):
             for k, v in avatar.x_s_info.items()
         }
         self.controls = _controls(settings)
+        self._avatar = avatar
+        self._backdrop: tuple[int, int, int] | None = None
+        self._pastes: dict[tuple[int, int, int] | None, PasteBack] = {}
+        self._feather: Tensor | None = None  # crop frames over a backdrop: the paste mask
         if self.full:
             self.paste = PasteBack(avatar.image, avatar.m_c2o, CROP, dev)
+            self._pastes[None] = self.paste
             self.height, self.width = (int(v) for v in np.asarray(avatar.image).shape[:2])
         else:
             self.height = self.width = int(size)
@@ -474,7 +479,29 @@ class DittoRenderer(Renderer):
         return self._finish(img)
 
     def _crop_is_frame(self) -> bool:
-        return not self.full and self.width == CROP and self.pixel_format == "rgb24"
+        return (
+            not self.full
+            and self.width == CROP
+            and self.pixel_format == "rgb24"
+            and self._backdrop is None
+        )
+
+    def set_backdrop(self, colour: tuple[int, int, int] | None) -> None:
+        """Full frames: the crop pasted back onto a solid ``colour`` frame instead of the
+        avatar image; crop frames: the crop over ``colour`` through the paste-back's feather
+        mask (None: as they were)."""
+        self._backdrop = None if colour is None else tuple(int(c) for c in colour)
+        if not self.full:
+            if colour is not None and self._feather is None:
+                self._feather = paste_mask(CROP).to(self.device)[None, None]
+            return
+        paste = self._pastes.get(self._backdrop)
+        if paste is None:
+            image = np.empty_like(np.asarray(self._avatar.image))
+            image[:] = np.asarray(self._backdrop, np.uint8)
+            paste = PasteBack(image, self._avatar.m_c2o, CROP, self.device)
+            self._pastes[self._backdrop] = paste
+        self.paste = paste
 
     def _finish(self, img: Tensor) -> Tensor:
         """Crops [b, 3, 512, 512] in 0..1 -> the frames: pasted back (or resized), as RGB or
@@ -483,6 +510,11 @@ class DittoRenderer(Renderer):
             if self.full:
                 frames = self.paste(img)
             else:
+                if self._backdrop is not None:
+                    assert self._feather is not None
+                    colour = torch.tensor(self._backdrop, device=img.device, dtype=img.dtype)
+                    m = self._feather.to(img.dtype)
+                    img = img.clamp(0, 1) * m + (colour[None, :, None, None] / 255) * (1 - m)
                 if self.width != CROP:
                     img = F.interpolate(img, size=(self.height, self.width), mode="area")
                 frames = (img.clamp(0, 1) * 255).to(torch.uint8).permute(0, 2, 3, 1)

@@ -343,6 +343,8 @@ class ControlsPanel(QWidget):
         }
         self._crf = 18
         self._preset = "medium"
+        # what only an export reads (its dialog sets them): kept as a preset gave them
+        self._fps, self._codec, self._background = "25", "h264", "avatar"
         self._memory, self._batch = "auto", 0
         self._cadence = CadenceThresholds()  # keeps the thresholds no widget shows
         self.set_settings(RenderSettings())
@@ -491,6 +493,9 @@ class ControlsPanel(QWidget):
             size=int(self.size.currentData()),
             crf=self._crf,
             preset=self._preset,
+            fps=self._fps,
+            codec=self._codec,
+            background=self._background,
             backend=self.backend_name(),
             emotion=int(self.emotion.currentData()),
             delta_pitch=_exact(self.deltas["pitch"]),
@@ -541,6 +546,7 @@ class ControlsPanel(QWidget):
                 idx = self.size.count() - 1
             self.size.setCurrentIndex(idx)
             self._crf, self._preset = s.crf, s.preset
+            self._fps, self._codec, self._background = s.fps, s.codec, s.background
             self._memory, self._batch = s.memory, s.batch
             self.emotion.setCurrentIndex(max(0, self.emotion.findData(int(s.emotion))))
             self.steps.setValue(s.steps)
