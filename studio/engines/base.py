@@ -287,6 +287,12 @@ class Engine(Protocol):
         """The same engine (networks, avatar) under other settings."""
         ...
 
+    def with_emotion(self, rows: np.ndarray | None) -> Engine:
+        """The same engine with its motion conditioned on per-frame emotion ``rows`` [N, 8]
+        (weights of :data:`studio.layout.EMOTIONS`, from a keyed emotion track); None: the
+        settings' one emotion."""
+        ...
+
     def motion_stream(self, seed: int, latency: str = "balanced") -> MotionStream:
         """Motion for live audio (``latency`` one of :data:`LATENCIES`), frame for frame the
         clip's :meth:`generate` where the engine's layout allows it."""

@@ -336,10 +336,11 @@ class MotionWorker(QObject):
         s = job.settings
         audio = self._load(job.audio_path)
         self.audioLoaded.emit(gen, audio)
-        key = (id(audio), s.seed, ident)
+        emotion = job.controls.motion_key() if job.controls else ()
+        key = (id(audio), s.seed, ident, emotion)
         if key not in self._motion:
             self.generate_calls += 1
-            self._motion = {key: generate(engine, audio, s.seed)}
+            self._motion = {key: generate(engine, audio, s.seed, job.controls)}
         phon, raw, timings = self._motion[key]
         if self.cancellation.is_cancelled(gen):
             return

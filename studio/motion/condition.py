@@ -72,6 +72,16 @@ def emotion_vector(labels: int | Sequence[int]) -> np.ndarray:
     return softmax(logits).astype(np.float32)
 
 
+def emotion_from_weights(weights: np.ndarray) -> np.ndarray:
+    """[n, 8] condition rows for per-frame label weights (a keyed emotion track: one label,
+    or two blended): the softmax of the weighted logits, so a whole label is exactly
+    :func:`emotion_vector`'s row and a blend goes smoothly from one to the other."""
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 2 or w.shape[1] != NUM_EMOTIONS:
+        raise ValueError(f"emotion weights must be [n, {NUM_EMOTIONS}], got {list(w.shape)}")
+    return softmax(EMOTION_LOGIT * w, axis=1).astype(np.float32)
+
+
 def emotion_table(emotion: EmotionSpec) -> np.ndarray:
     """[m, 8] float32 per-frame emotion rows (m = 1 for a constant emotion).
 

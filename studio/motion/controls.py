@@ -11,19 +11,26 @@ first key's value, after its last the last's. The tracks, each optional:
   0.5 for a subdued delivery);
 - ``eyes``: the lids' opening added, in pixels of a 512 frame (positive: wider);
 - ``blink``: 1 blinks as generated, 0 holds the lids as they were at the clip's start;
-- ``fade``: 1 the performance, 0 the avatar at rest as at the first frame (fade in and out).
+- ``fade``: 1 the performance, 0 the avatar at rest as at the first frame (fade in and out);
+- ``emotion``: a label of :data:`studio.layout.EMOTIONS` (its name, or its number) from each
+  key, blended into the next key's label by the key's interpolation (``hold``: segments).
 
-They apply to the generated motion rows before cadence and smoothing (:func:`apply_controls`),
-so both engines honour them (their motion has one layout), the smoothing's acceleration limit
-keeps a keyed turn natural, and the motion model does not run again after an edit. The first
-frame is the reference, as it is for Ditto's relative driving.
+All but ``emotion`` apply to the generated motion rows before cadence and smoothing
+(:func:`apply_controls`), so both engines honour them (their motion has one layout), the
+smoothing's acceleration limit keeps a keyed turn natural, and the motion model does not run
+again after an edit. The first frame is the reference, as it is for Ditto's relative driving.
+``emotion`` conditions the motion itself (:meth:`ControlTracks.emotion_rows`: Ditto's LMDM
+condition per frame; the demo engine's expression per label), so an emotion edit makes the
+motion again.
 
 The file (``studio render --controls FILE``)::
 
     {"format": "studio-controls/1",
      "tracks": {"pitch": [{"t": 5.0, "value": 0}, {"t": 5.3, "value": 8, "interp": "smooth"},
                           {"t": 5.6, "value": 0}],
-                "mouth": [{"t": 0, "value": 1}, {"t": 2, "value": 0.6, "interp": "linear"}]}}
+                "mouth": [{"t": 0, "value": 1}, {"t": 2, "value": 0.6, "interp": "linear"}],
+                "emotion": [{"t": 1.8, "value": "Neutral"}, {"t": 2.0, "value": "Happy",
+                             "interp": "hold"}, {"t": 4.0, "value": "Neutral"}]}}
 """
 
 from __future__ import annotations
@@ -52,7 +59,9 @@ TRACKS: dict[str, tuple[float, float, float]] = {  # name -> (neutral, lowest, h
     "eyes": (0.0, -20.0, 20.0),
     "blink": (1.0, 0.0, 1.0),
     "fade": (1.0, 0.0, 1.0),
+    "emotion": (float(layout.DEFAULT_EMOTION), 0.0, float(layout.NUM_EMOTIONS - 1)),
 }
+POST_MOTION = tuple(name for name in TRACKS if name != "emotion")  # apply_controls' tracks
 MAX_CONTROLS_BYTES = 16 * 2**20
 PIXELS_PER_UNIT = 256.0  # keypoint units -> pixels of a 512 frame (the frame spans [-1, 1])
 
@@ -84,22 +93,39 @@ class ControlTracks:
         out = np.full(num_frames, keys[0].value, dtype=np.float64)
         for a, b in zip(keys, keys[1:], strict=False):
             inside = (times >= a.t) & (times < b.t)
-            u = (times[inside] - a.t) / max(b.t - a.t, 1e-9)
-            if a.interp == "hold":
-                w = np.zeros_like(u)
-            elif a.interp == "linear":
-                w = u
-            else:
-                w = u * u * (3.0 - 2.0 * u)
+            w = _weights(a.interp, (times[inside] - a.t) / max(b.t - a.t, 1e-9))
             out[inside] = a.value + w * (b.value - a.value)
         out[times >= keys[-1].t] = keys[-1].value
         return out
 
+    def emotion_rows(self, num_frames: int, fps: int = layout.FPS) -> np.ndarray | None:
+        """[N, 8] float32 emotion weights per frame from the emotion track (one label, or
+        two blended between keys), or None where it has no keys."""
+        keys = self.tracks.get("emotion", ())
+        if not keys:
+            return None
+        times = np.arange(num_frames, dtype=np.float64) / fps
+        eye = np.eye(layout.NUM_EMOTIONS, dtype=np.float32)
+        rows = np.repeat(eye[int(keys[0].value)][None], num_frames, axis=0)
+        for a, b in zip(keys, keys[1:], strict=False):
+            inside = (times >= a.t) & (times < b.t)
+            w = _weights(a.interp, (times[inside] - a.t) / max(b.t - a.t, 1e-9))[:, None]
+            rows[inside] = (1.0 - w) * eye[int(a.value)] + w * eye[int(b.value)]
+        rows[times >= keys[-1].t] = eye[int(keys[-1].value)]
+        return rows
+
+    def motion_key(self) -> tuple:
+        """What of the tracks the motion itself depends on (the emotion keys): a cache key."""
+        return tuple(self.tracks.get("emotion", ()))
+
     def to_dict(self) -> dict[str, Any]:
+        def value(name: str, k: Key) -> Any:
+            return layout.EMOTIONS[int(k.value)] if name == "emotion" else k.value
+
         return {
             "format": CONTROLS_FORMAT,
             "tracks": {
-                name: [{"t": k.t, "value": k.value, "interp": k.interp} for k in keys]
+                name: [{"t": k.t, "value": value(name, k), "interp": k.interp} for k in keys]
                 for name, keys in self.tracks.items()
                 if keys
             },
@@ -148,6 +174,29 @@ class ControlTracks:
         return cls.from_dict(data, source=str(p))
 
 
+def _weights(interp: str, u: np.ndarray) -> np.ndarray:
+    """How far a key's value has gone to the next key's at fractions ``u`` of the gap."""
+    if interp == "hold":
+        return np.zeros_like(u)
+    if interp == "linear":
+        return u
+    return u * u * (3.0 - 2.0 * u)
+
+
+def _emotion_label(value: Any, where: str) -> Any:
+    """An emotion key's value as its label number: a name (any case) or a whole number."""
+    if isinstance(value, str):
+        names = [e.lower() for e in layout.EMOTIONS]
+        if value.strip().lower() not in names:
+            raise InputError(
+                f"{where}: emotion {value!r} is not one of {', '.join(layout.EMOTIONS)}"
+            )
+        return names.index(value.strip().lower())
+    if isinstance(value, int | float) and not isinstance(value, bool) and value != int(value):
+        raise InputError(f"{where}: an emotion is a label name or number, not {value!r}")
+    return value
+
+
 def _key(item: Any, where: str, track: str) -> Key:
     if not isinstance(item, dict) or "t" not in item or "value" not in item:
         raise InputError(f'{where}: a key is {{"t": seconds, "value": number}}')
@@ -155,6 +204,8 @@ def _key(item: Any, where: str, track: str) -> Key:
     if unknown:
         raise InputError(f"{where}: unknown key {unknown[0]!r} (t, value, interp)")
     t, value = item["t"], item["value"]
+    if track == "emotion":
+        value = _emotion_label(value, where)
     for label, v in (("t", t), ("value", value)):
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
             raise InputError(f"{where}: {label} must be a finite number, not {v!r}")
@@ -174,11 +225,11 @@ def apply_controls(
 ) -> np.ndarray:
     """``motion`` [N, 265] directed by ``controls`` (module docstring); the rows themselves
     when there are none."""
-    if not controls or len(motion) == 0:
+    if not controls or len(motion) == 0 or not any(controls.tracks.get(n) for n in POST_MOTION):
         return motion
     motion = np.asarray(motion, dtype=np.float32)
     n = motion.shape[0]
-    tr = {name: controls.sample(name, n, fps) for name in TRACKS}
+    tr = {name: controls.sample(name, n, fps) for name in POST_MOTION}
     deg = layout.pose_degrees(motion)
     t = motion[:, layout.T].astype(np.float64)
     exp = motion[:, layout.EXP].reshape(n, layout.NUM_KP, layout.KP_DIMS).astype(np.float64)

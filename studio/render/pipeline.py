@@ -70,11 +70,17 @@ def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000.0
 
 
-def generate(engine: Engine, audio: Audio, seed: int) -> tuple[PhoneticFrames, np.ndarray, dict]:
-    """Phonetics and raw motion (the part worth caching): (phon, motion, timings)."""
+def generate(
+    engine: Engine, audio: Audio, seed: int, controls: ControlTracks | None = None
+) -> tuple[PhoneticFrames, np.ndarray, dict]:
+    """Phonetics and raw motion (the part worth caching): (phon, motion, timings). A keyed
+    emotion track in ``controls`` conditions the motion (the engine's ``with_emotion``)."""
     t0 = time.perf_counter()
     phon = analyze_phonetics(audio.samples, audio.num_frames)
     t_feat = _ms(t0)
+    rows = None if controls is None else controls.emotion_rows(audio.num_frames)
+    if rows is not None:
+        engine = engine.with_emotion(rows)
     t0 = time.perf_counter()
     raw = np.asarray(engine.generate(audio, phon, seed), dtype=np.float32)
     if raw.shape != (audio.num_frames, layout.MOTION_DIM):
@@ -115,7 +121,7 @@ def analyze(
     audio: Audio, settings: RenderSettings, engine: Engine, controls: ControlTracks | None = None
 ) -> MotionResult:
     """Motion, cadence plan and kinematics for a clip, without rendering."""
-    phon, raw, timings = generate(engine, audio, settings.seed)
+    phon, raw, timings = generate(engine, audio, settings.seed, controls)
     return postprocess(audio, phon, raw, settings, timings, controls)
 
 

@@ -467,3 +467,36 @@ def test_crop_frames_over_a_backdrop_through_the_feather_mask(render_nets) -> No
     assert np.abs(blue[60:68, 60:68].astype(int) - plain[60:68, 60:68]).max() <= 1
     rgba = r.render_rgba(np.arange(1))[0]
     assert rgba[0, 0, 3] <= 2 and rgba[64, 64, 3] >= 253
+
+
+def test_emotion_keys_change_the_lmdm_condition_and_motion_only_inside_their_windows(
+    lmdm,
+) -> None:
+    from studio.layout import EMOTIONS, HUBERT_DIM
+    from studio.motion.condition import (
+        ConditionConfig,
+        ConditionSource,
+        assemble,
+        emotion_from_weights,
+    )
+    from studio.motion.controls import ControlTracks
+
+    n = 2 * (SEQ_FRAMES - OVERLAP_OFFLINE) + 17  # three windows: from 0, 70 and 140
+    keys = [{"t": 0, "value": "Neutral", "interp": "hold"}, {"t": 4.4, "value": "Happy"}]
+    rows = ControlTracks.from_dict({"tracks": {"emotion": keys}}).emotion_rows(n)
+    feats = np.random.default_rng(3).normal(size=(n, HUBERT_DIM)).astype(np.float32)
+    source = ConditionSource(np.zeros((1, 2)), np.zeros((1, 6)), np.zeros(63), True)
+    plain = assemble(feats, 0, source, ConditionConfig())
+    keyed = assemble(feats, 0, source, ConditionConfig(emotion=emotion_from_weights(rows)))
+    emo = slice(HUBERT_DIM, HUBERT_DIM + len(EMOTIONS))
+    changed = np.flatnonzero((plain != keyed).any(axis=1))
+    assert changed.min() == 110 and changed.max() == n - 1  # from the key at 4.4 s on
+    assert np.array_equal(np.delete(plain, emo, axis=1), np.delete(keyed, emo, axis=1))
+    kp = torch.randn(MOTION_DIM, generator=torch.Generator().manual_seed(2))
+    a = generate_motion(lmdm, torch.from_numpy(plain), kp, steps=2, seed=7)
+    b = generate_motion(lmdm, torch.from_numpy(keyed), kp, steps=2, seed=7)
+    moved = torch.nonzero((a != b).any(dim=1)).flatten()
+    # the first window (frames 0..79) does not see the key: the motion there is the same,
+    # up to the cross-fade into the second window (70..79) and its box smoothing
+    assert torch.equal(a[:65], b[:65]) and moved.min() >= 65
+    assert (a[110:] != b[110:]).any(dim=1).all()

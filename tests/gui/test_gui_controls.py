@@ -53,3 +53,18 @@ def test_a_bad_tracks_file_is_one_message(window, qtbot, tmp_path):
     with qtbot.waitSignal(window.errorShown, timeout=5_000) as shown:
         window.load_tracks(str(path))
     assert "bad.json: yaw[0]: value 500" in shown.args[0] and window.tracks is None
+
+
+def test_an_emotion_key_makes_the_motion_again_with_the_smile(window, qtbot, tmp_path):
+    from studio.engines.demo import rig
+
+    before = window.result.raw.copy()
+    calls = window.motion_worker.generate_calls
+    path = tmp_path / "smile.json"
+    keys = [{"t": 0, "value": "Neutral", "interp": "hold"}, {"t": 2, "value": "Happy"}]
+    path.write_text(json.dumps({"tracks": {"emotion": keys}}))
+    with qtbot.waitSignal(window.renderFinished, timeout=TIMEOUT_MS):
+        window.load_tracks(str(path))
+    assert window.motion_worker.generate_calls == calls + 1  # emotion conditions the motion
+    exp = (window.result.raw - before)[:, layout.EXP].reshape(len(before), layout.NUM_KP, 3)
+    assert np.abs(exp[:50]).max() == 0 and (exp[60:, rig.MOUTH_CORNER_L, 1] < -0.02).all()

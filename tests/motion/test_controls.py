@@ -12,6 +12,7 @@ from conftest import run_cli
 
 from studio import layout
 from studio.audio.io import load_audio
+from studio.engines.demo import rig
 from studio.engines.demo.engine import DemoEngine, demo_audio_path
 from studio.errors import InputError
 from studio.motion.controls import ControlTracks, Key, apply_controls
@@ -151,3 +152,45 @@ def test_render_with_controls(tmp_path: Path, capsys) -> None:
     assert code == 2 and "nod.json: pitch[0]: value 99" in err and not (tmp_path / "c.mp4").exists()
     code, _, err = run_cli(["live", "--demo", "--controls", str(path)], capsys)
     assert code == 2 and "--controls" in err
+
+
+SMILE = {
+    "tracks": {
+        "emotion": [
+            {"t": 0.0, "value": "Neutral", "interp": "hold"},
+            {"t": 2.0, "value": "happy", "interp": "hold"},
+            {"t": 4.0, "value": 4},
+        ]
+    }
+}
+
+
+def test_emotion_keys_make_segments_and_blends() -> None:
+    tracks = ControlTracks.from_dict(SMILE)
+    rows = tracks.emotion_rows(150)
+    happy, neutral = layout.EMOTIONS.index("Happy"), layout.DEFAULT_EMOTION
+    assert rows.shape == (150, layout.NUM_EMOTIONS) and np.allclose(rows.sum(1), 1.0)
+    assert (rows[:50].argmax(1) == neutral).all() and (rows[50:100].argmax(1) == happy).all()
+    assert (rows[100:].argmax(1) == neutral).all() and rows[50:100, happy].min() == 1.0
+    assert tracks.to_dict()["tracks"]["emotion"][1]["value"] == "Happy"  # saved by name
+    assert ControlTracks.from_dict(tracks.to_dict()) == tracks
+    blend = ControlTracks({"emotion": (Key(0.0, 4.0, "linear"), Key(1.0, 3.0))}).emotion_rows(26)
+    assert np.allclose(blend[12, [happy, neutral]], [0.48, 0.52])  # halfway, by weight
+    assert ControlTracks({"pitch": (Key(0.0, 5.0),)}).emotion_rows(10) is None
+    assert tracks.motion_key() != ControlTracks().motion_key()
+    with pytest.raises(InputError, match=r"emotion\[0\]: emotion 'Glee' is not one of Angry"):
+        ControlTracks.from_dict({"tracks": {"emotion": [{"t": 0, "value": "Glee"}]}})
+    with pytest.raises(InputError, match="a label name or number, not 2.5"):
+        ControlTracks.from_dict({"tracks": {"emotion": [{"t": 0, "value": 2.5}]}})
+
+
+def test_a_keyed_smile_changes_the_demo_motion_inside_its_segment_only() -> None:
+    audio = load_audio(demo_audio_path())
+    tracks = ControlTracks.from_dict(SMILE)
+    _, plain, _ = generate(DemoEngine(), audio, 0)
+    _, smiling, _ = generate(DemoEngine(), audio, 0, tracks)
+    assert np.array_equal(smiling[:50], plain[:50]) and np.array_equal(smiling[100:], plain[100:])
+    exp = (smiling - plain)[:, layout.EXP].reshape(-1, layout.NUM_KP, 3)
+    corners = [rig.MOUTH_CORNER_L, rig.MOUTH_CORNER_R]
+    assert (exp[50:100, corners, 1] < -0.02).all()  # the mouth corners go up: a smile
+    assert apply_controls(plain, tracks) is plain  # emotion is not a post-motion control

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from studio import layout
 from studio.audio.io import Audio
 from studio.audio.phonetics import PhoneticFrames
 from studio.engines.base import LATENCIES, Progress
@@ -33,13 +34,27 @@ class DemoEngine:
     name = "demo"
     capabilities = CAPABILITIES
 
-    def __init__(self, settings: RenderSettings | None = None) -> None:
+    def __init__(
+        self, settings: RenderSettings | None = None, emotion: np.ndarray | None = None
+    ) -> None:
         self.settings = settings or RenderSettings()
+        self.emotion = emotion  # per-frame emotion rows [N, 8] of a keyed track, or None
         self.progress: Progress | None = None
         self.last_timings: dict[str, float] = {}
 
     def generate(self, audio: Audio, phon: PhoneticFrames, seed: int) -> np.ndarray:
-        return generate_motion(phon, seed)
+        """The rule-based motion; a keyed emotion track adds each label's expression
+        (:data:`~studio.engines.demo.rig.EMOTION_OFFSETS`) in its rows' proportions."""
+        motion = generate_motion(phon, seed)
+        if self.emotion is not None:
+            rows = np.asarray(self.emotion, np.float32)[: len(motion)]
+            exp = np.einsum("ne,ekd->nkd", rows, rig.EMOTION_OFFSETS).reshape(len(rows), -1)
+            motion[: len(rows), layout.EXP] += exp
+        return motion
+
+    def with_emotion(self, rows: np.ndarray | None) -> DemoEngine:
+        """The engine with per-frame emotion ``rows`` [N, 8] (None: none keyed)."""
+        return DemoEngine(self.settings, rows)
 
     def motion_stream(self, seed: int, latency: str = OFFLINE_LATENCY) -> DemoMotion:
         """Live motion from the phonetic frames (the samples are not read): 1, 2 or 4 frames
@@ -50,7 +65,7 @@ class DemoEngine:
         return DemoMotion(seed, LOOKAHEAD[latency])
 
     def with_settings(self, settings: RenderSettings) -> DemoEngine:
-        return DemoEngine(settings)
+        return DemoEngine(settings, self.emotion)
 
     def motion_key(self, settings: RenderSettings) -> tuple:
         return ("demo",)  # the rule-based motion reads only the audio and the seed

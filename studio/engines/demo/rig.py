@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from studio.layout import EYE_KP, LIP_KP, NUM_KP
+from studio.layout import EMOTIONS, EYE_KP, LIP_KP, NUM_KP
 
 HEAD_CENTER = 0
 CHIN = 1
@@ -81,3 +81,74 @@ BLINK_UPPER_LID = 0.045  # upper lid travel for a full blink
 BLINK_LOWER_LID = -0.008  # lower lid travel for a full blink
 BROW_RAISE = 0.03  # brow y per unit of raise
 GAZE_RANGE = 0.012  # iris offset per unit of gaze
+
+# The demo's emotions: an expression offset [21, 3] per label of layout.EMOTIONS (view space,
+# keypoint units; y grows downwards), added to the motion in the proportions of the
+# per-frame emotion rows, as Ditto's LMDM is conditioned on them. Neutral adds nothing.
+EMOTION_OFFSETS = np.zeros((len(EMOTIONS), NUM_KP, 3), dtype=np.float32)
+for _label, _moves in {
+    "Angry": {
+        BROW_L: (0.012, 0.022, 0.0),
+        BROW_R: (-0.012, 0.022, 0.0),
+        LIP_UPPER: (0, 0.006, 0),
+        LIP_LOWER: (0, -0.006, 0),
+        LID_UPPER_L: (0, 0.008, 0),
+        LID_UPPER_R: (0, 0.008, 0),
+    },
+    "Disgust": {
+        LIP_UPPER: (0, -0.014, 0.01),
+        MOUTH_CORNER_L: (0.006, 0.012, 0),
+        MOUTH_CORNER_R: (-0.006, 0.012, 0),
+        BROW_L: (0.006, 0.012, 0),
+        BROW_R: (-0.006, 0.012, 0),
+        NOSE: (0, -0.006, 0),
+    },
+    "Fear": {
+        BROW_L: (0.006, -0.026, 0),
+        BROW_R: (-0.006, -0.026, 0),
+        LID_UPPER_L: (0, -0.01, 0),
+        LID_UPPER_R: (0, -0.01, 0),
+        MOUTH_CORNER_L: (-0.014, 0.006, 0),
+        MOUTH_CORNER_R: (0.014, 0.006, 0),
+        LIP_LOWER: (0, 0.012, 0),
+    },
+    "Happy": {
+        MOUTH_CORNER_L: (-0.022, -0.028, 0),
+        MOUTH_CORNER_R: (0.022, -0.028, 0),
+        CHEEK_L: (0, -0.014, 0.006),
+        CHEEK_R: (0, -0.014, 0.006),
+        LID_LOWER_L: (0, -0.007, 0),
+        LID_LOWER_R: (0, -0.007, 0),
+        LIP_LOWER: (0, 0.008, 0),
+        BROW_L: (0, -0.006, 0),
+        BROW_R: (0, -0.006, 0),
+    },
+    "Sad": {
+        MOUTH_CORNER_L: (0.006, 0.022, 0),
+        MOUTH_CORNER_R: (-0.006, 0.022, 0),
+        BROW_L: (0.008, -0.012, 0),
+        BROW_R: (-0.008, -0.012, 0),
+        LID_UPPER_L: (0, 0.01, 0),
+        LID_UPPER_R: (0, 0.01, 0),
+        LIP_LOWER: (0, -0.004, 0.006),
+    },
+    "Surprise": {
+        BROW_L: (0, -0.038, 0),
+        BROW_R: (0, -0.038, 0),
+        LID_UPPER_L: (0, -0.012, 0),
+        LID_UPPER_R: (0, -0.012, 0),
+        LIP_LOWER: (0, 0.03, 0),
+        JAW: (0, 0.02, 0),
+        MOUTH_CORNER_L: (0.008, 0.004, 0),
+        MOUTH_CORNER_R: (-0.008, 0.004, 0),
+    },
+    "Contempt": {
+        MOUTH_CORNER_R: (0.016, -0.022, 0),
+        MOUTH_CORNER_L: (0.004, 0.004, 0),
+        BROW_R: (0, -0.01, 0),
+        LID_UPPER_L: (0, 0.006, 0),
+        LID_UPPER_R: (0, 0.006, 0),
+    },
+}.items():
+    for _idx, _xyz in _moves.items():
+        EMOTION_OFFSETS[EMOTIONS.index(_label), _idx] = _xyz

@@ -44,7 +44,12 @@ from studio.errors import InputError, OptionError
 from studio.export.yuv import rgb_to_yuv420p
 from studio.layout import MOTION_DIM, NUM_KP, motion_from_info
 from studio.models.checkpoints import CheckpointSet, discover, load_cfg
-from studio.motion.condition import ConditionConfig, ConditionSource, assemble
+from studio.motion.condition import (
+    ConditionConfig,
+    ConditionSource,
+    assemble,
+    emotion_from_weights,
+)
 from studio.motion.generator import generate_motion
 from studio.motion.live_lmdm import LiveMotion, live_plan
 from studio.motion.stitch import StitchConfig, StitchControls, stitch_motion
@@ -664,6 +669,14 @@ class DittoEngine:
         other.settings = settings
         other.condition = replace(self.condition, emotion=int(settings.emotion))
         other.last_timings = {}
+        return other
+
+    def with_emotion(self, rows: np.ndarray | None) -> DittoEngine:
+        """The same engine with LMDM conditioned on per-frame emotion ``rows`` [N, 8] (a
+        keyed emotion track); None: the settings' one label."""
+        other = self.with_settings(self.settings)
+        if rows is not None:
+            other.condition = replace(self.condition, emotion=emotion_from_weights(rows))
         return other
 
     def _check_render(self, settings: RenderSettings) -> None:
