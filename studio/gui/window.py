@@ -40,6 +40,7 @@ from studio.errors import StudioError
 from studio.export.video import check_alpha_output, check_output_path
 from studio.files import unused_name
 from studio.gui.batch_window import BatchWindow
+from studio.gui.compare import CompareBar, HeldTake, compose, difference
 from studio.gui.export_dialog import ExportDialog
 from studio.gui.live import LiveContext, LivePanel
 from studio.gui.notices import NoticeBridge
@@ -160,6 +161,11 @@ class MainWindow(QMainWindow):
 
     def _build_widgets(self) -> None:
         self.viewer = FrameView()
+        self.compare_bar = CompareBar()
+        self.compare_bar.hide()
+        self.compare_bar.changed.connect(lambda: self._show_frame(self.playback.frame))
+        self.compare_bar.closed.connect(lambda: self.set_compare(False))
+        self.held: HeldTake | None = None  # take A of an A/B comparison
         self.notice = NoticeBar()
         self.timeline = Timeline()
         self.plots = MotionPlots()
@@ -202,6 +208,7 @@ class MainWindow(QMainWindow):
         ll.setContentsMargins(0, 0, 0, 0)
         ll.setSpacing(2)
         ll.addWidget(self.notice)
+        ll.addWidget(self.compare_bar)
         ll.addWidget(self.viewer, 1)
         ll.addLayout(transport)
         right = QWidget()
@@ -291,13 +298,25 @@ class MainWindow(QMainWindow):
         self.act_clear_tracks = file_menu.addAction("Clear Control Tracks", self.clear_tracks)
         self.act_clear_tracks.setEnabled(False)
         file_menu.addSeparator()
-        self.act_export = file_menu.addAction("&Export MP4…", self.open_export_dialog)
+        self.act_export = file_menu.addAction("&Export…", self.open_export_dialog)
         self.act_export.setShortcut(QKeySequence("Ctrl+E"))
         self.act_batch = file_menu.addAction("&Batch queue…", self.open_batch_window)
         self.act_batch.setShortcut(QKeySequence("Ctrl+B"))
         file_menu.addSeparator()
         quit_action = file_menu.addAction("&Quit", self.close)
         quit_action.setShortcut(QKeySequence.StandardKey.Quit)
+
+        view_menu = bar.addMenu("&View")
+        self.act_hold = view_menu.addAction("&Hold Preview as A", self.hold_take)
+        self.act_hold.setShortcut(QKeySequence("Ctrl+Shift+A"))
+        self.act_hold.setStatusTip(
+            "keep the preview as take A, then change settings or tracks and compare it with B"
+        )
+        self.act_compare = view_menu.addAction("Compare &A/B")
+        self.act_compare.setCheckable(True)
+        self.act_compare.setShortcut(QKeySequence("Ctrl+K"))
+        self.act_compare.setEnabled(False)
+        self.act_compare.toggled.connect(self.set_compare)
 
         play_menu = bar.addMenu("&Playback")
         self.clip_actions: list[QAction] = []  # Clip mode's: off in Live mode
@@ -754,6 +773,7 @@ class MainWindow(QMainWindow):
             f"{stats['fps']:.1f} fps",
             8000,
         )
+        self._describe_compare()
         self._show_frame(self.playback.frame)
         self.renderFinished.emit(stats)
 
@@ -812,9 +832,48 @@ class MainWindow(QMainWindow):
         kind = "   in-between" if self.timeline.is_inbetween(index) else ""
         self.frame_label.setText(f"frame {index + 1} / {n}   {index / FPS:6.2f} s{kind}")
 
+    # --- A/B comparison -----------------------------------------------------------------------
+
+    def hold_take(self) -> bool:
+        """Keep the preview as take A (its frames, settings and tracks) and compare it with
+        the preview as it becomes (B)."""
+        if not self.frames or all(f is None for f in self.frames) or self.result is None:
+            self.show_error("Nothing to hold yet: wait for the preview to render.")
+            return False
+        settings = self.preview_settings or self.current_settings()
+        self.held = HeldTake(tuple(self.frames), settings, self.result.controls)
+        self.act_compare.setEnabled(True)
+        if self.act_compare.isChecked():
+            self.set_compare(True)
+        else:
+            self.act_compare.setChecked(True)
+        return True
+
+    def set_compare(self, on: bool) -> None:
+        """Show take A beside (or split with) the preview, or the preview alone."""
+        on = bool(on) and self.held is not None
+        if self.act_compare.isChecked() != on:
+            self.act_compare.setChecked(on)
+            return
+        self.compare_bar.setVisible(on)
+        self._describe_compare()
+        self._show_frame(self.playback.frame)
+
+    @property
+    def comparing(self) -> bool:
+        return self.held is not None and self.act_compare.isChecked()
+
+    def _describe_compare(self) -> None:
+        if self.held is None or self.result is None:
+            return
+        now = self.preview_settings or self.current_settings()
+        text = difference(self.held.settings, self.held.tracks, now, self.result.controls)
+        self.compare_bar.describe(text)
+
     def _show_frame(self, index: int) -> None:
         """Show frame ``index`` (the playhead's) and say which it is; a frame not rendered yet
-        is a dimmed stand-in with a caption saying why."""
+        is a dimmed stand-in with a caption saying why. Comparing, take A's frame is shown
+        beside it or split with it."""
         self.timeline.set_frame(index)
         self.plots.set_frame(index)
         if not self.frames:
@@ -823,6 +882,10 @@ class MainWindow(QMainWindow):
         self._set_frame_label(index)
         frame = self.frames[index]
         if frame is not None:
+            held = self.held.frame(index) if self.comparing else None  # type: ignore[union-attr]
+            if held is not None:
+                bar = self.compare_bar
+                frame = compose(held, frame, bar.layout_mode, bar.split_at)
             self.viewer.show_frame(frame)
             return
         if self.rendering:
