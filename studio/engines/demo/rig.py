@@ -113,8 +113,8 @@ for _label, _moves in {
         LIP_LOWER: (0, 0.012, 0),
     },
     "Happy": {
-        MOUTH_CORNER_L: (-0.022, -0.028, 0),
-        MOUTH_CORNER_R: (0.022, -0.028, 0),
+        MOUTH_CORNER_L: (-0.026, -0.038, 0),
+        MOUTH_CORNER_R: (0.026, -0.038, 0),
         CHEEK_L: (0, -0.014, 0.006),
         CHEEK_R: (0, -0.014, 0.006),
         LID_LOWER_L: (0, -0.007, 0),
