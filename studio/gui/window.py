@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QActionGroup, QImageReader, QKeySequence
+from PySide6.QtGui import QAction, QActionGroup, QImageReader, QKeySequence, QUndoStack
 from PySide6.QtWidgets import (
     QCheckBox,
     QDockWidget,
@@ -45,10 +45,12 @@ from studio.gui.export_dialog import ExportDialog
 from studio.gui.live import LiveContext, LivePanel
 from studio.gui.notices import NoticeBridge
 from studio.gui.playback import Playback
+from studio.gui.undo import SettingsEdit, TracksEdit
 from studio.gui.widgets.controls import DEFAULT_BACKEND, ControlsPanel
 from studio.gui.widgets.metrics import MetricsPanel
 from studio.gui.widgets.notice import NoticeBar
 from studio.gui.widgets.plots import MotionPlots, Timeline
+from studio.gui.widgets.track_editor import TrackEditor
 from studio.gui.widgets.viewer import FrameView
 from studio.gui.worker import (
     CheckpointCheck,
@@ -168,6 +170,10 @@ class MainWindow(QMainWindow):
         self.held: HeldTake | None = None  # take A of an A/B comparison
         self.notice = NoticeBar()
         self.timeline = Timeline()
+        self.track_editor = TrackEditor(lambda: self.playback.frame / FPS)
+        self.undo_stack = QUndoStack(self)  # track and settings edits
+        self._shown_settings: RenderSettings | None = None  # the last edit's (undo's before)
+        self._applying = False  # an undo or redo is putting settings back
         self.plots = MotionPlots()
         self.plots.link_to(self.timeline)
         self.controls = ControlsPanel()
@@ -218,6 +224,7 @@ class MainWindow(QMainWindow):
         rl.addLayout(curves)
         rl.addWidget(self.plots, 1)
         rl.addWidget(self.timeline)
+        rl.addWidget(self.track_editor)
         top = QSplitter(Qt.Orientation.Horizontal)
         top.addWidget(left)
         top.addWidget(right)
@@ -268,6 +275,13 @@ class MainWindow(QMainWindow):
             lambda on: self.play_button.setText("❚❚  Pause" if on else "▶  Play")
         )
         self.timeline.scrubbed.connect(self.playback.seek)
+        self.timeline.keySelected.connect(self.track_editor.select)
+        self.timeline.keyMoved.connect(self.track_editor.move_key)
+        self.timeline.keyRequested.connect(self.track_editor.add_key_at)
+        self.track_editor.selected.connect(
+            lambda sel: self.timeline.set_controls(self.tracks, sel)
+        )
+        self.track_editor.edited.connect(self.edit_tracks)
         self.plots.scrubbed.connect(self.playback.seek)
         self._update_engine_status()
 
@@ -305,6 +319,21 @@ class MainWindow(QMainWindow):
         file_menu.addSeparator()
         quit_action = file_menu.addAction("&Quit", self.close)
         quit_action.setShortcut(QKeySequence.StandardKey.Quit)
+
+        edit_menu = bar.addMenu("&Edit")
+        self.act_undo = self.undo_stack.createUndoAction(self, "&Undo")
+        self.act_undo.setShortcut(QKeySequence.StandardKey.Undo)
+        self.act_redo = self.undo_stack.createRedoAction(self, "&Redo")
+        self.act_redo.setShortcut(QKeySequence.StandardKey.Redo)
+        edit_menu.addAction(self.act_undo)
+        edit_menu.addAction(self.act_redo)
+        edit_menu.addSeparator()
+        self.act_add_key = edit_menu.addAction("Add &Key at Playhead", self.track_editor.add_key)
+        self.act_add_key.setShortcut(QKeySequence(Qt.Key.Key_K))
+        self.act_delete_key = edit_menu.addAction(
+            "&Delete Selected Key", self.track_editor.delete_key
+        )
+        self.act_delete_key.setShortcut(QKeySequence(Qt.Key.Key_Delete))
 
         view_menu = bar.addMenu("&View")
         self.act_hold = view_menu.addAction("&Hold Preview as A", self.hold_take)
@@ -473,6 +502,7 @@ class MainWindow(QMainWindow):
         except StudioError as e:
             self.show_error(str(e))
             return
+        self._shown_settings = settings  # a preset or project shown: edits start from it
         gen = self._next_generation()
         self.statusBar().showMessage("computing motion…")
         self._show_busy()
@@ -521,7 +551,30 @@ class MainWindow(QMainWindow):
         self.motion_worker.cancellation.cancel_upto(self.generation)
         self.motion_worker.build_cancellation.cancel_upto(self.generation)
 
+    def apply_settings(self, settings: RenderSettings) -> None:
+        """Show ``settings`` and make the preview from them (an undo or redo)."""
+        backend = self.current_settings().backend != settings.backend
+        self._applying = True
+        try:
+            self.controls.set_settings(settings)
+            self._shown_settings = settings
+            self._controls_changed("backend" if backend else "settings")
+        finally:
+            self._applying = False
+
+    def _record_settings(self) -> None:
+        """An edit in the settings panel: onto the undo stack (from the settings shown)."""
+        try:
+            now = self.current_settings()
+        except StudioError:
+            return
+        before, self._shown_settings = self._shown_settings, now
+        if before is not None and before != now:
+            self.undo_stack.push(SettingsEdit(self, before, now))
+
     def _controls_changed(self, kind: str) -> None:
+        if not self._applying:
+            self._record_settings()
         # Stop the outdated preview at once: it would compete with the new motion for the CPU.
         self.render_worker.cancellation.cancel_upto(self.generation)
         if kind == "backend":
@@ -1044,16 +1097,26 @@ class MainWindow(QMainWindow):
 
     # --- control tracks and projects -------------------------------------------------------
 
-    def set_tracks(self, tracks: ControlTracks | None) -> None:
-        """Direct the clip with ``tracks`` (None: none): keys on the timeline, the motion
-        post-processed again (the motion model does not run again)."""
+    def set_tracks(
+        self, tracks: ControlTracks | None, selection: tuple[str, int] | None = None
+    ) -> None:
+        """Direct the clip with ``tracks`` (None: none): keys on the timeline (``selection``
+        the selected one), the motion post-processed again (the motion model runs again
+        only for an emotion edit)."""
         self.tracks = tracks if tracks else None
-        self.timeline.set_controls(self.tracks)
+        self.track_editor.set_tracks(self.tracks, selection)
+        self.timeline.set_controls(self.tracks, self.track_editor.selection)
         self.act_clear_tracks.setEnabled(self.tracks is not None)
         self.request_motion()
 
+    def edit_tracks(
+        self, tracks: ControlTracks | None, text: str, selection: tuple[str, int] | None = None
+    ) -> None:
+        """Change the tracks as an undoable edit (``text`` names it in Edit → Undo)."""
+        self.undo_stack.push(TracksEdit(self, self.tracks, tracks or None, text, selection))
+
     def clear_tracks(self) -> None:
-        self.set_tracks(None)
+        self.edit_tracks(None, "Clear control tracks")
 
     def load_tracks_dialog(self) -> None:
         path = self._ask_open("Load control tracks", PRESET_FILTER)
@@ -1066,7 +1129,7 @@ class MainWindow(QMainWindow):
         except StudioError as e:
             self.show_error(str(e))
             return
-        self.set_tracks(tracks)
+        self.edit_tracks(tracks, f"Load control tracks {Path(path).name}")
 
     def open_project_dialog(self) -> None:
         path = self._ask_open("Open project", PROJECT_FILTER)

@@ -98,6 +98,40 @@ class ControlTracks:
         out[times >= keys[-1].t] = keys[-1].value
         return out
 
+    def keys(self, name: str) -> tuple[Key, ...]:
+        """Track ``name``'s keys, in time order (none where it has none)."""
+        return tuple(self.tracks.get(name, ()))
+
+    def value_at(self, name: str, t: float) -> float:
+        """Track ``name``'s value at ``t`` seconds (a new key there keeps the curve)."""
+        keys = self.keys(name)
+        if not keys:
+            return TRACKS[name][0]
+        if name == "emotion":  # labels do not average: the key in force
+            return next((k.value for k in reversed(keys) if k.t <= t), keys[0].value)
+        fps = 1000
+        return float(self.sample(name, int(round(t * fps)) + 1, fps)[-1])
+
+    def with_key(self, name: str, key: Key, replace: int | None = None) -> ControlTracks:
+        """These tracks with ``key`` on track ``name`` (instead of its key number ``replace``
+        when given; a key at the same time is replaced), checked like a key from a file."""
+        checked = _key({"t": key.t, "value": key.value, "interp": key.interp}, name, name)
+        keys = [k for i, k in enumerate(self.keys(name)) if i != replace and k.t != checked.t]
+        tracks = dict(self.tracks)
+        tracks[name] = tuple(sorted([*keys, checked], key=lambda k: k.t))
+        return ControlTracks(tracks)
+
+    def without_key(self, name: str, index: int) -> ControlTracks:
+        """These tracks without track ``name``'s key number ``index``."""
+        keys = self.keys(name)
+        tracks = dict(self.tracks)
+        rest = keys[:index] + keys[index + 1 :]
+        if rest:
+            tracks[name] = rest
+        else:
+            tracks.pop(name, None)
+        return ControlTracks(tracks)
+
     def emotion_rows(self, num_frames: int, fps: int = layout.FPS) -> np.ndarray | None:
         """[N, 8] float32 emotion weights per frame from the emotion track (one label, or
         two blended between keys), or None where it has no keys."""

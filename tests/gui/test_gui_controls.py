@@ -68,3 +68,64 @@ def test_an_emotion_key_makes_the_motion_again_with_the_smile(window, qtbot, tmp
     assert window.motion_worker.generate_calls == calls + 1  # emotion conditions the motion
     exp = (window.result.raw - before)[:, layout.EXP].reshape(len(before), layout.NUM_KP, 3)
     assert np.abs(exp[:50]).max() == 0 and (exp[60:, rig.MOUTH_CORNER_L, 1] < -0.02).all()
+
+
+def test_keys_added_moved_edited_deleted_and_undone(window, qtbot):
+    from studio.motion.controls import Key
+
+    ed, tl = window.track_editor, window.timeline
+    before = layout.pose_degrees(window.result.smoothed)
+    calls = window.motion_worker.generate_calls
+    ed.track.setCurrentIndex(ed.track.findData("pitch"))
+    window.playback.seek(50)  # 2.0 s
+    with qtbot.waitSignal(window.renderFinished, timeout=TIMEOUT_MS):
+        window.act_add_key.trigger()  # K: a key at the playhead, on the curve (0 there)
+    assert window.tracks.keys("pitch") == (Key(2.0, 0.0),) and tl.selected == ("pitch", 0)
+    with qtbot.waitSignal(window.renderFinished, timeout=TIMEOUT_MS):
+        tl.keyRequested.emit(2.6)  # what a double click on the timeline at 2.6 s sends
+    second = window.tracks.keys("pitch")[1].t
+    assert len(window.tracks.keys("pitch")) == 2 and second == 2.6
+    tl.keySelected.emit("pitch", 0)  # what a click on the first key's diamond sends
+    assert tl.selected == ("pitch", 0) and ed.value.isEnabled()
+    ed.value.setValue(9.0)
+    with qtbot.waitSignal(window.renderFinished, timeout=TIMEOUT_MS):
+        ed.value.editingFinished.emit()
+    after = layout.pose_degrees(window.result.smoothed)
+    assert after[50, 0] - before[50, 0] > 4.0  # +9° at 2 s, down to the key of 0 at 2.6 s
+    assert np.abs(after[80:] - before[80:]).max() < 0.05  # and nothing after it
+    with qtbot.waitSignal(window.renderFinished, timeout=TIMEOUT_MS):
+        tl.keyMoved.emit("pitch", 0, 1.6)  # what a drag of the diamond ends with
+    assert [k.t for k in window.tracks.keys("pitch")] == [1.6, second]
+    with qtbot.waitSignal(window.renderFinished, timeout=TIMEOUT_MS):
+        window.act_delete_key.trigger()  # Delete: the selected key goes
+    assert [k.t for k in window.tracks.keys("pitch")] == [second]
+    assert window.motion_worker.generate_calls == calls  # pose keys never re-run the model
+    stack = window.undo_stack
+    assert stack.count() == 5 and stack.undoText() == "Delete pitch key at 1.60 s"
+    for _ in range(5):
+        with qtbot.waitSignal(window.renderFinished, timeout=TIMEOUT_MS):
+            window.act_undo.trigger()
+    assert window.tracks is None and np.allclose(
+        layout.pose_degrees(window.result.smoothed), before
+    )
+    with qtbot.waitSignal(window.renderFinished, timeout=TIMEOUT_MS):
+        window.act_redo.trigger()
+    assert window.tracks.keys("pitch") == (Key(2.0, 0.0),)
+
+
+def test_settings_edits_are_undone_one_setting_at_a_time(window, qtbot):
+    stack = window.undo_stack
+    with qtbot.waitSignal(window.renderFinished, timeout=TIMEOUT_MS):
+        window.controls.window.setValue(7)
+        window.controls.window.setValue(9)  # the same setting again: one command
+    assert stack.count() == 1 and "smooth window" in stack.undoText()
+    with qtbot.waitSignal(window.renderFinished, timeout=TIMEOUT_MS):
+        window.controls.smooth.setChecked(False)
+    assert stack.count() == 2
+    with qtbot.waitSignal(window.renderFinished, timeout=TIMEOUT_MS):
+        window.act_undo.trigger()
+    assert window.controls.smooth.isChecked() and window.controls.window.value() == 9
+    with qtbot.waitSignal(window.renderFinished, timeout=TIMEOUT_MS):
+        window.act_undo.trigger()
+    assert window.controls.window.value() == 5 and window.current_settings().smooth_window == 5
+    assert window.preview_settings.smooth_window == 5

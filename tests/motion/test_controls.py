@@ -194,3 +194,22 @@ def test_a_keyed_smile_changes_the_demo_motion_inside_its_segment_only() -> None
     corners = [rig.MOUTH_CORNER_L, rig.MOUTH_CORNER_R]
     assert (exp[50:100, corners, 1] < -0.02).all()  # the mouth corners go up: a smile
     assert apply_controls(plain, tracks) is plain  # emotion is not a post-motion control
+
+
+def test_keys_are_added_moved_and_deleted_as_new_tracks() -> None:
+    tracks = ControlTracks.from_dict({"tracks": NOD})
+    assert tracks.value_at("pitch", 5.3) == 8.0 and tracks.value_at("yaw", 1.0) == 0.0
+    assert abs(tracks.value_at("pitch", 5.15) - 4.0) < 0.01  # halfway up the smooth ramp
+    added = tracks.with_key("pitch", Key(6.0, -5.0, "linear"))
+    assert [k.t for k in added.keys("pitch")] == [5.0, 5.3, 5.6, 6.0]
+    assert tracks.keys("pitch")[-1].t == 5.6  # the original is unchanged
+    moved = added.with_key("pitch", Key(5.2, 8.0), replace=1)
+    assert [k.t for k in moved.keys("pitch")] == [5.0, 5.2, 5.6, 6.0]
+    same_time = moved.with_key("pitch", Key(5.2, 3.0))  # a key at the same time is replaced
+    assert [k.value for k in same_time.keys("pitch")] == [0.0, 3.0, 0.0, -5.0]
+    gone = ControlTracks({"yaw": (Key(1.0, 2.0),)}).without_key("yaw", 0)
+    assert not gone and gone.to_dict()["tracks"] == {}
+    with pytest.raises(InputError, match="outside -45..45"):
+        tracks.with_key("pitch", Key(1.0, 90.0))
+    smile = ControlTracks.from_dict(SMILE)
+    assert smile.value_at("emotion", 3.0) == layout.EMOTIONS.index("Happy")

@@ -81,12 +81,61 @@ TRACK_COLOURS = (
 )  # pales an in-between's stride band (keyframes keep full colour)
 
 
+class _KeyDots(pg.ScatterPlotItem):
+    """One control track's keys: a click selects a key, a drag moves it in time (to whole
+    frames); the timeline hears of both through ``select`` and ``moved``."""
+
+    def __init__(self, name: str, select: Any, moved: Any, **opts: Any) -> None:
+        super().__init__(**opts)
+        self.track, self._select, self._moved = name, select, moved
+        self._drag: int | None = None
+
+    def _key_at(self, pos: Any) -> int | None:
+        points = self.pointsAt(pos)
+        return int(points[0].index()) if len(points) else None
+
+    def mouseClickEvent(self, ev: Any) -> None:  # noqa: N802 - pyqtgraph's name
+        index = self._key_at(ev.pos()) if ev.button() == Qt.MouseButton.LeftButton else None
+        if index is None:
+            ev.ignore()
+            return
+        ev.accept()
+        self._select(self.track, index)
+
+    def mouseDragEvent(self, ev: Any) -> None:  # noqa: N802 - pyqtgraph's name
+        if ev.button() != Qt.MouseButton.LeftButton:
+            ev.ignore()
+            return
+        if ev.isStart():
+            self._drag = self._key_at(ev.buttonDownPos())
+            if self._drag is None:
+                ev.ignore()
+                return
+            self._select(self.track, self._drag)
+        elif self._drag is None:
+            ev.ignore()
+            return
+        ev.accept()
+        t = max(0.0, round(ev.pos().x() * FPS) / FPS)
+        x, y = self.getData()
+        x = np.array(x, dtype=float)
+        x[self._drag] = t
+        self.setData(x=x, y=y)
+        if ev.isFinish():
+            index, self._drag = self._drag, None
+            self._moved(self.track, index, t)
+
+
 class Timeline(pg.GraphicsLayoutWidget):
     """Waveform, per-frame stride bands, keyframe ticks, optional in-between marks (the frames
-    made from their keyframes, not rendered: tinted bands) and a draggable playhead; a click
-    seeks."""
+    made from their keyframes, not rendered: tinted bands), the control tracks' keys and a
+    draggable playhead; a click seeks. A key is selected by a click and moved by a drag; a
+    double click asks for a key there."""
 
     scrubbed = Signal(int)  # frame under the dragged playhead or the click
+    keySelected = Signal(str, int)  # track, key number
+    keyMoved = Signal(str, int, float)  # track, key number, its new time (s)
+    keyRequested = Signal(float)  # a double click at this time (s): add a key there
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
@@ -140,6 +189,7 @@ class Timeline(pg.GraphicsLayoutWidget):
         self.setMaximumHeight(170)
         self._n = 0
         self.track_items: list[Any] = []  # the control tracks' keys (set_controls)
+        self.selected: tuple[str, int] | None = None  # the selected key (track, number)
         self.scene().sigMouseClicked.connect(self._clicked)
 
     def getPlotItem(self) -> pg.PlotItem:  # noqa: N802 - pyqtgraph's name
@@ -158,24 +208,37 @@ class Timeline(pg.GraphicsLayoutWidget):
         self.wave_lo.setData(t, lo / peak)
         self._plot.setXRange(0, n / rate, padding=0.01)
 
-    def set_controls(self, tracks: Any) -> None:
+    def set_controls(self, tracks: Any, selected: tuple[str, int] | None = None) -> None:
         """The control tracks' keys as diamonds along the top of the waveform, one row per
-        keyed track (its name and each key's value in the tooltip); None clears them."""
+        keyed track (its name and each key's value in the tooltip), ``selected`` larger and
+        outlined; None clears them."""
         for item in self.track_items:
             self._plot.removeItem(item)
         self.track_items = []
+        self.selected = selected
         if not tracks:
             return
         keyed = [(name, keys) for name, keys in tracks.tracks.items() if keys]
         for row, (name, keys) in enumerate(keyed):
             y = 0.95 - TRACK_ROW * row
             colour = TRACK_COLOURS[row % len(TRACK_COLOURS)]
+            chosen = selected[1] if selected is not None and selected[0] == name else -1
             spots = [
-                {"pos": (k.t, y), "data": f"{name} {k.value:g} ({k.interp}) at {k.t:.2f} s"}
-                for k in keys
+                {
+                    "pos": (k.t, y),
+                    "data": f"{name} {k.value:g} ({k.interp}) at {k.t:.2f} s",
+                    "size": 14 if i == chosen else 9,
+                    "pen": pg.mkPen(theme.PLAYHEAD if i == chosen else theme.TEXT, width=2),
+                }
+                for i, k in enumerate(keys)
             ]
-            dots = pg.ScatterPlotItem(
-                spots=spots, symbol="d", size=9, pen=pg.mkPen(theme.TEXT), brush=pg.mkBrush(colour)
+            dots = _KeyDots(
+                name,
+                self.keySelected.emit,
+                self.keyMoved.emit,
+                spots=spots,
+                symbol="d",
+                brush=pg.mkBrush(colour),
             )
             dots.setToolTip(name)
             line = pg.PlotDataItem(
@@ -234,8 +297,12 @@ class Timeline(pg.GraphicsLayoutWidget):
 
     def _clicked(self, event) -> None:
         frame = _clicked_frame(self._plot, event, self._n)
-        if frame is not None:
-            self.scrubbed.emit(frame)
+        if frame is None:
+            return
+        if event.double():
+            self.keyRequested.emit(frame / FPS)
+            return
+        self.scrubbed.emit(frame)
 
 
 class MotionPlots(pg.GraphicsLayoutWidget):
