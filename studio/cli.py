@@ -125,6 +125,9 @@ def _ditto_options(p: argparse.ArgumentParser) -> None:
     for axis in ("pitch", "yaw", "roll"):
         _setting(g, f"delta_{axis}", "DEG")
     _setting(g, "steps", "T")
+    _setting(g, "crop_scale", "S")
+    _setting(g, "crop_vx", "R")
+    _setting(g, "crop_vy", "R")
     _setting(g, "memory", "MODE")
     _setting(g, "batch", "N")
     _setting(g, "precision", "P")

@@ -198,6 +198,34 @@ class RenderSettings(BaseModel):
     delta_yaw: float = _delta("yaw")
     delta_roll: float = _delta("roll")
     steps: int = _field(DEFAULT_SAMPLING_STEPS, "--steps", "DDIM sampling steps", 1, MAX_STEPS)
+    crop_scale: float = _field(
+        2.3,
+        "--crop-scale",
+        "the face crop's side as a multiple of the face (smaller: closer; 1.8-2.0 helps a "
+        "mouth that will not open); the avatar is registered again",
+        1.2,
+        4.0,
+        step=0.05,
+        decimals=2,
+    )
+    crop_vx: float = _field(
+        0.0,
+        "--crop-vx",
+        "the face crop moved sideways, a fraction of its side (+: right)",
+        -0.5,
+        0.5,
+        step=0.01,
+        decimals=3,
+    )
+    crop_vy: float = _field(
+        -0.125,
+        "--crop-vy",
+        "the face crop moved up or down, a fraction of its side (-: up, Ditto's -0.125)",
+        -0.5,
+        0.5,
+        step=0.01,
+        decimals=3,
+    )
     memory: Literal[MEMORY_MODES] = _choice(  # type: ignore[valid-type]
         "auto",
         "--memory",

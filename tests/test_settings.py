@@ -186,6 +186,7 @@ def test_old_presets_still_load(tmp_path):
     p.write_text(json.dumps(everything))
     # later keys take their defaults (issue 21: frame rate, codec and background)
     later = {"fps": "25", "codec": "h264", "background": "avatar"}
+    later |= {"crop_scale": 2.3, "crop_vx": 0.0, "crop_vy": -0.125}  # and framing
     assert RenderSettings.load(p).to_dict() == {**everything, **later}
 
 

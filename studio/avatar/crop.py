@@ -62,8 +62,12 @@ def anchor_points(pts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return eye, p[list(mouth)].mean(axis=0)
 
 
-def crop_rect(pts: np.ndarray, scale: float, vy_ratio: float) -> tuple[np.ndarray, float, float]:
-    """(centre [2], size, roll angle in radians) of the square crop around ``pts`` (steps 2-4)."""
+def crop_rect(
+    pts: np.ndarray, scale: float, vy_ratio: float, vx_ratio: float = 0.0
+) -> tuple[np.ndarray, float, float]:
+    """(centre [2], size, roll angle in radians) of the square crop around ``pts`` (steps 2-4);
+    ``vx_ratio`` shifts it sideways by that fraction of its side (Ditto takes the ratio but
+    never applies it: 0 is Ditto's crop exactly)."""
     p = np.asarray(pts, dtype=np.float64)
     eye, mouth = anchor_points(p)
     uy = mouth - eye
@@ -79,7 +83,7 @@ def crop_rect(pts: np.ndarray, scale: float, vy_ratio: float) -> tuple[np.ndarra
     lo, hi = rpts.min(axis=0), rpts.max(axis=0)
     mid = (lo + hi) / 2
     size = float(max(hi - lo)) * scale
-    center = mean + ux * mid[0] + uy * mid[1] + uy * (vy_ratio * size)
+    center = mean + ux * (mid[0] + vx_ratio * size) + uy * mid[1] + uy * (vy_ratio * size)
     return center, size, angle
 
 
@@ -96,10 +100,15 @@ class CropGeometry:
 
 
 def crop_geometry(
-    pts: np.ndarray, dsize: int, scale: float, vy_ratio: float, rotate: bool = True
+    pts: np.ndarray,
+    dsize: int,
+    scale: float,
+    vy_ratio: float,
+    rotate: bool = True,
+    vx_ratio: float = 0.0,
 ) -> CropGeometry:
     """The crop of ``dsize`` px around landmarks ``pts`` (§5.3, all five steps)."""
-    center, size, angle = crop_rect(pts, scale, vy_ratio)
+    center, size, angle = crop_rect(pts, scale, vy_ratio, vx_ratio)
     if size <= 0:
         raise ValueError("landmarks span no area: cannot place a crop")
     s = dsize / size
@@ -122,6 +131,12 @@ def crop_geometry(
         m_o2c=m.astype(np.float32),
         m_c2o=np.linalg.inv(m).astype(np.float32),
     )
+
+
+def crop_corners(geo: CropGeometry) -> np.ndarray:
+    """[4, 2] the crop square's corners in the original image (clockwise from top left)."""
+    d = float(geo.dsize)
+    return transform_points(np.array([[0, 0], [d, 0], [d, d], [0, d]], np.float64), geo.m_c2o)
 
 
 def scale_center_matrix(center: np.ndarray, scale: float, dsize: int) -> np.ndarray:

@@ -96,12 +96,14 @@ STAGE = "registering avatar"  # the progress stage; steps follow it as "register
 @dataclass(frozen=True)
 class RegistrationSettings:
     """Ditto's crop settings (``crop_scale``, ``crop_vy_ratio``, ``crop_flag_do_rot``) and the
-    image size limit (``max_size``). ``crop_vx_ratio`` is absent: Ditto ignores it (§9.1)."""
+    image size limit (``max_size``); ``crop_vx_ratio`` shifts the crop sideways (Ditto takes it
+    but ignores it, §9.1: at 0 the crop is Ditto's, and the cache key is as before)."""
 
     crop_scale: float = 2.3
     crop_vy_ratio: float = -0.125
     crop_rotate: bool = True
     max_size: int = 1920
+    crop_vx_ratio: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.crop_scale > 0:
@@ -110,7 +112,10 @@ class RegistrationSettings:
             raise ValueError(f"max_size must be >= 2, got {self.max_size}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: (float(v) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+        out = {k: (float(v) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+        if not self.crop_vx_ratio:  # avatars registered before it existed stay valid
+            del out["crop_vx_ratio"]
+        return out
 
 
 @dataclass(eq=False)
@@ -310,7 +315,12 @@ def _build(
     steps("landmarks")
 
     geo = crop_geometry(
-        lmk203, CROP_SIZE, settings.crop_scale, settings.crop_vy_ratio, settings.crop_rotate
+        lmk203,
+        CROP_SIZE,
+        settings.crop_scale,
+        settings.crop_vy_ratio,
+        settings.crop_rotate,
+        settings.crop_vx_ratio,
     )
     dev = torch.device(device) if not isinstance(device, torch.device) else device
     crop = crop_image(image, geo, dev)

@@ -35,7 +35,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.avatar.crop import crop_corners, crop_geometry
 from studio.avatar.folder import AVATAR_META
+from studio.avatar.register import CROP_SIZE
 from studio.errors import StudioError
 from studio.export.video import check_alpha_output, check_output_path
 from studio.files import unused_name
@@ -582,7 +584,28 @@ class MainWindow(QMainWindow):
         elif kind == "output":
             self.request_render()
         else:
+            self.show_framing()
             self._debounce.start()
+
+    def show_framing(self) -> bool:
+        """A changed crop framing drawn on the avatar at once, before the avatar is
+        registered again with it (from the landmarks of its last registration)."""
+        avatar = getattr(self.engine, "avatar", None)
+        landmarks = getattr(avatar, "lmk203", None)
+        shown = self.preview_settings
+        s = self.current_settings()
+        framing = (s.crop_scale, s.crop_vx, s.crop_vy)
+        if landmarks is None or shown is None:
+            return False
+        if framing == (shown.crop_scale, shown.crop_vx, shown.crop_vy):
+            return False
+        geo = crop_geometry(landmarks, CROP_SIZE, s.crop_scale, s.crop_vy, True, s.crop_vx)
+        note = (
+            f"framing: scale {s.crop_scale:g}, x {s.crop_vx:+g}, y {s.crop_vy:+g}: "
+            "registering the avatar with it…"
+        )
+        self.viewer.show_framing(np.asarray(avatar.image), crop_corners(geo), note)
+        return True
 
     def _backend_changed(self) -> None:
         self._debounce.stop()

@@ -260,7 +260,9 @@ class MotionWorker(QObject):
                 files.append((os.path.abspath(p), st.st_size, st.st_mtime_ns))
             except OSError:
                 files.append((os.path.abspath(p), None, None))
-        return (job.settings.backend, *files)
+        s = job.settings
+        framing = (s.crop_scale, s.crop_vx, s.crop_vy) if caps.honours("crop_scale") else ()
+        return (s.backend, *files, framing)  # a new framing registers the avatar again
 
     def _open(self, job: MotionJob) -> tuple[Any, EngineInfo]:
         """The job's engine: kept from an earlier job, or opened now (registering an avatar

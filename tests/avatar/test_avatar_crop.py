@@ -68,6 +68,10 @@ def test_upright_crop_size_centre_and_vy_shift() -> None:
     mid = (lo + hi) / 2
     # vy < 0 moves the centre up (towards the forehead) by vy * size; x stays put.
     np.testing.assert_allclose(center, [mid[0], mid[1] - 0.125 * size], atol=1e-9)
+    # vx > 0 moves it right by vx * size (Ditto never applies its vx: 0 is its crop)
+    right, same_size, _ = crop_rect(pts, scale=2.3, vy_ratio=-0.125, vx_ratio=0.1)
+    np.testing.assert_allclose(right - center, [0.1 * size, 0.0], atol=1e-9)
+    assert same_size == size
 
 
 @pytest.mark.parametrize("angle_deg", [-35.0, -8.0, 0.0, 12.0, 60.0])

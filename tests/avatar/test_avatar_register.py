@@ -265,6 +265,13 @@ def test_stale_caches_are_rebuilt(tree: Path, tmp_path: Path) -> None:
     assert register_avatar(
         image, ckpt, cache_dir=cache, settings=RegistrationSettings(crop_scale=2.0)
     ).cached
+    # Framing moved sideways: registered again, the crop's centre moved right by vx * side.
+    side = RegistrationSettings(crop_vx_ratio=0.1)
+    shifted = register_avatar(image, ckpt, cache_dir=cache, settings=side)
+    assert not shifted.cached
+    moved_px = shifted.m_c2o[0, 2] - first.m_c2o[0, 2]
+    assert moved_px == pytest.approx(0.1 * first.m_c2o[0, 0] * 512, rel=1e-3)
+    assert "crop_vx_ratio" not in RegistrationSettings().to_dict()  # old caches stay valid
     # A changed model file (same name, other bytes).
     build_det_standin(own / "ditto_pytorch" / "aux_models" / "det_10g.onnx", side=2048)
     ckpt = discover(own)

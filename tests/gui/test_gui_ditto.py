@@ -307,3 +307,21 @@ def test_runtime_choice_shows_what_runs_here(qtbot, assets) -> None:
             assert item.toolTip() == reasons[name]
     panel.runtime.setCurrentIndex(1)
     assert panel.settings().runtime == "onnxruntime"
+
+
+def test_a_new_crop_framing_is_drawn_then_registered(qtbot, assets):
+    w = _open(qtbot, assets)
+    _to_ditto(w, qtbot, assets)
+    builds = w.motion_worker.engine_builds
+    first = w.engine.avatar.m_c2o.copy()
+    with qtbot.waitSignal(w.renderFinished, timeout=TIMEOUT_MS, check_params_cb=_is_ditto):
+        w.controls.crop["crop_scale"].setValue(2.0)  # closer
+        # at once, before registering: the new crop's square on the avatar image
+        assert w.viewer.framing.isVisible() and "scale 2" in w.viewer.caption.toPlainText()
+        xs, _ = w.viewer.framing.getData()
+        side = float(np.hypot(*(np.diff(w.viewer.framing.getData(), axis=1)[:, 0])))
+        assert abs(side - 512 * first[0, 0] * 2.0 / 2.3) < 1.0 and len(xs) == 5
+    assert w.motion_worker.engine_builds == builds + 1  # registered again with it
+    assert w.engine.avatar.m_c2o[0, 0] == pytest.approx(first[0, 0] * 2.0 / 2.3, rel=1e-4)
+    assert not w.viewer.framing.isVisible()  # the preview replaced it
+    w.close()

@@ -22,6 +22,9 @@ CAPABILITIES = Capabilities(
         {
             "emotion",
             "steps",
+            "crop_scale",
+            "crop_vx",
+            "crop_vy",
             "delta_pitch",
             "delta_yaw",
             "delta_roll",

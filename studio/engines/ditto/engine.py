@@ -34,7 +34,7 @@ from studio.audio.phonetics import PhoneticFrames
 from studio.avatar.folder import avatar_source
 from studio.avatar.image import load_image
 from studio.avatar.putback import PasteBack, paste_mask
-from studio.avatar.register import REGISTRATION_ROLES, register_avatar
+from studio.avatar.register import REGISTRATION_ROLES, RegistrationSettings, register_avatar
 from studio.engines.base import EngineRequest, InbetweenWarp, Prepared, Progress, Renderer
 from studio.engines.ditto import CAPABILITIES
 from studio.engines.ditto.crops import KeyframeCrops
@@ -848,8 +848,17 @@ def prepare(request: EngineRequest) -> Prepared:
 def open_prepared(prepared: Prepared, progress: Progress | None = None) -> DittoEngine:
     """Register (or reopen from its cache) the avatar, then load the networks."""
     r = prepared.resolved
+    s = prepared.request.settings
+    framing = RegistrationSettings(
+        crop_scale=s.crop_scale, crop_vy_ratio=s.crop_vy, crop_vx_ratio=s.crop_vx
+    )
     avatar = register_avatar(
-        r["image"], r["checkpoints"], cache_dir=r["cache"], device=r["device"], progress=progress
+        r["image"],
+        r["checkpoints"],
+        cache_dir=r["cache"],
+        device=r["device"],
+        progress=progress,
+        settings=framing,
     )
     return DittoEngine(
         r["checkpoints"], avatar, prepared.request.settings, device=r["device"], progress=progress

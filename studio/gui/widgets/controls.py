@@ -221,6 +221,15 @@ class ControlsPanel(QWidget):
             )
             for axis in ("pitch", "yaw", "roll")
         }
+        framing = "the avatar is registered again with its crop moved (a second or two)"
+        self.crop: dict[str, QDoubleSpinBox] = {
+            key: options.row(label, setting_number(key, f"{spec(key).help}; {framing}"))
+            for key, label in (
+                ("crop_scale", "Crop scale"),
+                ("crop_vx", "Crop x"),
+                ("crop_vy", "Crop y"),
+            )
+        }
         self.frame = options.row(
             "Frame",
             setting_combo(
@@ -246,6 +255,7 @@ class ControlsPanel(QWidget):
             "emotion": self.emotion,
             "steps": self.steps,
             **{f"delta_{axis}": box for axis, box in self.deltas.items()},
+            **self.crop,
             "frame": self.frame,
             "runtime": self.runtime,
         }
@@ -326,6 +336,7 @@ class ControlsPanel(QWidget):
             "emotion": self.emotion,
             "steps": self.steps,
             **{f"delta_{axis}": box for axis, box in self.deltas.items()},
+            **self.crop,
             "frame": self.frame,
             "runtime": self.runtime,
             "compile": self.compile,
@@ -357,6 +368,8 @@ class ControlsPanel(QWidget):
         self.emotion.currentIndexChanged.connect(self._motion_changed)
         for w in self.deltas.values():
             w.valueChanged.connect(self._output_changed)
+        for w in self.crop.values():
+            w.valueChanged.connect(self._motion_changed)
         for w in (self.size, self.frame, self.runtime):
             w.currentIndexChanged.connect(self._output_changed)
         self.compile.toggled.connect(self._output_changed)
@@ -502,6 +515,7 @@ class ControlsPanel(QWidget):
             delta_yaw=_exact(self.deltas["yaw"]),
             delta_roll=_exact(self.deltas["roll"]),
             steps=self.steps.value(),
+            **{key: _exact(box) for key, box in self.crop.items()},
             memory=self._memory,
             batch=self._batch,
             precision=str(self.precision.currentData()),
@@ -534,6 +548,7 @@ class ControlsPanel(QWidget):
                     f"delta_{axis}": (box, float(getattr(s, f"delta_{axis}")))
                     for axis, box in self.deltas.items()
                 },
+                **{key: (box, float(getattr(s, key))) for key, box in self.crop.items()},
             }
             for key, (box, value) in numbers.items():
                 show_exactly(box, value, spec(key).decimals)

@@ -27,6 +27,9 @@ class FrameView(pg.GraphicsLayoutWidget):
         self.view.addItem(self.image)
         self.caption = pg.TextItem("", color=theme.TEXT, anchor=(0.5, 0.5), fill=theme.BASE)
         self.view.addItem(self.caption)
+        self.framing = pg.PlotCurveItem(pen=pg.mkPen(theme.PLAYHEAD, width=3))  # show_framing
+        self.framing.setVisible(False)
+        self.view.addItem(self.framing)
         self.frame: np.ndarray | None = None
         self.standin = False  # whether the frame shown is a dimmed stand-in
         self.setMinimumSize(260, 260)
@@ -46,11 +49,23 @@ class FrameView(pg.GraphicsLayoutWidget):
         self.standin = True
         self._caption(note)
 
+    def show_framing(self, image: np.ndarray, corners: np.ndarray, note: str) -> None:
+        """The avatar ``image`` with the face crop's square (``corners`` [4, 2], image pixels)
+        drawn on it and ``note``: where a new framing will crop before it is registered."""
+        self._set_image(image, image)
+        closed = np.vstack([corners, corners[:1]])
+        self.framing.setData(closed[:, 0], closed[:, 1])
+        self.framing.setVisible(True)
+        self.standin = True
+        self._caption(note)
+        self.caption.setPos(image.shape[1] / 2, 24)
+
     def show_message(self, text: str) -> None:
         """A caption in the middle of the view (before the first frame arrives)."""
         self._caption(text)
 
     def _set_image(self, frame: np.ndarray, shown: np.ndarray) -> None:
+        self.framing.setVisible(False)
         first = self.frame is None or self.frame.shape != frame.shape
         self.frame = frame
         self.image.setImage(shown, autoLevels=False, levels=(0, 255))
