@@ -500,3 +500,28 @@ def test_emotion_keys_change_the_lmdm_condition_and_motion_only_inside_their_win
     # up to the cross-fade into the second window (70..79) and its box smoothing
     assert torch.equal(a[:65], b[:65]) and moved.min() >= 65
     assert (a[110:] != b[110:]).any(dim=1).all()
+
+
+def test_an_emotion_edit_samples_only_the_windows_from_the_first_it_changes(lmdm) -> None:
+    from studio.motion.generator import WindowMemo
+
+    n = 3 * (SEQ_FRAMES - OVERLAP_OFFLINE) + 17  # four windows: from 0, 70, 140 and 210
+    gen = torch.Generator().manual_seed(5)
+    cond = torch.randn(n, COND_DIM, generator=gen)
+    kp = torch.randn(MOTION_DIM, generator=torch.Generator().manual_seed(2))
+    memo = WindowMemo()
+    first = generate_motion(lmdm, cond, kp, steps=2, seed=7, memo=memo)
+    assert (memo.reused, memo.windows) == (0, 4)
+    assert torch.equal(generate_motion(lmdm, cond, kp, steps=2, seed=7, memo=memo), first)
+    assert memo.reused == 4  # nothing changed: no window sampled
+    keyed = cond.clone()
+    keyed[180:, 1024:1032] += 1.0  # an emotion from 7.2 s: windows 140 and 210 see it
+    calls = []
+    again = generate_motion(
+        lmdm, keyed, kp, steps=2, seed=7, memo=memo, on_window=lambda d, t: calls.append(d)
+    )
+    assert memo.reused == 2 and len(calls) == 4
+    fresh = generate_motion(lmdm, keyed, kp, steps=2, seed=7)  # the same motion, sampled whole
+    assert torch.equal(again, fresh) and not torch.equal(again, first)
+    other_seed = generate_motion(lmdm, keyed, kp, steps=2, seed=8, memo=memo)
+    assert memo.reused == 0 and not torch.equal(other_seed, fresh)

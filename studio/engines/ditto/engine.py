@@ -50,7 +50,7 @@ from studio.motion.condition import (
     assemble,
     emotion_from_weights,
 )
-from studio.motion.generator import generate_motion
+from studio.motion.generator import WindowMemo, generate_motion
 from studio.motion.live_lmdm import LiveMotion, live_plan
 from studio.motion.stitch import StitchConfig, StitchControls, stitch_motion
 from studio.runtime.base import HALF_DTYPES, resolve_device
@@ -655,6 +655,9 @@ class DittoEngine:
                 f"config's parts make {self.condition.width}: check ditto_cfg/ matches the LMDM"
             )
         self.last_timings: dict[str, float] = {}
+        # the last clip's LMDM windows, shared by the engine's copies (with_settings): an
+        # emotion edit samples only the windows from the first one its keys change
+        self.windows = WindowMemo()
 
     def _report(self, stage: str, done: int, total: int) -> None:
         """Tell :attr:`progress` (the CLI's bars, the GUI's status bar) where a stage is."""
@@ -685,7 +688,6 @@ class DittoEngine:
 
     def generate(self, audio: Audio, phon: PhoneticFrames, seed: int) -> np.ndarray:
         """[N, 265] motion: HuBERT features, the 1103-wide condition, LMDM windows."""
-        dev = self.device
         t0 = time.perf_counter()
         self._report(STAGE_HUBERT, 0, 1)  # one call: counted as one step
         feats = self.hubert.offline(audio.samples)
@@ -701,11 +703,12 @@ class DittoEngine:
 
         motion = generate_motion(
             self.networks.lmdm,
-            torch.from_numpy(cond).to(dev),
+            torch.from_numpy(cond),  # on the host: its windows' digests read it there
             kp_source,
             self.settings.steps,
             seed,
             on_window=on_window,
+            memo=self.windows,
         )
         host = motion.cpu().numpy()  # the one read-back: cadence, smoothing and plots need it
         self.last_timings = {"hubert": t_hubert, "lmdm": (time.perf_counter() - t0) * 1000.0}
