@@ -30,8 +30,12 @@ ENCODERS = (
     "hevc_nvenc",
     "libsvtav1",
     "av1_nvenc",
+    "libvpx-vp9",
+    "prores_ks",
+    "png",
     "aac",
     "libopus",
+    "pcm_s16le",
 )
 # Encoders that drive hardware -> the hardware's name (probed by _nvidia_encoder).
 HARDWARE_ENCODERS = dict.fromkeys(("h264_nvenc", "hevc_nvenc", "av1_nvenc"), "NVIDIA GPU")
