@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QDoubleSpinBox, QHBoxLayout, QLabel, QPushButton, QWidget
+from PySide6.QtWidgets import QDoubleSpinBox, QGridLayout, QLabel, QPushButton, QWidget
 
 from studio import layout
 from studio.gui.widgets.controls import combo_box
@@ -48,21 +48,17 @@ class TrackEditor(QWidget):
         self.delete_button = QPushButton("Delete key")
         self.delete_button.setToolTip("delete the selected key (Delete)")
         self.info = QLabel("")
-        row = QHBoxLayout(self)
-        row.setContentsMargins(4, 0, 4, 0)
-        for w in (
-            QLabel("Keys"),
-            self.track,
-            self.info,
-            self.time,
-            self.value,
-            self.emotion,
-            self.interp,
-            self.add_button,
-            self.delete_button,
-        ):
-            row.addWidget(w)
-        row.addStretch(1)
+        grid = QGridLayout(self)  # two short rows: it shares the width with the plots
+        grid.setContentsMargins(4, 0, 4, 0)
+        grid.setVerticalSpacing(2)
+        for col, w in enumerate((QLabel("Keys"), self.track, self.info)):
+            grid.addWidget(w, 0, col)
+        grid.addWidget(self.add_button, 0, 3)
+        grid.addWidget(self.delete_button, 0, 4)
+        for col, w in enumerate((self.time, self.value, self.interp), start=1):
+            grid.addWidget(w, 1, col)
+        grid.addWidget(self.emotion, 1, 2)
+        grid.setColumnStretch(5, 1)
         self.add_button.clicked.connect(self.add_key)
         self.delete_button.clicked.connect(self.delete_key)
         self.track.currentIndexChanged.connect(self._track_chosen)
