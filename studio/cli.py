@@ -462,11 +462,17 @@ def _settings(args: argparse.Namespace, **extra):
 
 
 def _load_controls(args: argparse.Namespace):
-    """The --controls tracks, else the project's (None without either); InputError naming
-    the file."""
+    """The --controls tracks, else the project's, else the preset's (None without any);
+    InputError naming the file."""
     if not getattr(args, "controls", None):
         project = getattr(args, "project_", None)
-        return project.controls if project is not None and project.controls else None
+        if project is not None and project.controls:
+            return project.controls
+        if getattr(args, "preset", None):
+            from studio.settings import load_preset_tracks
+
+            return load_preset_tracks(args.preset)
+        return None
     from studio.motion.controls import ControlTracks
 
     return ControlTracks.load(args.controls)

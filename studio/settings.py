@@ -28,6 +28,7 @@ from studio.export.video import X264_PRESETS
 from studio.files import read_json, write_atomic
 from studio.layout import DEFAULT_EMOTION, DEFAULT_SAMPLING_STEPS, EMOTIONS
 from studio.motion.cadence import STRIDES, CadenceThresholds
+from studio.motion.controls import ControlTracks
 from studio.motion.kinematics import (
     DEFAULT_ACCEL_LIMIT,
     DEFAULT_ORDER,
@@ -38,6 +39,7 @@ from studio.motion.kinematics import (
 from studio.runtime.names import RUNTIMES
 
 PRESET_FORMAT = "talkinghead-studio/preset-1"
+PRESET_CONTROLS = "controls"  # a preset's optional control tracks (studio.motion.controls)
 MAX_PRESET_BYTES = 1 << 20  # a preset is a few hundred bytes: a larger file is not one
 MIN_SIZE, MAX_SIZE = 64, 2048
 MIN_WINDOW, MAX_WINDOW = 3, 101
@@ -307,6 +309,7 @@ class RenderSettings(BaseModel):
         if not isinstance(data, dict):
             raise InputError(f"{source}: a preset must be a JSON object, not {_what(data)}")
         data = dict(data)
+        data.pop(PRESET_CONTROLS, None)  # a preset's tracks: read by load_preset_tracks
         fmt = data.pop("format", PRESET_FORMAT)
         if fmt != PRESET_FORMAT:
             raise InputError(
@@ -318,9 +321,13 @@ class RenderSettings(BaseModel):
         except SettingError as e:
             raise InputError(f"{source}: {e.key}: {e.problem}") from None
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the preset (atomically: the old file or the new one, never half of one)."""
-        write_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
+    def save(self, path: str | os.PathLike, controls: ControlTracks | None = None) -> None:
+        """Write the preset, with ``controls`` (control tracks) when given (atomically: the
+        old file or the new one, never half of one)."""
+        data = self.to_dict()
+        if controls:
+            data[PRESET_CONTROLS] = controls.to_dict()
+        write_atomic(path, json.dumps(data, indent=2) + "\n")
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> RenderSettings:
@@ -328,6 +335,16 @@ class RenderSettings(BaseModel):
         p = Path(path)
         data = read_json(p, "preset", MAX_PRESET_BYTES)
         return cls.from_dict(data, source=str(p))
+
+
+def load_preset_tracks(path: str | os.PathLike) -> ControlTracks | None:
+    """The control tracks a preset file carries (its ``controls``), or None; InputError
+    naming the file for anything wrong with them."""
+    p = Path(path)
+    data = read_json(p, "preset", MAX_PRESET_BYTES)
+    if not isinstance(data, dict) or not data.get(PRESET_CONTROLS):
+        return None
+    return ControlTracks.from_dict(data[PRESET_CONTROLS], source=f"{p}: {PRESET_CONTROLS}")
 
 
 # --- the schema as the CLI and the GUI read it ------------------------------------------------

@@ -330,3 +330,30 @@ def test_the_gui_shows_a_preset_as_it_is(qtbot):
     panel.set_settings(s)
     assert panel.window.value() == 51 and panel.accel.value() == 20.0
     assert panel.settings().to_dict() == s.to_dict()
+
+
+def test_a_preset_carries_control_tracks(tmp_path, capsys):
+    from conftest import run_cli
+
+    from studio.motion.controls import ControlTracks
+    from studio.settings import load_preset_tracks
+
+    nod = ControlTracks.from_dict(
+        {"tracks": {"pitch": [{"t": 1.0, "value": 0}, {"t": 1.3, "value": 8}]}}
+    )
+    p = tmp_path / "nod.json"
+    RenderSettings(smooth_window=9).save(p, nod)
+    assert RenderSettings.load(p) == RenderSettings(smooth_window=9)
+    assert load_preset_tracks(p) == nod
+    RenderSettings().save(tmp_path / "plain.json")
+    assert load_preset_tracks(tmp_path / "plain.json") is None
+    report = tmp_path / "r.json"
+    argv = ["analyze", "--demo", "--preset", str(p), "--json", str(report)]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 0, err
+    assert json.loads(report.read_text())["controls"] == nod.to_dict()
+    bad = json.loads(p.read_text())
+    bad["controls"]["tracks"]["pitch"][0]["value"] = 99
+    p.write_text(json.dumps(bad))
+    with pytest.raises(InputError, match=r"nod\.json: controls: pitch\[0\]: value 99"):
+        load_preset_tracks(p)

@@ -71,7 +71,7 @@ from studio.motion.controls import ControlTracks
 from studio.render.engines import ENGINES
 from studio.render.pipeline import MotionResult, quality_of
 from studio.render.project import Project
-from studio.settings import MAX_SIZE, RenderSettings
+from studio.settings import MAX_SIZE, RenderSettings, load_preset_tracks
 
 AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".oga", ".mp3", ".aiff", ".aif", ".au", ".caf"}
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff"}
@@ -311,8 +311,12 @@ class MainWindow(QMainWindow):
         file_menu.addAction("Open &Project…", self.open_project_dialog)
         file_menu.addAction("Save P&roject…", self.save_project_dialog)
         file_menu.addAction("Load Control &Tracks…", self.load_tracks_dialog)
+        self.act_save_tracks = file_menu.addAction(
+            "Save Control Trac&ks…", self.save_tracks_dialog
+        )
         self.act_clear_tracks = file_menu.addAction("Clear Control Tracks", self.clear_tracks)
         self.act_clear_tracks.setEnabled(False)
+        self.act_save_tracks.setEnabled(False)
         file_menu.addSeparator()
         self.act_export = file_menu.addAction("&Export…", self.open_export_dialog)
         self.act_export.setShortcut(QKeySequence("Ctrl+E"))
@@ -1099,13 +1103,18 @@ class MainWindow(QMainWindow):
             self.load_preset(path)
 
     def load_preset(self, path: str) -> None:
+        """The preset's settings, and its control tracks when it carries them."""
         try:
             settings = RenderSettings.load(path)
+            tracks = load_preset_tracks(path)
         except StudioError as e:
             self.show_error(str(e))
             return
         self.controls.set_settings(settings)
-        self.request_motion()
+        if tracks is not None:
+            self.edit_tracks(tracks, f"Load the tracks of preset {Path(path).name}")
+        else:
+            self.request_motion()
 
     def save_preset_dialog(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Save preset", str(Path.home()), PRESET_FILTER)
@@ -1114,7 +1123,7 @@ class MainWindow(QMainWindow):
 
     def save_preset(self, path: str) -> None:
         try:
-            self.controls.settings().save(path)
+            self.controls.settings().save(path, self.tracks)
         except (OSError, StudioError) as e:
             self.show_error(f"Cannot save the preset to {path}: {e}")
 
@@ -1130,6 +1139,7 @@ class MainWindow(QMainWindow):
         self.track_editor.set_tracks(self.tracks, selection)
         self.timeline.set_controls(self.tracks, self.track_editor.selection)
         self.act_clear_tracks.setEnabled(self.tracks is not None)
+        self.act_save_tracks.setEnabled(self.tracks is not None)
         self.request_motion()
 
     def edit_tracks(
@@ -1153,6 +1163,22 @@ class MainWindow(QMainWindow):
             self.show_error(str(e))
             return
         self.edit_tracks(tracks, f"Load control tracks {Path(path).name}")
+
+    def save_tracks_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Save control tracks", str(Path.home()), PRESET_FILTER
+        )
+        if path:
+            self.save_tracks(path if path.endswith(".json") else path + ".json")
+
+    def save_tracks(self, path: str) -> None:
+        """The tracks as a file `studio render --controls` reads."""
+        try:
+            (self.tracks or ControlTracks()).save(path)
+        except (OSError, StudioError) as e:
+            self.show_error(f"Cannot save the control tracks to {path}: {e}")
+            return
+        self.statusBar().showMessage(f"control tracks saved to {path}", 5000)
 
     def open_project_dialog(self) -> None:
         path = self._ask_open("Open project", PROJECT_FILTER)

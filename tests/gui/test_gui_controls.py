@@ -129,3 +129,28 @@ def test_settings_edits_are_undone_one_setting_at_a_time(window, qtbot):
         window.act_undo.trigger()
     assert window.controls.window.value() == 5 and window.current_settings().smooth_window == 5
     assert window.preview_settings.smooth_window == 5
+
+
+def test_keyed_tracks_save_for_the_cli_and_ride_in_a_preset(window, qtbot, tmp_path, capsys):
+    from conftest import run_cli
+
+    assert not window.act_save_tracks.isEnabled()
+    path = tmp_path / "nod.json"
+    path.write_text(json.dumps(NOD))
+    with qtbot.waitSignal(window.renderFinished, timeout=TIMEOUT_MS):
+        window.load_tracks(str(path))
+    saved = tmp_path / "saved.json"
+    window.save_tracks(str(saved))
+    assert ControlTracks.load(saved) == ControlTracks.from_dict(NOD)
+    out, report = tmp_path / "o.mp4", tmp_path / "o.json"
+    argv = ["render", "--demo", "--size", "64", "--controls", str(saved), "--out", str(out)]
+    code, _, err = run_cli([*argv, "--x264-preset", "ultrafast", "--report", str(report)], capsys)
+    assert code == 0, err
+    assert json.loads(report.read_text())["controls"] == ControlTracks.from_dict(NOD).to_dict()
+    preset = tmp_path / "preset.json"
+    window.save_preset(str(preset))
+    with qtbot.waitSignal(window.renderFinished, timeout=TIMEOUT_MS):
+        window.clear_tracks()
+    with qtbot.waitSignal(window.renderFinished, timeout=TIMEOUT_MS):
+        window.load_preset(str(preset))
+    assert window.tracks == ControlTracks.from_dict(NOD)
