@@ -16,7 +16,6 @@ import secrets
 import shutil
 import threading
 import time
-from collections.abc import Iterable
 from fractions import Fraction
 from pathlib import Path
 
@@ -26,18 +25,19 @@ import numpy as np
 
 from studio.audio.io import Audio
 from studio.errors import Cancelled, OutputError
-from studio.export.video import PNG_SEQUENCE, check_output_path, png_folder
+from studio.export.video import PNG_SEQUENCE, AtomicWriter, check_output_path, png_folder
 from studio.layout import FPS
 
 PNG_COMPRESSION = 3  # zlib level: a 512² RGBA frame in a few ms, a third larger than level 9
 
 
-class PngSequenceWriter:
+class PngSequenceWriter(AtomicWriter):
     """Writes ``NAME/NAME_%06d.png`` and ``NAME/NAME.wav``; the VideoWriter's interface
     (context manager, ``write``, ``abort``, ``frames_written``, ``encode_seconds``)."""
 
     takes_planes = False
     codec = "png"
+    what = "PNG sequence"
 
     def __init__(
         self,
@@ -81,16 +81,6 @@ class PngSequenceWriter:
             self._state = "open"
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
-        with self._lock:
-            if self._state != "open":
-                return None
-            if exc_type is not None:
-                self._discard_locked()
-                return None
-            self._commit_locked()
-        return None
-
     def write(self, frame: np.ndarray) -> None:
         """Write one [H, W, 3] RGB frame ([H, W, 4] RGBA with ``alpha``), uint8."""
         arr = np.asarray(frame)
@@ -118,25 +108,6 @@ class PngSequenceWriter:
                 raise self._output_error(e) from None
             finally:
                 self.encode_seconds += time.perf_counter() - t0
-
-    def write_many(self, frames: np.ndarray | Iterable[np.ndarray]) -> None:
-        for frame in frames:
-            self.write(frame)
-
-    def abort(self) -> None:
-        """Discard the export now (cancel): the hidden folder goes, the target stays."""
-        self._cancel.set()
-        with self._lock:
-            if self._state in ("new", "open"):
-                self._discard_locked()
-
-    def close(self) -> None:
-        self.__exit__(None, None, None)
-
-    def _mux(self, packets: list[av.Packet]) -> None:
-        assert self._container is not None
-        for packet in packets:
-            self._container.mux(packet)
 
     def _write_audio(self, folder: Path) -> None:
         """The clip's original audio as 16-bit WAV at its own rate and channels."""
@@ -198,10 +169,3 @@ class PngSequenceWriter:
         tmp, self._tmp = self._tmp, None
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-
-    def _output_error(self, e: BaseException) -> OutputError:
-        reason = " ".join(str(getattr(e, "strerror", None) or e).split()).rstrip(".")
-        return OutputError(
-            f"Could not write the PNG sequence '{self.path}' ({reason}); "
-            "check the free disk space and the folder's permissions, then export again."
-        )

@@ -177,7 +177,69 @@ def check_alpha_output(path: str | os.PathLike, alpha: bool) -> None:
         )
 
 
-class VideoWriter:
+class AtomicWriter:
+    """What every export writer shares: a context manager that commits on a normal exit and
+    discards on an exception, ``abort()`` from any thread, and one-line write errors. A writer
+    sets ``path``, ``_lock``, ``_cancel`` and ``_state`` and has ``write``, ``_commit_locked``
+    and ``_discard_locked``."""
+
+    what = "video"  # for its messages
+    path: Path
+    _lock: threading.Lock
+    _cancel: threading.Event
+    _state: str
+    _container: av.container.OutputContainer | None
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        """Commit the output when the block ended normally, else discard it."""
+        with self._lock:
+            if self._state != "open":
+                return None
+            if exc_type is not None:
+                self._discard_locked()
+                return None
+            self._commit_locked()
+        return None
+
+    def write(self, frame: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def write_many(self, frames: np.ndarray | Iterable[np.ndarray]) -> None:
+        """Encode a [N, H, W, C] array or any iterable of frames, in order."""
+        for frame in frames:
+            self.write(frame)
+
+    def abort(self) -> None:
+        """Discard the export now (cancel): delete what was written, keep the target."""
+        self._cancel.set()
+        with self._lock:
+            if self._state in ("new", "open"):
+                self._discard_locked()
+
+    def close(self) -> None:
+        """Commit without a ``with`` block (``__exit__`` does the same)."""
+        self.__exit__(None, None, None)
+
+    def _commit_locked(self) -> None:
+        raise NotImplementedError
+
+    def _discard_locked(self) -> None:
+        raise NotImplementedError
+
+    def _mux(self, packets: list[av.Packet]) -> None:
+        assert self._container is not None
+        for packet in packets:
+            self._container.mux(packet)
+
+    def _output_error(self, e: BaseException) -> OutputError:
+        reason = " ".join(str(getattr(e, "strerror", None) or e).split()).rstrip(".")
+        return OutputError(
+            f"Could not write the {self.what} '{self.path}' ({reason}); "
+            "check the free disk space and the folder's permissions, then export again."
+        )
+
+
+class VideoWriter(AtomicWriter):
     """Atomic video writer (:data:`CONTAINERS`, by the target's suffix); use as a context
     manager.
 
@@ -270,17 +332,6 @@ class VideoWriter:
                 self.encode_seconds += time.perf_counter() - t0
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
-        """Commit the file when the block ended normally, else discard it."""
-        with self._lock:
-            if self._state != "open":
-                return None
-            if exc_type is not None:
-                self._discard_locked()
-                return None
-            self._commit_locked()
-        return None
-
     # --- public API -------------------------------------------------------------
 
     def write(self, frame: np.ndarray) -> None:
@@ -346,22 +397,6 @@ class VideoWriter:
         with self._encoding():
             for start in range(0, len(x), _AUDIO_CHUNK):
                 self._encode_audio(x[start : start + _AUDIO_CHUNK])
-
-    def write_many(self, frames: np.ndarray | Iterable[np.ndarray]) -> None:
-        """Encode a [N, H, W, 3] array or any iterable of frames, in order."""
-        for frame in frames:
-            self.write(frame)
-
-    def abort(self) -> None:
-        """Discard the export now (cancel): delete the temporary file, keep the target."""
-        self._cancel.set()
-        with self._lock:
-            if self._state in ("new", "open"):
-                self._discard_locked()
-
-    def close(self) -> None:
-        """Commit without a ``with`` block (``__exit__`` does the same)."""
-        self.__exit__(None, None, None)
 
     @property
     def takes_planes(self) -> bool:
@@ -507,11 +542,6 @@ class VideoWriter:
         if blocks is not None:
             blocks.close()
 
-    def _mux(self, packets: list[av.Packet]) -> None:
-        assert self._container is not None
-        for packet in packets:
-            self._container.mux(packet)
-
     def _commit_locked(self) -> None:
         t0 = time.perf_counter()
         try:
@@ -558,10 +588,3 @@ class VideoWriter:
         if tmp is not None:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
-
-    def _output_error(self, e: BaseException) -> OutputError:
-        reason = " ".join(str(getattr(e, "strerror", None) or e).split()).rstrip(".")
-        return OutputError(
-            f"Could not write the video '{self.path}' ({reason}); "
-            "check the free disk space and the folder's permissions, then export again."
-        )
