@@ -53,7 +53,7 @@ from studio.batch.run import (
     run_batch,
 )
 from studio.errors import Cancelled, StudioError
-from studio.export.video import written_path
+from studio.export.video import ALPHA_SUFFIXES, written_path
 from studio.gui import theme
 from studio.gui.worker import start_in_thread
 from studio.settings import RenderSettings
@@ -441,11 +441,25 @@ class BatchWindow(QWidget):
                 if row.preset not in presets:
                     presets[row.preset] = RenderSettings.load(row.preset)
                 settings = presets[row.preset]
+            if settings.background == "transparent":
+                row.name = self._with_alpha(row)
             extra = {"audio": row.audio, "avatar": row.avatar, "preset": row.preset}
             jobs.append(
                 Job(row.name, row.audio, row.avatar, settings, f"batch queue row {number}", extra)
             )
         return jobs
+
+    def _with_alpha(self, row: QueueRow) -> str:
+        """The row's output name, as a WebM where its file type has no alpha channel (a
+        transparent background), unique in the queue."""
+        if Path(row.name).suffix.lower() in ALPHA_SUFFIXES:
+            return row.name
+        taken = {r.name.lower() for r in self.rows if r is not row}
+        stem, n = Path(row.name).stem, 2
+        name = f"{stem}.webm"
+        while name.lower() in taken:
+            name, n = f"{stem}_{n}.webm", n + 1
+        return name
 
     # --- running ------------------------------------------------------------------------
 

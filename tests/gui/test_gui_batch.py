@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import av
 import pytest
 from conftest import demo_speech_piece
 
@@ -150,3 +151,16 @@ def test_the_main_window_opens_one_batch_window(window, qtbot):
     assert window.batch_window is first
     window.close()  # the batch window goes with it
     assert not first.isVisible()
+
+
+def test_a_transparent_preset_makes_its_clip_a_webm(qtbot, batch, tmp_path):
+    w = batch
+    clear = tmp_path / "clear.json"
+    RenderSettings(size=SIZE, background="transparent").save(clear)
+    w.remove_rows([1, 2])  # a.wav alone
+    w.table.selectRow(0)
+    assert w.set_preset(str(clear))
+    assert _run(qtbot, w) == "done"
+    assert [r.name for r in w.rows] == ["a.webm"] and _status(w) == {"a.webm": "done"}
+    with av.open(str(Path(w.out_dir.text()) / "a.webm")) as c:
+        assert c.streams.video[0].metadata.get("alpha_mode") == "1"
