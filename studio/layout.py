@@ -67,6 +67,11 @@ HUBERT_RECEPTIVE_FIELD = 400  # samples seen by the conv front end per frame
 HUBERT_CHUNK = (3, 5, 2)  # (left context, valid, right context) in video frames
 HUBERT_CHUNK_EXTRA = HUBERT_RECEPTIVE_FIELD - HUBERT_HOP  # 80: brings 6400 to 20 frames
 
+# --- the avatar's face crop (Ditto's crop_scale, crop_vx_ratio, crop_vy_ratio) ---
+CROP_SCALE = 2.3  # the crop's side as a multiple of the face's landmarks
+CROP_VX = 0.0  # sideways shift, a fraction of the side (Ditto takes it and ignores it)
+CROP_VY = -0.125  # vertical shift, a fraction of the side (-: up)
+
 # --- the LMDM condition, in this order: HuBERT, emotion, eye_open, eye_ball, sc ---
 EMOTIONS = ("Angry", "Disgust", "Fear", "Happy", "Neutral", "Sad", "Surprise", "Contempt")
 NUM_EMOTIONS = len(EMOTIONS)  # 8

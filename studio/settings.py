@@ -26,7 +26,14 @@ from pydantic_core import ErrorDetails
 from studio.errors import InputError, OptionError
 from studio.export.video import X264_PRESETS
 from studio.files import read_json, write_atomic
-from studio.layout import DEFAULT_EMOTION, DEFAULT_SAMPLING_STEPS, EMOTIONS
+from studio.layout import (
+    CROP_SCALE,
+    CROP_VX,
+    CROP_VY,
+    DEFAULT_EMOTION,
+    DEFAULT_SAMPLING_STEPS,
+    EMOTIONS,
+)
 from studio.motion.cadence import STRIDES, CadenceThresholds
 from studio.motion.controls import ControlTracks
 from studio.motion.kinematics import (
@@ -201,7 +208,7 @@ class RenderSettings(BaseModel):
     delta_roll: float = _delta("roll")
     steps: int = _field(DEFAULT_SAMPLING_STEPS, "--steps", "DDIM sampling steps", 1, MAX_STEPS)
     crop_scale: float = _field(
-        2.3,
+        CROP_SCALE,
         "--crop-scale",
         "the face crop's side as a multiple of the face (smaller: closer; 1.8-2.0 helps a "
         "mouth that will not open); the avatar is registered again",
@@ -211,7 +218,7 @@ class RenderSettings(BaseModel):
         decimals=2,
     )
     crop_vx: float = _field(
-        0.0,
+        CROP_VX,
         "--crop-vx",
         "the face crop moved sideways, a fraction of its side (+: right)",
         -0.5,
@@ -220,7 +227,7 @@ class RenderSettings(BaseModel):
         decimals=3,
     )
     crop_vy: float = _field(
-        -0.125,
+        CROP_VY,
         "--crop-vy",
         "the face crop moved up or down, a fraction of its side (-: up, Ditto's -0.125)",
         -0.5,

@@ -54,6 +54,7 @@ from studio.avatar.folder import AVATAR_META
 from studio.avatar.image import MIN_FACE_PX, read_image, read_image_bytes
 from studio.errors import InputError, OutputError
 from studio.files import check_writable_folder
+from studio.layout import CROP_SCALE, CROP_VX, CROP_VY
 from studio.models.checkpoints import CheckpointSet
 from studio.paths import AVATAR_ENV, avatar_cache_dir, build_lock
 
@@ -99,11 +100,11 @@ class RegistrationSettings:
     image size limit (``max_size``); ``crop_vx_ratio`` shifts the crop sideways (Ditto takes it
     but ignores it, §9.1: at 0 the crop is Ditto's, and the cache key is as before)."""
 
-    crop_scale: float = 2.3
-    crop_vy_ratio: float = -0.125
+    crop_scale: float = CROP_SCALE
+    crop_vy_ratio: float = CROP_VY
     crop_rotate: bool = True
     max_size: int = 1920
-    crop_vx_ratio: float = 0.0
+    crop_vx_ratio: float = CROP_VX
 
     def __post_init__(self) -> None:
         if not self.crop_scale > 0:

@@ -10,7 +10,6 @@ whole), so a failed or cancelled export leaves the old folder or none.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import shutil
@@ -24,7 +23,7 @@ import av.error
 import numpy as np
 
 from studio.audio.io import Audio
-from studio.errors import Cancelled, OutputError
+from studio.errors import Cancelled
 from studio.export.video import PNG_SEQUENCE, AtomicWriter, check_output_path, png_folder
 from studio.layout import FPS
 
@@ -129,43 +128,21 @@ class PngSequenceWriter(AtomicWriter):
             finally:
                 blocks.close()
 
-    def _commit_locked(self) -> None:
-        t0 = time.perf_counter()
-        try:
-            if self.frames_written == 0:
-                raise OutputError(
-                    f"No frames were rendered for '{self.path}'; nothing was written."
-                )
-            assert self._container is not None and self._tmp is not None
-            try:
-                self._mux(self._stream.encode(None))
-                self._container.close()
-                self._container = None
-                if self.audio is not None:
-                    self._write_audio(self._tmp)
-                old = None
-                if self.path.exists():
-                    old = self.path.with_name(f".{self.name}.old-{secrets.token_hex(4)}")
-                    self.path.rename(old)
-                self._tmp.rename(self.path)
-                if old is not None:
-                    shutil.rmtree(old, ignore_errors=True)
-            except (av.error.FFmpegError, OSError, RuntimeError) as e:
-                raise self._output_error(e) from None
-        except BaseException:
-            self._discard_locked()
-            raise
-        finally:
-            self.encode_seconds += time.perf_counter() - t0
-        self._tmp = None
-        self._state = "committed"
+    def _finish(self) -> None:
+        """The last frames, the WAV, then the folder put in place of an earlier one."""
+        assert self._container is not None and self._tmp is not None
+        self._mux(self._stream.encode(None))
+        self._container.close()
+        self._container = None
+        if self.audio is not None:
+            self._write_audio(self._tmp)
+        old = None
+        if self.path.exists():
+            old = self.path.with_name(f".{self.name}.old-{secrets.token_hex(4)}")
+            self.path.rename(old)
+        self._tmp.rename(self.path)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
 
-    def _discard_locked(self) -> None:
-        self._state = "discarded"
-        container, self._container = self._container, None
-        if container is not None:
-            with contextlib.suppress(Exception):
-                container.close()
-        tmp, self._tmp = self._tmp, None
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+    def _remove(self, tmp: Path) -> None:
+        shutil.rmtree(tmp, ignore_errors=True)

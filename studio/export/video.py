@@ -185,10 +185,13 @@ class AtomicWriter:
 
     what = "video"  # for its messages
     path: Path
+    frames_written: int
+    encode_seconds: float
     _lock: threading.Lock
     _cancel: threading.Event
     _state: str
     _container: av.container.OutputContainer | None
+    _tmp: Path | None  # the hidden file or folder written until the commit
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         """Commit the output when the block ended normally, else discard it."""
@@ -221,10 +224,48 @@ class AtomicWriter:
         self.__exit__(None, None, None)
 
     def _commit_locked(self) -> None:
+        """Finish the output and put it in place (:meth:`_finish`); any failure discards it,
+        a write error becomes an OutputError."""
+        t0 = time.perf_counter()
+        try:
+            if self.frames_written == 0:
+                raise OutputError(
+                    f"No {self.what} frames were rendered for '{self.path}'; nothing was written."
+                )
+            try:
+                self._finish()
+            except (av.error.FFmpegError, OSError, RuntimeError) as e:
+                raise self._output_error(e) from None
+        except BaseException:
+            self._discard_locked()
+            raise
+        finally:
+            self.encode_seconds += time.perf_counter() - t0
+        self._tmp = None
+        self._state = "committed"
+
+    def _finish(self) -> None:
+        """Flush the encoders, close the container and move ``_tmp`` onto ``path``."""
         raise NotImplementedError
 
     def _discard_locked(self) -> None:
-        raise NotImplementedError
+        """Close the container (ignoring its errors) and delete what was written."""
+        self._state = "discarded"
+        self._release()
+        container, self._container = self._container, None
+        if container is not None:
+            with contextlib.suppress(Exception):  # already failing; the output goes anyway
+                container.close()
+        tmp, self._tmp = self._tmp, None
+        if tmp is not None:
+            self._remove(tmp)
+
+    def _release(self) -> None:
+        """Let go of what the writer reads besides its container (nothing by default)."""
+
+    def _remove(self, tmp: Path) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
 
     def _mux(self, packets: list[av.Packet]) -> None:
         assert self._container is not None
@@ -286,19 +327,19 @@ class VideoWriter(AtomicWriter):
             raise ValueError("give the clip's audio or a rate for audio written as it comes")
         if audio_rate is not None and int(audio_rate) not in AAC_RATES:
             raise ValueError(f"audio_rate must be one of {AAC_RATES}, got {audio_rate}")
-        if codec not in ENCODERS:
-            raise OptionError("codec", f"must be one of {', '.join(ENCODERS)}; got {codec!r}.")
-        if not encoder_available(codec):
-            raise OptionError(
-                "codec",
-                f"{codec}: this PyAV build has no {ENCODERS[codec][0]} encoder (`studio doctor` "
-                "lists the encoders); choose h264",
-            )
         self.path = check_output_path(path)
         self.container = CONTAINERS.get(self.path.suffix.lower())  # type: ignore[assignment]
         if self.container is None:
             raise ValueError(f"{self.path.name}: a PNG sequence is written by PngSequenceWriter")
         check_alpha_output(self.path, alpha)
+        if codec not in ENCODERS:
+            raise OptionError("codec", f"must be one of {', '.join(ENCODERS)}; got {codec!r}.")
+        if self.container.video is None and not encoder_available(codec):  # MP4's own
+            raise OptionError(
+                "codec",
+                f"{codec}: this PyAV build has no {ENCODERS[codec][0]} encoder (`studio doctor` "
+                "lists the encoders); choose h264",
+            )
         self.alpha = bool(alpha)
         self.codec = self.container.codec or codec
         self.audio_rate = None if audio_rate is None else int(audio_rate)
@@ -542,49 +583,22 @@ class VideoWriter(AtomicWriter):
         if blocks is not None:
             blocks.close()
 
-    def _commit_locked(self) -> None:
-        t0 = time.perf_counter()
-        try:
-            if self.frames_written == 0:
-                raise OutputError(
-                    f"No video frames were rendered for '{self.path}'; nothing was written."
-                )
-            try:
-                self._mux(self._vstream.encode(None))
-                has_audio = self._audio_blocks is not None or self.audio_rate is not None
-                if self._audio_blocks is not None:
-                    self._feed_audio(None)
-                    self._close_audio()
-                if has_audio:
-                    for rf in self._resampler.resample(None):
-                        self._mux(self._astream.encode(rf))
-                    self._mux(self._astream.encode(None))
-                assert self._container is not None
-                self._container.close()
-                self._container = None
-                assert self._tmp is not None
-                with open(self._tmp, "rb") as fh:
-                    os.fsync(fh.fileno())
-                os.replace(self._tmp, self.path)
-            except (av.error.FFmpegError, OSError) as e:
-                raise self._output_error(e) from None
-        except BaseException:
-            self._discard_locked()
-            raise
-        finally:
-            self.encode_seconds += time.perf_counter() - t0
-        self._tmp = None
-        self._state = "committed"
+    def _finish(self) -> None:
+        self._mux(self._vstream.encode(None))
+        has_audio = self._audio_blocks is not None or self.audio_rate is not None
+        if self._audio_blocks is not None:
+            self._feed_audio(None)
+            self._close_audio()
+        if has_audio:
+            for rf in self._resampler.resample(None):
+                self._mux(self._astream.encode(rf))
+            self._mux(self._astream.encode(None))
+        assert self._container is not None and self._tmp is not None
+        self._container.close()
+        self._container = None
+        with open(self._tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(self._tmp, self.path)
 
-    def _discard_locked(self) -> None:
-        """Close the container (ignoring its errors) and delete the temporary file."""
-        self._state = "discarded"
+    def _release(self) -> None:
         self._close_audio()
-        container, self._container = self._container, None
-        if container is not None:
-            with contextlib.suppress(Exception):  # already failing; the file goes anyway
-                container.close()
-        tmp, self._tmp = self._tmp, None
-        if tmp is not None:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()

@@ -1087,6 +1087,12 @@ class MainWindow(QMainWindow):
         path, _ = QFileDialog.getOpenFileName(self, title, str(Path.home()), filters)
         return path
 
+    def _ask_save(self, title: str, filters: str) -> str:
+        """A JSON file the user names to save, starting in the home folder, ``.json`` added
+        when missing ("" when cancelled)."""
+        path, _ = QFileDialog.getSaveFileName(self, title, str(Path.home()), filters)
+        return path if not path or path.endswith(".json") else path + ".json"
+
     def open_audio_dialog(self) -> None:
         path = self._ask_open("Open audio", AUDIO_FILTER)
         if path:
@@ -1117,9 +1123,9 @@ class MainWindow(QMainWindow):
             self.request_motion()
 
     def save_preset_dialog(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Save preset", str(Path.home()), PRESET_FILTER)
+        path = self._ask_save("Save preset", PRESET_FILTER)
         if path:
-            self.save_preset(path if path.endswith(".json") else path + ".json")
+            self.save_preset(path)
 
     def save_preset(self, path: str) -> None:
         try:
@@ -1165,11 +1171,9 @@ class MainWindow(QMainWindow):
         self.edit_tracks(tracks, f"Load control tracks {Path(path).name}")
 
     def save_tracks_dialog(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(
-            self, "Save control tracks", str(Path.home()), PRESET_FILTER
-        )
+        path = self._ask_save("Save control tracks", PRESET_FILTER)
         if path:
-            self.save_tracks(path if path.endswith(".json") else path + ".json")
+            self.save_tracks(path)
 
     def save_tracks(self, path: str) -> None:
         """The tracks as a file `studio render --controls` reads."""
@@ -1202,11 +1206,9 @@ class MainWindow(QMainWindow):
         self.set_tracks(project.controls)
 
     def save_project_dialog(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(
-            self, "Save project", str(Path.home()), PROJECT_FILTER
-        )
+        path = self._ask_save("Save project", PROJECT_FILTER)
         if path:
-            self.save_project(path if path.endswith(".json") else path + ".json")
+            self.save_project(path)
 
     def save_project(self, path: str) -> None:
         try:

@@ -87,16 +87,10 @@ class ControlTracks:
     def sample(self, name: str, num_frames: int, fps: int = layout.FPS) -> np.ndarray:
         """The track's value at every frame [N] (its neutral value where it has no keys)."""
         keys = self.tracks.get(name, ())
-        times = np.arange(num_frames, dtype=np.float64) / fps
         if not keys:
             return np.full(num_frames, TRACKS[name][0])
-        out = np.full(num_frames, keys[0].value, dtype=np.float64)
-        for a, b in zip(keys, keys[1:], strict=False):
-            inside = (times >= a.t) & (times < b.t)
-            w = _weights(a.interp, (times[inside] - a.t) / max(b.t - a.t, 1e-9))
-            out[inside] = a.value + w * (b.value - a.value)
-        out[times >= keys[-1].t] = keys[-1].value
-        return out
+        times = np.arange(num_frames, dtype=np.float64) / fps
+        return _curve(keys, np.array([k.value for k in keys]), times)
 
     def keys(self, name: str) -> tuple[Key, ...]:
         """Track ``name``'s keys, in time order (none where it has none)."""
@@ -109,8 +103,7 @@ class ControlTracks:
             return TRACKS[name][0]
         if name == "emotion":  # labels do not average: the key in force
             return next((k.value for k in reversed(keys) if k.t <= t), keys[0].value)
-        fps = 1000
-        return float(self.sample(name, int(round(t * fps)) + 1, fps)[-1])
+        return float(_curve(keys, np.array([k.value for k in keys]), np.array([float(t)]))[0])
 
     def with_key(self, name: str, key: Key, replace: int | None = None) -> ControlTracks:
         """These tracks with ``key`` on track ``name`` (instead of its key number ``replace``
@@ -139,14 +132,8 @@ class ControlTracks:
         if not keys:
             return None
         times = np.arange(num_frames, dtype=np.float64) / fps
-        eye = np.eye(layout.NUM_EMOTIONS, dtype=np.float32)
-        rows = np.repeat(eye[int(keys[0].value)][None], num_frames, axis=0)
-        for a, b in zip(keys, keys[1:], strict=False):
-            inside = (times >= a.t) & (times < b.t)
-            w = _weights(a.interp, (times[inside] - a.t) / max(b.t - a.t, 1e-9))[:, None]
-            rows[inside] = (1.0 - w) * eye[int(a.value)] + w * eye[int(b.value)]
-        rows[times >= keys[-1].t] = eye[int(keys[-1].value)]
-        return rows
+        labels = np.eye(layout.NUM_EMOTIONS)[[int(k.value) for k in keys]]
+        return _curve(keys, labels, times).astype(np.float32)
 
     def motion_key(self) -> tuple:
         """What of the tracks the motion itself depends on (the emotion keys): a cache key."""
@@ -215,6 +202,20 @@ def _weights(interp: str, u: np.ndarray) -> np.ndarray:
     if interp == "linear":
         return u
     return u * u * (3.0 - 2.0 * u)
+
+
+def _curve(keys: tuple[Key, ...], values: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """The keys' ``values`` ([K] numbers, or [K, D] rows such as emotion weights) at
+    ``times``: the first key's before it, each key's going to the next by its
+    interpolation, the last key's after it."""
+    out = np.repeat(values[:1].astype(np.float64), len(times), axis=0)
+    for i, (a, b) in enumerate(zip(keys, keys[1:], strict=False)):
+        inside = (times >= a.t) & (times < b.t)
+        w = _weights(a.interp, (times[inside] - a.t) / max(b.t - a.t, 1e-9))
+        w = w.reshape(-1, *([1] * (values.ndim - 1)))
+        out[inside] = values[i] + w * (values[i + 1] - values[i])
+    out[times >= keys[-1].t] = values[-1]
+    return out
 
 
 def _emotion_label(value: Any, where: str) -> Any:

@@ -327,7 +327,9 @@ class DittoRenderer(Renderer):
         self._avatar = avatar
         self._backdrop: tuple[int, int, int] | None = None
         self._pastes: dict[tuple[int, int, int] | None, PasteBack] = {}
-        self._feather: Tensor | None = None  # crop frames over a backdrop: the paste mask
+        # crop frames over a backdrop: the paste mask and the colour (0..1), on the device
+        self._feather: Tensor | None = None
+        self._backdrop_rgb: Tensor | None = None
         if self.full:
             self.paste = PasteBack(avatar.image, avatar.m_c2o, CROP, dev)
             self._pastes[None] = self.paste
@@ -497,8 +499,11 @@ class DittoRenderer(Renderer):
         mask (None: as they were)."""
         self._backdrop = None if colour is None else tuple(int(c) for c in colour)
         if not self.full:
-            if colour is not None and self._feather is None:
-                self._feather = paste_mask(CROP).to(self.device)[None, None]
+            if colour is not None:
+                if self._feather is None:
+                    self._feather = paste_mask(CROP).to(self.device)[None, None]
+                rgb = torch.tensor(self._backdrop, dtype=torch.float32, device=self.device)
+                self._backdrop_rgb = (rgb / 255)[None, :, None, None]
             return
         paste = self._pastes.get(self._backdrop)
         if paste is None:
@@ -516,10 +521,9 @@ class DittoRenderer(Renderer):
                 frames = self.paste(img)
             else:
                 if self._backdrop is not None:
-                    assert self._feather is not None
-                    colour = torch.tensor(self._backdrop, device=img.device, dtype=img.dtype)
+                    assert self._feather is not None and self._backdrop_rgb is not None
                     m = self._feather.to(img.dtype)
-                    img = img.clamp(0, 1) * m + (colour[None, :, None, None] / 255) * (1 - m)
+                    img = img.clamp(0, 1) * m + self._backdrop_rgb.to(img.dtype) * (1 - m)
                 if self.width != CROP:
                     img = F.interpolate(img, size=(self.height, self.width), mode="area")
                 frames = (img.clamp(0, 1) * 255).to(torch.uint8).permute(0, 2, 3, 1)
