@@ -134,6 +134,31 @@ def write_png(path, rgb):
     return path
 
 
+def write_video(path, frames, fps=25):
+    """An H.264 MP4 of ``frames`` (HxWx3 uint8 each), near-lossless so drawn faces stay
+    drawn (the face stand-ins threshold colours)."""
+    import av
+
+    with av.open(str(path), "w", format="mp4") as out:
+        stream = out.add_stream("libx264", rate=fps, options={"crf": "4", "preset": "ultrafast"})
+        stream.height, stream.width = frames[0].shape[:2]
+        stream.pix_fmt = "yuv444p"
+        for rgb in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")):
+                out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+    return path
+
+
+def drifting_face(n, box, hw, step=1.0):
+    """``n`` frames of a drawn face in ``box`` moving right ``step`` px a frame."""
+    from studio.fixtures.face_standins import face_image
+
+    x1, y1, x2, y2 = box
+    return [face_image(hw, [(x1 + step * i, y1, x2 + step * i, y2)]) for i in range(n)]
+
+
 def write_speechlike(path, seconds, sr=16000):
     """A voiced, syllable-rate modulated tone with a little noise, as a WAV."""
     import numpy as np

@@ -44,6 +44,7 @@ __all__ = [
     "MIN_FACE_PX",
     "MIN_IMAGE_SIDE",
     "Picture",
+    "fit_size",
     "load_image",
     "read_image",
     "read_image_bytes",
@@ -117,6 +118,17 @@ def _unreadable(p: Path, e: OSError) -> InputError:
         return InputError(f"avatar image {p} does not exist: check the path")
     fix = "check its permissions" if isinstance(e, PermissionError) else "copy it elsewhere"
     return InputError(f"cannot read avatar image {p} ({e.strerror or e}): {fix}")
+
+
+def fit_size(h: int, w: int, max_size: int) -> tuple[int, int]:
+    """Ditto's §5.1 size rule for an avatar's frames: the longer side down to ``max_size``
+    (rounded), then both sides floored to even."""
+    if max_size > 0 and max(h, w) > max_size:
+        if h > w:
+            h, w = max_size, int(round(w * max_size / h))
+        else:
+            h, w = int(round(h * max_size / w)), max_size
+    return h - h % 2, w - w % 2
 
 
 # --- steps of read_image --------------------------------------------------------------------------
@@ -231,8 +243,20 @@ _VIDEO_FORMATS = frozenset(
 )
 
 
+# ISO-BMFF brands of still images (HEIF/AVIF photos share MP4's "ftyp" box).
+_STILL_BRANDS = frozenset({b"heic", b"heix", b"heim", b"heis", b"mif1", b"msf1", b"avif", b"avis"})
+
+
+def _still_iso(data: bytes) -> bool:
+    """A HEIF/AVIF photo: an MP4-style header whose brand is a still image's."""
+    return data[4:8] == b"ftyp" and data[8:12] in _STILL_BRANDS
+
+
 def _sniff_video(data: bytes) -> str | None:
-    """The container of a video recognised by its first bytes (before anything decodes it)."""
+    """The container of a video recognised by its first bytes (before anything decodes it;
+    a HEIF/AVIF photo's MP4-style header is not a video)."""
+    if _still_iso(data):
+        return None
     for offset, magic, name in _VIDEO_MAGIC:
         if data[offset : offset + len(magic)] == magic:
             return name
@@ -291,8 +315,8 @@ def _not_an_image(p: Path, data: bytes) -> InputError:
 
 def _video_error(p: Path, kind: str) -> InputError:
     return InputError(
-        f"{p} is a video ({kind}): video avatars are not supported yet; use a still image "
-        "(PNG or JPEG) of the face"
+        f"{p} is a video ({kind}), not a photo: a still image (PNG or JPEG) of the face is "
+        "needed here (the Ditto engine also takes a short video as the avatar)"
     )
 
 

@@ -26,9 +26,17 @@ and renamed into place, so a crash never leaves a half-written cache; a file loc
 makes a second process that registers the same image at the same time wait for the first and
 reopen its folder.
 
+A video (:mod:`studio.avatar.video`: sampled at 25 fps, at most 10 s) registers every frame:
+the face is detected in frame 0 and tracked (each frame's 203 landmarks from the crop around
+the previous frame's), each frame gets its crop, ``M_c2o``, eye features, ``x_s_info`` and
+``f_s``; ``x_s_info`` is box-smoothed over 13 frames and ``sc`` is frame 0's keypoints before
+smoothing (§5.5). The frames are cached as ``frames.npy`` (memory-mapped when reopened).
+
 Differences from Ditto on purpose: clear errors instead of crashes (no face, §9 pitfall 16; tiny
-faces; videos, which are not supported yet), and the extractors run in float32 (Ditto's PyTorch
-path uses fp16 autocast on CUDA, its TensorRT motion extractor fp32).
+faces; a video with a cut or a face lost while tracking), a video sampled at 25 fps by its
+timestamps (Ditto takes one source frame per output frame whatever the video's rate), and the
+extractors run in float32 (Ditto's PyTorch path uses fp16 autocast on CUDA, its TensorRT motion
+extractor fp32).
 """
 
 from __future__ import annotations
@@ -47,11 +55,25 @@ from typing import Any
 
 import numpy as np
 
-from studio.avatar.crop import area_downsample, crop_geometry, crop_image, resize_bilinear
+from studio.avatar.crop import (
+    CropGeometry,
+    area_downsample,
+    crop_geometry,
+    crop_image,
+    resize_bilinear,
+)
 from studio.avatar.eyes import eye_features, planned_method
 from studio.avatar.faces import FaceDetector, Landmark106, Landmark203, providers_for
 from studio.avatar.folder import AVATAR_META
-from studio.avatar.image import MIN_FACE_PX, read_image, read_image_bytes
+from studio.avatar.image import MIN_FACE_PX, fit_size, read_image, read_image_bytes
+from studio.avatar.video import (
+    MAX_VIDEO_FRAMES,
+    VIDEO_FPS,
+    find_cut,
+    is_video,
+    read_video,
+    video_sha256,
+)
 from studio.errors import InputError, OutputError
 from studio.files import check_writable_folder
 from studio.layout import CROP_SCALE, CROP_VX, CROP_VY
@@ -70,9 +92,16 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
+VIDEO_FRAMES_FILE = "frames.npy"  # a video avatar's frames, beside image.npy (its frame 0)
 CACHE_ENV = AVATAR_ENV  # this folder itself; $STUDIO_CACHE_DIR moves the whole cache root
 CROP_SIZE = 512
 NET_SIZE = 256
+SOURCE_SMOOTH_FRAMES = 13  # Ditto's smo_k_s: a video's x_s_info box-filtered over frames
+MAX_TRACK_JUMP = 0.5  # a tracked crop moving more than this part of its side in one frame
+MAX_TRACK_SCALE = 1.5  # or changing its size by more than this factor: the face is lost
+DETECT_EVERY = 5  # frames between the detector's checks that the tracked face is a face
+PROGRESS_EVERY = 10  # frames between progress reports of a video's tracking
+EXTRACT_BATCH = 8  # crops through the extractors at a time (bounds a video's activations)
 
 Progress = Callable[[str, int, int], None]
 
@@ -145,18 +174,32 @@ class Avatar:
     face_box: np.ndarray | None = None  # [4] x1, y1, x2, y2 in ``image`` pixels
     lmk203: np.ndarray | None = None  # [203, 2] in ``image`` pixels
     cached: bool = False  # True when loaded from the cache without running a model
+    frames: np.ndarray | None = None  # a video avatar's frames [n, H, W, 3] (None: an image)
+
+    @property
+    def is_video(self) -> bool:
+        return self.frames is not None
+
+    @property
+    def num_frames(self) -> int:
+        """Source frames: 1 for an image; a video's per-frame arrays (``x_s_info``, ``f_s``,
+        ``eye_open``, ``eye_ball``, ``m_c2o`` [n, 3, 3]) have this many rows."""
+        return 1 if self.frames is None else len(self.frames)
 
     def source_info(self) -> dict[str, Any]:
-        """Ditto's ``source_info`` for this image source (§5.5): one entry per list."""
+        """Ditto's ``source_info`` (§5.5): one entry per source frame in every list."""
+        n = self.num_frames
+        m_c2o = [self.m_c2o] if self.frames is None else list(self.m_c2o)
+        images = [self.image] if self.frames is None else list(self.frames)
         return {
-            "x_s_info_lst": [self.x_s_info],
-            "f_s_lst": [self.f_s],
-            "M_c2o_lst": [self.m_c2o],
-            "eye_open_lst": [self.eye_open],
-            "eye_ball_lst": [self.eye_ball],
+            "x_s_info_lst": [{k: v[i : i + 1] for k, v in self.x_s_info.items()} for i in range(n)],
+            "f_s_lst": [self.f_s[i : i + 1] for i in range(n)],
+            "M_c2o_lst": m_c2o,
+            "eye_open_lst": [self.eye_open[i : i + 1] for i in range(n)],
+            "eye_ball_lst": [self.eye_ball[i : i + 1] for i in range(n)],
             "sc": self.sc.reshape(-1),
-            "is_image_flag": True,
-            "img_rgb_lst": [self.image],
+            "is_image_flag": self.frames is None,
+            "img_rgb_lst": images,
         }
 
 
@@ -199,19 +242,6 @@ def file_fingerprint(path: str | os.PathLike[str], known: dict | None = None) ->
         sha = _sha256_file(p)
     _SHA_MEMO[key] = sha
     return {"path": key[0], "size": key[1], "mtime_ns": key[2], "sha256": sha}
-
-
-# --- image size ----------------------------------------------------------------------------------
-
-
-def fit_size(h: int, w: int, max_size: int) -> tuple[int, int]:
-    """§5.1: the longer side down to ``max_size`` (rounded), then both sides floored to even."""
-    if max_size > 0 and max(h, w) > max_size:
-        if h > w:
-            h, w = max_size, int(round(w * max_size / h))
-        else:
-            h, w = int(round(h * max_size / w)), max_size
-    return h - h % 2, w - w % 2
 
 
 # --- model files ----------------------------------------------------------------------------------
@@ -273,6 +303,69 @@ class _Steps:
             self.progress(f"{STAGE}: {name}", self.done, len(_STEPS))
 
 
+def _find_face(
+    image: np.ndarray, where: str, detector: FaceDetector, notes: list[str]
+) -> tuple[np.ndarray, int]:
+    """(box of the largest face, faces found) in ``image``; InputError for none or a tiny one
+    (``where``: "path" or "the first frame of path")."""
+    dets = detector(image)
+    if len(dets) == 0:
+        raise InputError(
+            f"no face found in {where}: use a photo with one clearly visible, roughly frontal, "
+            "well-lit face (not too close to the edge)"
+        )
+    box = dets.boxes[int(dets.by_area()[0])]
+    bw, bh = float(box[2] - box[0]), float(box[3] - box[1])
+    if max(bw, bh) < MIN_FACE_PX:
+        raise InputError(
+            f"the face in {where} is too small: {bw:.0f}x{bh:.0f} px, registration needs at "
+            f"least {MIN_FACE_PX} px on its longer side; use a larger photo or one taken closer"
+        )
+    if len(dets) > 1:
+        notes.append(f"{len(dets)} faces found; used the largest ({bw:.0f}x{bh:.0f} px)")
+    return box, len(dets)
+
+
+def _geometry(lmk203: np.ndarray, settings: RegistrationSettings) -> CropGeometry:
+    return crop_geometry(
+        lmk203,
+        CROP_SIZE,
+        settings.crop_scale,
+        settings.crop_vy_ratio,
+        settings.crop_rotate,
+        settings.crop_vx_ratio,
+    )
+
+
+def _extract(
+    crops: np.ndarray, files: dict[str, Path], dev: Any
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """(x_s_info, f_s) of 512 px crops [n, 512, 512, 3]: area-resized to 256 px, /255, through
+    the motion and appearance extractors, :data:`EXTRACT_BATCH` crops at a time."""
+    import torch
+
+    motion = _network("motion_extractor", files["motion_extractor"], dev)
+    appearance = _network("appearance_extractor", files["appearance_extractor"], dev)
+    heads: list[list[np.ndarray]] = []
+    feats: list[np.ndarray] = []
+    for s in range(0, len(crops), EXTRACT_BATCH):
+        small = area_downsample(crops[s : s + EXTRACT_BATCH], CROP_SIZE // NET_SIZE, dev)
+        x = torch.from_numpy(small.astype(np.float32) / 255.0).permute(0, 3, 1, 2).contiguous()
+        x = x.to(dev)
+        with torch.inference_mode():
+            out = motion(x)
+            f_s = appearance(x)
+        heads.append([np.asarray(v.detach().float().cpu().numpy(), np.float32) for v in out])
+        feats.append(np.asarray(f_s.detach().float().cpu().numpy(), np.float32))
+    x_s_info = {
+        k: np.ascontiguousarray(np.concatenate([h[i] for h in heads]), dtype=np.float32)
+        for i, k in enumerate(_X_S_KEYS)
+    }
+    for k in ("exp", "kp"):
+        x_s_info[k] = x_s_info[k].reshape(len(crops), -1)
+    return x_s_info, np.ascontiguousarray(np.concatenate(feats), dtype=np.float32)
+
+
 def _build(
     path: Path,
     data: bytes,
@@ -293,36 +386,15 @@ def _build(
         notes.append(f"image resized from {w0}x{h0} to {w}x{h} px (max side {settings.max_size})")
     steps("load image")
 
-    dets = FaceDetector(files["insightface_det"], providers)(image)
-    if len(dets) == 0:
-        raise InputError(
-            f"no face found in {path}: use a photo with one clearly visible, roughly frontal, "
-            "well-lit face (not too close to the edge)"
-        )
-    best = int(dets.by_area()[0])
-    box = dets.boxes[best]
-    bw, bh = float(box[2] - box[0]), float(box[3] - box[1])
-    if max(bw, bh) < MIN_FACE_PX:
-        raise InputError(
-            f"the face in {path} is too small: {bw:.0f}x{bh:.0f} px, registration needs at least "
-            f"{MIN_FACE_PX} px on its longer side; use a larger photo or one taken closer"
-        )
-    if len(dets) > 1:
-        notes.append(f"{len(dets)} faces found; used the largest ({bw:.0f}x{bh:.0f} px)")
+    detector = FaceDetector(files["insightface_det"], providers)
+    box, faces = _find_face(image, str(path), detector, notes)
     steps("face detection")
 
     lmk106 = Landmark106(files["landmark106"], providers)(image, box)
     lmk203 = Landmark203(files["landmark203"], providers)(image, lmk106)
     steps("landmarks")
 
-    geo = crop_geometry(
-        lmk203,
-        CROP_SIZE,
-        settings.crop_scale,
-        settings.crop_vy_ratio,
-        settings.crop_rotate,
-        settings.crop_vx_ratio,
-    )
+    geo = _geometry(lmk203, settings)
     dev = torch.device(device) if not isinstance(device, torch.device) else device
     crop = crop_image(image, geo, dev)
     steps("crop")
@@ -330,20 +402,7 @@ def _build(
     eyes = eye_features(crop, lmk203, files.get("face_landmarker"))
     steps("eye features")
 
-    small = area_downsample(crop, CROP_SIZE // NET_SIZE, dev)
-    x = torch.from_numpy(small.astype(np.float32) / 255.0).permute(2, 0, 1)[None].to(dev)
-    motion = _network("motion_extractor", files["motion_extractor"], dev)
-    appearance = _network("appearance_extractor", files["appearance_extractor"], dev)
-    with torch.inference_mode():
-        heads = motion(x)
-        f_s = appearance(x)
-    x_s_info = {
-        k: np.ascontiguousarray(v.detach().float().cpu().numpy(), dtype=np.float32)
-        for k, v in zip(_X_S_KEYS, heads, strict=True)
-    }
-    for k in ("exp", "kp"):
-        x_s_info[k] = x_s_info[k].reshape(1, -1)
-    f_s_np = np.ascontiguousarray(f_s.detach().float().cpu().numpy(), dtype=np.float32)
+    x_s_info, f_s = _extract(crop[None], files, dev)
     steps("motion and appearance")
 
     avatar = Avatar(
@@ -351,7 +410,7 @@ def _build(
         crop=crop,
         m_c2o=geo.m_c2o.astype(np.float32),
         x_s_info=x_s_info,
-        f_s=f_s_np,
+        f_s=f_s,
         eye_open=eyes.eye_open,
         eye_ball=eyes.eye_ball,
         sc=x_s_info["kp"].reshape(1, -1).copy(),
@@ -364,10 +423,157 @@ def _build(
         "source": str(path),
         "original_size_wh": [w0, h0],
         "size_wh": [w, h],
-        "faces_found": len(dets),
+        "faces_found": faces,
         "face_box": [float(v) for v in box],
         "crop": {"center": [float(v) for v in geo.center], "size": geo.size, "angle": geo.angle},
         "eye_method_key": eyes.method,
+    }
+    return avatar, extra
+
+
+def smooth_source(info: dict[str, np.ndarray], window: int) -> dict[str, np.ndarray]:
+    """Ditto's video source smoothing: every key's rows averaged over a centred box of
+    ``window`` frames, the box cut at the clip's ends (a 1-frame source is unchanged)."""
+    out = {}
+    for k, v in info.items():
+        n = len(v)
+        if n < 2 or window <= 1:
+            out[k] = v
+            continue
+        flat = v.reshape(n, -1).astype(np.float64)
+        csum = np.concatenate([np.zeros((1, flat.shape[1])), np.cumsum(flat, axis=0)])
+        i = np.arange(n)
+        lo, hi = np.maximum(i - window // 2, 0), np.minimum(i + window // 2 + 1, n)
+        mean = (csum[hi] - csum[lo]) / (hi - lo)[:, None]
+        out[k] = mean.astype(np.float32).reshape(v.shape)
+    return out
+
+
+def _lost(path: Path, i: int, why: str) -> InputError:
+    return InputError(
+        f"the face in {path} is lost at {i / VIDEO_FPS:.2f} s (frame {i}: {why}): a video "
+        "avatar needs one face in view all the time; trim the video before that point"
+    )
+
+
+def _track(
+    frames: np.ndarray,
+    first: np.ndarray,
+    models: tuple[FaceDetector, Landmark203],
+    settings: RegistrationSettings,
+    path: Path,
+    progress: Progress | None,
+) -> tuple[np.ndarray, list[CropGeometry]]:
+    """Ditto's tracking: frame i's 203 landmarks from the crop around frame i-1's. The face
+    counts as lost where the crop jumps or changes size too much between frames, or where
+    the detector, run every :data:`DETECT_EVERY` frames (a landmark model gives points even
+    for a crop with no face), finds no face around the tracked landmarks."""
+    detector, landmarks = models
+    points, geos = [first], [_geometry(first, settings)]
+    last = len(frames) - 1
+    for i in range(1, len(frames)):
+        try:
+            pts = landmarks(frames[i], points[-1])
+            geo = _geometry(pts, settings)
+        except ValueError:
+            raise _lost(path, i, "no landmarks") from None
+        prev = geos[-1]
+        jump = float(np.hypot(*(geo.center - prev.center))) / prev.size
+        ratio = geo.size / prev.size
+        if not np.isfinite(pts).all() or jump > MAX_TRACK_JUMP:
+            raise _lost(path, i, f"it moved {jump:.0%} of its size in one frame")
+        if not 1 / MAX_TRACK_SCALE < ratio < MAX_TRACK_SCALE:
+            raise _lost(path, i, f"its size changed {ratio:.2f}x in one frame")
+        if i % DETECT_EVERY == 0 or i == last:
+            boxes = detector(frames[i]).boxes
+            x, y = pts.mean(axis=0)
+            inside = (
+                (boxes[:, 0] <= x) & (x <= boxes[:, 2]) & (boxes[:, 1] <= y) & (y <= boxes[:, 3])
+            )
+            if not inside.any():
+                raise _lost(path, i, "no face where it was tracked")
+        points.append(pts)
+        geos.append(geo)
+        if progress is not None and i % PROGRESS_EVERY == 0:
+            progress(f"{STAGE}: tracking the face", i, len(frames))
+    return np.stack(points), geos
+
+
+def _build_video(
+    path: Path,
+    files: dict[str, Path],
+    settings: RegistrationSettings,
+    device: Any,
+    steps: _Steps,
+) -> tuple[Avatar, dict[str, Any]]:
+    """A video avatar (§5.2, §5.5): the face found in frame 0 and tracked through the rest,
+    a crop, eye features and both extractors per frame; ``x_s_info`` box-smoothed over
+    :data:`SOURCE_SMOOTH_FRAMES` frames, ``sc`` frame 0's keypoints before smoothing."""
+    import torch
+
+    providers = providers_for(device)
+    clip = read_video(path, max_size=int(settings.max_size))
+    frames, notes = clip.frames, list(clip.notes)
+    cut = find_cut(frames)
+    if cut is not None:
+        raise InputError(
+            f"{path} has a cut at {cut / VIDEO_FPS:.2f} s (frame {cut}): a video avatar must "
+            "be one continuous shot; trim it to a single shot"
+        )
+    steps("load image")
+
+    detector = FaceDetector(files["insightface_det"], providers)
+    box, faces = _find_face(frames[0], f"the first frame of {path}", detector, notes)
+    steps("face detection")
+
+    lmk106 = Landmark106(files["landmark106"], providers)(frames[0], box)
+    landmarks = Landmark203(files["landmark203"], providers)
+    first = landmarks(frames[0], lmk106)
+    models = (detector, landmarks)
+    lmks, geos = _track(frames, first, models, settings, path, steps.progress)
+    steps("landmarks")
+
+    dev = torch.device(device) if not isinstance(device, torch.device) else device
+    crops = np.stack([crop_image(f, g, dev) for f, g in zip(frames, geos, strict=True)])
+    steps("crop")
+
+    task = files.get("face_landmarker")
+    eyes = [eye_features(c, p, task) for c, p in zip(crops, lmks, strict=True)]
+    steps("eye features")
+
+    raw, f_s = _extract(crops, files, dev)
+    steps("motion and appearance")
+
+    avatar = Avatar(
+        image=np.ascontiguousarray(frames[0]),
+        crop=crops[0],
+        m_c2o=np.stack([g.m_c2o for g in geos]).astype(np.float32),
+        x_s_info=smooth_source(raw, SOURCE_SMOOTH_FRAMES),
+        f_s=f_s,
+        eye_open=np.concatenate([e.eye_open for e in eyes]),
+        eye_ball=np.concatenate([e.eye_ball for e in eyes]),
+        sc=raw["kp"][:1].copy(),
+        eye_method=eyes[0].description,
+        notes=notes,
+        face_box=box.astype(np.float32),
+        lmk203=first.astype(np.float32),
+        frames=frames,
+    )
+    h, w = frames.shape[1:3]
+    geo = geos[0]
+    extra = {
+        "source": str(path),
+        "video": {
+            "frames": len(frames),
+            "fps": VIDEO_FPS,
+            "source_fps": clip.source_fps,
+            "duration_s": clip.duration_s,
+        },
+        "size_wh": [int(w), int(h)],
+        "faces_found": faces,
+        "face_box": [float(v) for v in box],
+        "crop": {"center": [float(v) for v in geo.center], "size": geo.size, "angle": geo.angle},
+        "eye_method_key": eyes[0].method,
     }
     return avatar, extra
 
@@ -415,6 +621,8 @@ def _write_cache(folder: Path, avatar: Avatar, meta: dict[str, Any]) -> None:
         }
         np.savez(tmp / "arrays.npz", **arrays)
         np.save(tmp / "image.npy", avatar.image)
+        if avatar.frames is not None:
+            np.save(tmp / VIDEO_FRAMES_FILE, avatar.frames)
         (tmp / "crop.png").write_bytes(_png_bytes(avatar.crop))
         (tmp / AVATAR_META).write_text(json.dumps(meta, indent=2, sort_keys=True))
         old = None
@@ -439,6 +647,11 @@ def _load_cache(folder: Path, meta: dict[str, Any]) -> Avatar:
         arrays = {k: z[k] for k in z.files}
     image = np.load(folder / "image.npy")
     x_s_info = {k: arrays[f"x_s_info.{k}"] for k in _X_S_KEYS}
+    frames = None
+    if meta.get("video"):  # mapped, read as frames are pasted onto (copy-on-write: writable)
+        frames = np.load(folder / VIDEO_FRAMES_FILE, mmap_mode="c")
+        if len(frames) != len(arrays["f_s"]):
+            raise ValueError("frames and features disagree")
     return Avatar(
         image=image,
         crop=arrays["crop"],
@@ -454,6 +667,7 @@ def _load_cache(folder: Path, meta: dict[str, Any]) -> Avatar:
         face_box=arrays["face_box"],
         lmk203=arrays["lmk203"],
         cached=True,
+        frames=frames,
     )
 
 
@@ -483,7 +697,8 @@ def _cache_state(
             continue
         if now["sha256"] != known.get("sha256"):
             return None, f"{Path(path).name} changed"
-    if not all((folder / n).is_file() for n in ("arrays.npz", "image.npy")):
+    needed = ("arrays.npz", "image.npy", *((VIDEO_FRAMES_FILE,) if meta.get("video") else ()))
+    if not all((folder / n).is_file() for n in needed):
         return None, "cache incomplete"
     return meta, ""
 
@@ -498,22 +713,31 @@ def register_avatar(
     *,
     settings: RegistrationSettings | None = None,
 ) -> Avatar:
-    """Register (or reopen from the cache) the avatar in ``image_path``.
+    """Register (or reopen from the cache) the avatar in ``image_path``: a face photo, or a
+    short video of one (:func:`_build_video`; every per-frame array then has a row per frame).
 
     ``checkpoints`` supplies the aux models (``ditto_pytorch/aux_models/`` or ``ditto_onnx/``)
     and the motion/appearance extractors (``ditto_pytorch/models/*.pth``); ``device`` runs the
     extractors and warps (and ONNX Runtime on CUDA when available); ``progress(stage, done,
     total)`` is called after each step; ``refresh`` rebuilds even a valid cache. InputError for a
-    missing/unreadable/non-image file, a video, no face, a face below :data:`MIN_FACE_PX` px, or
+    missing/unreadable file, neither image nor video, no face (in a video: in its first frame;
+    lost later, or a cut),  a face below :data:`MIN_FACE_PX` px, or
     a missing model file (named with its stage).
     """
     settings = settings or RegistrationSettings()
     path = Path(image_path).expanduser()
-    data = read_image_bytes(path)
-    image_sha = hashlib.sha256(data).hexdigest()
+    video = is_video(path)
+    data = None if video else read_image_bytes(path)
+    image_sha = video_sha256(path) if data is None else hashlib.sha256(data).hexdigest()
     files, missing = _resolve_files(checkpoints)
     eye_key, _ = planned_method(files.get("face_landmarker"))
     wanted = {**settings.to_dict(), "eye_method": eye_key}
+    if video:  # what shapes a video's frames and features (an image's key stays as it was)
+        wanted["video"] = {
+            "fps": VIDEO_FPS,
+            "max_frames": MAX_VIDEO_FRAMES,
+            "smooth": SOURCE_SMOOTH_FRAMES,
+        }
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     folder = root / image_sha[:24]
 
@@ -535,7 +759,10 @@ def register_avatar(
         if progress is not None:
             progress(STAGE, 0, len(_STEPS))
         used = {r: p for r, p in files.items() if r != "face_landmarker" or eye_key == "mediapipe"}
-        avatar, extra = _build(path, data, files, settings, device, steps)
+        if data is None:
+            avatar, extra = _build_video(path, files, settings, device, steps)
+        else:
+            avatar, extra = _build(path, data, files, settings, device, steps)
         meta = {
             "format_version": FORMAT_VERSION,
             "image_sha256": image_sha,

@@ -123,8 +123,9 @@ class Renderer:
         self.pixel_format = "rgb24"
         self._motion: np.ndarray | None = None
 
-    def render_batch(self, motion: np.ndarray) -> np.ndarray:
-        """[K, motion] rows -> [K, H, W, 3] uint8."""
+    def render_batch(self, motion: np.ndarray, frames: np.ndarray | None = None) -> np.ndarray:
+        """[K, motion] rows -> [K, H, W, 3] uint8; ``frames``: the rows' indices in the clip,
+        where the caller knows them (an avatar that moves by itself, a video, follows them)."""
         raise NotImplementedError
 
     def prepare(self, motion: np.ndarray, inbetweens: bool = True) -> None:
@@ -137,7 +138,7 @@ class Renderer:
         """Frames ``frames`` (indices into the prepared motion) -> [K, H, W, 3] uint8."""
         if self._motion is None:
             raise RuntimeError("render_frames() needs prepare(motion) first")
-        return self.render_batch(self._motion[np.asarray(frames)])
+        return self.render_batch(self._motion[np.asarray(frames)], np.asarray(frames))
 
     def iter_render(self, chunks: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
         """:meth:`render_frames` of each chunk, in order."""
@@ -182,11 +183,14 @@ class Renderer:
         motion: np.ndarray,
         w: float,
         warp: InbetweenWarp | None = None,
+        keys: Sequence[int] | None = None,
     ) -> np.ndarray:
         """The frame at weight ``w`` between two rendered keyframes: :meth:`inbetweens` of
-        one (``motion`` [3, motion]: the previous keyframe's row, the next one's, its own)."""
+        one (``motion`` [3, motion]: the previous keyframe's row, the next one's, its own;
+        ``keys``: their three frame indices, where known)."""
         rows = np.asarray(motion)[None]
-        return self.inbetweens([prev_image], [next_image], rows, np.array([w]), warp)[0]
+        index = None if keys is None else np.asarray(keys, np.int64)[None]
+        return self.inbetweens([prev_image], [next_image], rows, np.array([w]), warp, index)[0]
 
     def inbetweens(
         self,

@@ -59,7 +59,10 @@ from studio.gui.worker import start_in_thread
 from studio.settings import RenderSettings
 
 AUDIO_FILTER = "Audio (" + " ".join(f"*{s}" for s in AUDIO_SUFFIXES) + ");;All files (*)"
-IMAGE_FILTER = "Images (*.png *.jpg *.jpeg *.bmp *.webp);;All files (*)"
+AVATAR_FILTER = (
+    "Faces: photos and videos (*.png *.jpg *.jpeg *.bmp *.webp *.mp4 *.mov *.m4v *.webm *.mkv "
+    "*.avi);;All files (*)"
+)
 PRESET_FILTER = "Presets (*.json)"
 COLUMNS = ("Audio", "Avatar", "Preset", "Output", "Status", "Progress", "Time", "Error")
 AUDIO, AVATAR, PRESET, OUTPUT, STATUS, PROGRESS, TIME, ERROR = range(len(COLUMNS))
@@ -771,7 +774,7 @@ class BatchWindow(QWidget):
             self.add_folder(folder)
 
     def avatar_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Avatar", self._start_folder(), IMAGE_FILTER)
+        path, _ = QFileDialog.getOpenFileName(self, "Avatar", self._start_folder(), AVATAR_FILTER)
         if path:
             self.set_avatar(path)
 

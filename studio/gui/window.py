@@ -38,10 +38,11 @@ from PySide6.QtWidgets import (
 from studio.avatar.crop import crop_corners, crop_geometry
 from studio.avatar.folder import AVATAR_META
 from studio.avatar.register import CROP_SIZE
+from studio.avatar.video import is_video
 from studio.errors import StudioError
 from studio.export.video import check_alpha_output, check_output_path
 from studio.files import unused_name
-from studio.gui.batch_window import BatchWindow
+from studio.gui.batch_window import AVATAR_FILTER, BatchWindow
 from studio.gui.compare import CompareBar, HeldTake, compose, difference
 from studio.gui.export_dialog import ExportDialog
 from studio.gui.live import LiveContext, LivePanel
@@ -76,7 +77,6 @@ from studio.settings import MAX_SIZE, RenderSettings, load_preset_tracks
 AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".oga", ".mp3", ".aiff", ".aif", ".au", ".caf"}
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff"}
 AUDIO_FILTER = "Audio (*.wav *.flac *.ogg *.mp3 *.aiff *.au);;All files (*)"
-IMAGE_FILTER = "Images (*.png *.jpg *.jpeg *.bmp *.webp);;All files (*)"
 PRESET_FILTER = "Presets (*.json)"
 PROJECT_FILTER = "Projects (*.json)"
 MAX_RECENT = 8
@@ -1041,8 +1041,11 @@ class MainWindow(QMainWindow):
                     "choose an image or a folder the studio registered."
                 )
                 return False
-        elif not QImageReader(str(p)).canRead():
-            self.show_error(f"Cannot read {p.name} as an image; use PNG, JPEG, BMP or WebP.")
+        elif not QImageReader(str(p)).canRead() and not is_video(p):
+            self.show_error(
+                f"Cannot read {p.name} as an image or a video; use a PNG, JPEG, BMP or WebP "
+                "photo, or an MP4, MOV, WebM or MKV video of the face."
+            )
             return False
         self.avatar_path = str(p)
         self._add_recent(str(p))
@@ -1099,7 +1102,7 @@ class MainWindow(QMainWindow):
             self.open_audio(path)
 
     def open_avatar_dialog(self) -> None:
-        path = self._ask_open("Open avatar", IMAGE_FILTER)
+        path = self._ask_open("Open avatar", AVATAR_FILTER)
         if path:
             self._set_avatar(path)
 

@@ -224,6 +224,12 @@ def fade_alpha_schedule(n: int, fade_in: int = -1, fade_out: int = -1) -> np.nda
     return alpha.astype(np.float32)
 
 
+def video_config(**kw: Any) -> StitchConfig:
+    """A video source's defaults (§2.5-2.6): only the expression is driven (pose and
+    translation follow the source video) and the eyes stay the video's own."""
+    return StitchConfig(**{"use_d_keys": VIDEO_USE_D_KEYS, "drive_eye": False, **kw})
+
+
 # --- blink schedule -----------------------------------------------------------------------
 
 
@@ -377,17 +383,26 @@ class _Angle:
 
 
 def _source(
-    info: Mapping[str, ArrayLike], device: torch.device, dtype: torch.dtype
+    info: Mapping[str, ArrayLike], n: int, device: torch.device, dtype: torch.dtype
 ) -> dict[str, Tensor]:
+    """The source keys as [1, width] (one source frame: an image) or [n, width] (one source
+    frame per driving frame: a video avatar's frames, already picked for these rows)."""
     missing = [k for k in SOURCE_KEYS if k not in info]
     if missing:
         raise ValueError(f"source info lacks {missing}")
     out = {}
     for k in SOURCE_KEYS:
         v = _upload(info[k], device, dtype)
-        if v.numel() != _SHAPES[k]:
-            raise ValueError(f"source {k!r} must hold {_SHAPES[k]} values, got {list(v.shape)}")
-        out[k] = v.reshape(_SHAPES[k])
+        width = _SHAPES[k]
+        if v.numel() not in (width, n * width):
+            raise ValueError(
+                f"source {k!r} must hold {width} values (or {width} per frame), "
+                f"got {list(v.shape)}"
+            )
+        out[k] = v.reshape(-1, width)
+    rows = {v.shape[0] for v in out.values()}
+    if len(rows) > 1:
+        raise ValueError(f"source keys disagree on their frame count: {sorted(rows)}")
     return out
 
 
@@ -441,10 +456,12 @@ def stitch_motion(
     controls: StitchControls | None = None,
     stitch_net: nn.Module | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Ditto's motion stitch for a whole clip (image source): (x_s, x_d), each [N, 21, 3].
+    """Ditto's motion stitch for a whole clip: (x_s, x_d), each [N, 21, 3].
 
     source_info: the source keypoint info (pitch/yaw/roll [66] logits, t [3], exp [63],
-    scale [1], kp [63]; leading 1s allowed), numpy or tensors. motion: [N, 265] driving
+    scale [1], kp [63]; leading 1s allowed), numpy or tensors: one source frame (an image)
+    or one per driving row ([N, width]: a video avatar's frames for these rows, with
+    ``config`` :func:`video_config`'s driven keys). motion: [N, 265] driving
     motion; everything runs on its device and dtype. x_s is the source keypoints expanded
     over the clip (a view; ``x_s[0]`` is [21, 3]). ``stitch_net`` (a StitchNetwork) is applied
     batched when given and ``config.flag_stitching``. Pass device tensors to avoid uploads.
@@ -460,16 +477,16 @@ def stitch_motion(
     motion = motion.to(dt)
     n = motion.shape[0]
     c = _consts(dev, dt)
-    src = _source(source_info, dev, dt)
+    src = _source(source_info, n, dev, dt)
     x_s = transform_keypoints_tensor(
         src["kp"],
-        *(bins_to_degrees_tensor(src[a][None], c.centers) for a in ANGLES),
-        src["t"][None],
-        src["scale"][None],
-        src["exp"][None],
+        *(bins_to_degrees_tensor(src[a], c.centers) for a in ANGLES),
+        src["t"],
+        src["scale"],
+        src["exp"],
     )
     if n == 0:
-        return x_s.expand(0, -1, -1), x_s.new_zeros(0, NUM_KP, KP_DIMS)
+        return x_s[:0].expand(0, -1, -1), x_s.new_zeros(0, NUM_KP, KP_DIMS)
 
     # 1. mix (relative to d0 whenever a d0 exists; pose in logit space)
     keys, w = cfg.weights()
@@ -535,9 +552,11 @@ def stitch_motion(
             dst = {k: x[k][:1] for k in ("scale", "t", "exp")}
             dst_ang = {a: _Angle(s.logits[:1], s.deg[:1], s.is_deg[:1]) for a, s in ang.items()}
         else:
-            dst = {k: src[k][None] for k in ("scale", "t", "exp")}
-            zero = torch.zeros(1, device=dev, dtype=dt)
-            dst_ang = {a: _Angle(src[a][None], zero, false[:1]) for a in ANGLES}
+            dst = {k: src[k] for k in ("scale", "t", "exp")}
+            r = src["exp"].shape[0]
+            zero = torch.zeros(r, device=dev, dtype=dt)
+            no = torch.zeros(r, dtype=torch.bool, device=dev)
+            dst_ang = {a: _Angle(src[a], zero, no) for a in ANGLES}
         for k in dict.fromkeys(cfg.fade_out_keys):
             if k in ANGLES:
                 st, tg = ang[k], dst_ang[k]

@@ -134,11 +134,13 @@ def make_inbetween(
     next_image: np.ndarray,
     motion: np.ndarray,
     w: float,
+    keys: Sequence[int] | None = None,
 ) -> np.ndarray:
     """The frame at weight ``w`` between two keyframe renders: the renderer's
     :meth:`~studio.engines.base.Renderer.inbetween` with the motion-compensated warp
-    (``motion``: the rows of the previous keyframe, the next one and the frame)."""
-    return renderer.inbetween(prev_image, next_image, motion, w, warp=motion_inbetweens)
+    (``motion``: the rows of the previous keyframe, the next one and the frame; ``keys``
+    their frame indices, where known)."""
+    return renderer.inbetween(prev_image, next_image, motion, w, motion_inbetweens, keys)
 
 
 def _needed_keyframes(

@@ -326,7 +326,7 @@ class LiveSession:
             if not self._prepared:
                 self.renderer.prepare(rows[:1])  # frame 0 is the relative-driving reference
                 self._prepared = True
-            images = self.renderer.render_batch(rows)
+            images = self.renderer.render_batch(rows, keys)
             self._keys.update(zip(keys.tolist(), images, strict=True))
             self._key_rows.update(zip(keys.tolist(), rows, strict=True))
         frames = []
@@ -345,7 +345,10 @@ class LiveSession:
         if w == 0.0:
             return self._keys[prev_k]
         rows = np.stack([self._key_rows[prev_k], self._key_rows[next_k], chunk.motion[i]])
-        return make_inbetween(self.renderer, self._keys[prev_k], self._keys[next_k], rows, w)
+        keys = (prev_k, next_k, int(chunk.indices[i]))
+        return make_inbetween(
+            self.renderer, self._keys[prev_k], self._keys[next_k], rows, w, keys
+        )
 
     def _frame(self, index: int, image: np.ndarray, fed: float) -> LiveFrame:
         now = self.clock() - self._t0

@@ -150,7 +150,8 @@ def test_extractors_see_the_area_resized_crop(base: dict, tree: Path) -> None:
     from studio.models import load_network
 
     a = base["avatar"]
-    x = torch.from_numpy(area_downsample(a.crop).astype(np.float32) / 255.0).permute(2, 0, 1)[None]
+    x = torch.from_numpy(area_downsample(a.crop).astype(np.float32) / 255.0)
+    x = x.permute(2, 0, 1)[None].contiguous()  # NCHW, as registration hands it over
     ckpt = tree / "ditto_pytorch" / "models"
     with torch.no_grad():
         heads = load_network("motion_extractor", ckpt / "motion_extractor.pth")(x)
@@ -394,9 +395,9 @@ def test_bad_inputs_get_clear_errors(tree: Path, tmp_path: Path) -> None:
     sf.write(str(sound), np.zeros(1600, np.float32), 16000)
     fails(sound, "speech.wav is not an image file .*it has no picture")
     video = _video(tmp_path / "clip.mp4")
-    fails(video, "clip.mp4 is a video .*not supported yet")
+    fails(video, r"clip.mp4 is [\d.]+ s long .*a video avatar needs at least 1 s")
     shutil.copy(video, tmp_path / "clip.png")
-    fails(tmp_path / "clip.png", "is a video")
+    fails(tmp_path / "clip.png", "a video avatar needs at least 1 s")
     fails(_png(tmp_path / "wall.png", face_image((200, 300), [])), "no face found in .*wall.png")
     tiny = _png(tmp_path / "tiny.png", face_image((240, 320), [(100, 60, 140, 108)]))
     with pytest.raises(

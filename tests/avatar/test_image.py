@@ -222,7 +222,7 @@ def test_files_that_are_not_images_are_named_for_what_they_are(tmp_path: Path) -
         stream = out.add_stream("mpeg4", rate=25, width=64, height=64, pix_fmt="yuv420p")
         black = av.VideoFrame.from_ndarray(np.zeros((64, 64, 3), np.uint8), format="rgb24")
         out.mux([*stream.encode(black), *stream.encode(None)])
-    refused(video, r"clip.mp4 is a video \(MP4/MOV\): video avatars are not supported yet")
+    refused(video, r"clip.mp4 is a video \(MP4/MOV\), not a photo: a still image")
     (tmp_path / "clip.png").write_bytes(video.read_bytes())
     refused(tmp_path / "clip.png", "is a video")
     noise = np.random.default_rng(0).bytes(4096)

@@ -1,4 +1,5 @@
-"""PasteBack vs a literal numpy transcription of Ditto's putback (design doc §6)."""
+"""PasteBack vs a literal numpy transcription of Ditto's putback (design doc §6), and the
+per-frame FramePasteBack (video avatars) vs PasteBack."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from studio.avatar.putback import PasteBack, paste_mask
+from studio.avatar.putback import FramePasteBack, PasteBack, paste_mask
 
 S = 512
 
@@ -61,10 +62,11 @@ def ref_warp(img: np.ndarray, M: np.ndarray, h: int, w: int) -> np.ndarray:
 
 
 def ref_putback(frame: np.ndarray, render01: np.ndarray, M: np.ndarray) -> np.ndarray:
-    """Ditto PutBackNumpy with the exact warp; render01 is [3, S, S] in 0..1."""
+    """Ditto PutBackNumpy with the exact warp; render01 is [3, s, s] in 0..1."""
     h, w = frame.shape[:2]
+    s = render01.shape[-1]
     render = np.transpose(render01, (1, 2, 0)).clip(0, 1) * 255
-    m = ref_warp(ref_get_mask(S, S), M, h, w).clip(0, 1)
+    m = ref_warp(ref_get_mask(s, s), M, h, w).clip(0, 1)
     r = ref_warp(render, M, h, w)
     out = m * r + (1 - m) * frame
     return np.clip(out, 0, 255).astype(np.uint8)
@@ -88,10 +90,10 @@ def make_frame(rng: np.random.Generator, h: int = 600, w: int = 640) -> np.ndarr
     return rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
 
 
-def make_renders(rng: np.random.Generator, b: int) -> torch.Tensor:
+def make_renders(rng: np.random.Generator, b: int, s: int = S) -> torch.Tensor:
     # Smooth-ish content plus noise, a few values outside 0..1 to exercise the clip.
-    base = rng.random((b, 3, S // 8, S // 8))
-    r = np.kron(base, np.ones((1, 1, 8, 8))) + 0.05 * rng.standard_normal((b, 3, S, S))
+    base = rng.random((b, 3, s // 8, s // 8))
+    r = np.kron(base, np.ones((1, 1, 8, 8))) + 0.05 * rng.standard_normal((b, 3, s, s))
     return torch.from_numpy(r.astype(np.float32))
 
 
@@ -208,3 +210,144 @@ def test_cuda_matches_cpu(rng: np.random.Generator) -> None:
     cpu = PasteBack(frame, M)(renders)
     gpu = PasteBack(frame, M, device="cuda")(renders.cuda()).cpu()
     assert (cpu.short() - gpu.short()).abs().max() <= 1
+
+
+# --- per-frame paste-back (video avatars) ---------------------------------------------------
+
+FS, FH, FW = 64, 120, 160  # crop side, frame height and width of the video tests
+
+
+def video_c2o(rng: np.random.Generator) -> np.ndarray:
+    """[6, 3, 3] crop -> frame matrices: rotation, scale, translation, a little shear; the crop
+    inside, partly outside (each side) and fully outside the frame."""
+    placements = [(40, 20), (-30, 10), (120, -25), (30, 80), (-10, -10), (400, 300)]
+    ms = []
+    for tx, ty in placements:
+        m = rot_scale(rng.uniform(-40, 40), rng.uniform(0.6, 1.4), tx, ty)
+        m[:2, :2] += rng.normal(0, 0.03, (2, 2))
+        ms.append(m)
+    return np.stack(ms)
+
+
+def make_video(rng: np.random.Generator, n: int = 6) -> np.ndarray:
+    return rng.integers(0, 256, size=(n, FH, FW, 3), dtype=np.uint8)
+
+
+def per_frame(frames: np.ndarray, m: np.ndarray, renders: torch.Tensor, index) -> torch.Tensor:
+    """The per-render PasteBack result FramePasteBack must reproduce."""
+    outs = [PasteBack(frames[i], m[i], FS)(renders[b : b + 1]) for b, i in enumerate(index)]
+    return torch.cat(outs)
+
+
+def test_frames_equal_paste_back_per_frame(rng: np.random.Generator) -> None:
+    m, frames = video_c2o(rng), make_video(rng)
+    index = np.array([3, 0, 3, 5, 1, 2, 4, 0, 1])  # repeated, unsorted, incl. the outside one
+    renders = make_renders(rng, len(index), FS)
+    fpb = FramePasteBack(frames, m, FS)
+    assert (fpb.height, fpb.width) == (FH, FW) and fpb.count == 6
+    out = fpb(renders, index)
+    assert out.shape == (9, FH, FW, 3) and out.dtype == torch.uint8
+    assert torch.equal(out, per_frame(frames, m, renders, index))  # bit-exact, not just <= 1
+    # the union box is smaller than the frame, and [n, 2, 3] matrices and tensors work too
+    assert fpb.box != (0, FH, 0, FW)
+    fpb2 = FramePasteBack(torch.from_numpy(frames), torch.from_numpy(m[:, :2]), FS)
+    assert torch.equal(fpb2(renders, torch.from_numpy(index)), out)
+
+
+def test_frames_within_one_level_of_float64_reference(rng: np.random.Generator) -> None:
+    m, frames = video_c2o(rng), make_video(rng)
+    index = np.arange(6)[::-1].copy()
+    renders = make_renders(rng, 6, FS)
+    out = FramePasteBack(frames, m, FS)(renders, index).numpy()
+    for b, i in enumerate(index):
+        ref = ref_putback(frames[i], renders[b].numpy(), m[i])
+        diff = np.abs(out[b].astype(np.int16) - ref.astype(np.int16))
+        assert diff.max() <= 1 and (diff > 0).mean() < 0.01
+
+
+def test_frames_buffer_reuse_has_no_stale_pixels(rng: np.random.Generator) -> None:
+    m, frames = video_c2o(rng), make_video(rng)
+    renders = make_renders(rng, 3, FS)
+    fpb = FramePasteBack(frames, m, FS)
+    first = fpb(renders, [0, 1, 2])
+    again = fpb(renders, [2, 5, 3])
+    assert again.data_ptr() == first.data_ptr()
+    assert torch.equal(again, per_frame(frames, m, renders, [2, 5, 3]))
+
+
+def test_colour_background_equals_paste_back_over_solid_image(rng: np.random.Generator) -> None:
+    m = video_c2o(rng)
+    colour = (0, 177, 64)
+    solid = np.broadcast_to(np.array(colour, dtype=np.uint8), (6, FH, FW, 3)).copy()
+    fpb = FramePasteBack(None, m, FS, colour=colour, size_hw=(FH, FW))
+    assert (fpb.height, fpb.width) == (FH, FW)
+    for index in ([4, 1, 1, 0], [2, 3, 5, 0]):  # the second call reuses the buffer
+        renders = make_renders(rng, 4, FS)
+        assert torch.equal(fpb(renders, index), per_frame(solid, m, renders, index))
+
+
+def test_crop_fully_outside_returns_background(rng: np.random.Generator) -> None:
+    m, frames = video_c2o(rng), make_video(rng)
+    fpb = FramePasteBack(frames, m, FS)
+    assert tuple(fpb.boxes[5]) == (0, 0, 0, 0)
+    out = fpb(make_renders(rng, 2, FS), [5, 5])
+    assert np.array_equal(out.numpy(), frames[[5, 5]])
+    # every crop outside: nothing is warped at all
+    far = FramePasteBack(frames[:2], m[[5, 5]], FS)
+    assert far.box == (0, 0, 0, 0)
+    assert np.array_equal(far(make_renders(rng, 3, FS), [1, 0, 1]).numpy(), frames[[1, 0, 1]])
+
+
+def test_frames_bad_index_and_renders_raise(rng: np.random.Generator) -> None:
+    m, frames = video_c2o(rng), make_video(rng)
+    fpb = FramePasteBack(frames, m, FS)
+    renders = make_renders(rng, 2, FS)
+    for index in ([0, 6], [-1, 0], [0], [[0, 1]], np.array([0.0, 1.0])):
+        with pytest.raises(ValueError):
+            fpb(renders, index)
+    with pytest.raises(ValueError, match="out of range"):
+        fpb(renders, torch.tensor([2, 7]))
+    for bad in (torch.zeros(2, 3, FS, FS + 1), torch.zeros(2, 4, FS, FS), torch.zeros(3, FS, FS)):
+        with pytest.raises(ValueError, match="renders"):
+            fpb(bad, [0, 1])
+
+
+def test_frames_bad_construction_raises(rng: np.random.Generator) -> None:
+    m, frames = video_c2o(rng), make_video(rng)
+    with pytest.raises(ValueError):
+        FramePasteBack(frames[:5], m, FS)  # one frame per matrix
+    with pytest.raises(ValueError):
+        FramePasteBack(frames, m[0], FS)  # not a batch of matrices
+    with pytest.raises(ValueError):
+        FramePasteBack(None, m, FS, colour=(0, 0, 0))  # no size
+    with pytest.raises(ValueError):
+        FramePasteBack(frames, m, FS, colour=(0, 0, 0), size_hw=(FH, FW))  # both
+    with pytest.raises(ValueError):
+        FramePasteBack(frames, m, FS, size_hw=(FH, FW + 2))  # size disagrees
+
+
+def test_frames_no_host_sync_in_call(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fpb = FramePasteBack(make_video(rng), video_c2o(rng), FS)
+    renders = make_renders(rng, 3, FS)
+
+    def boom(*_a: object, **_k: object) -> None:
+        raise AssertionError("host sync via a Tensor read-back")
+
+    for name in ("item", "tolist", "__bool__", "numpy"):
+        monkeypatch.setattr(torch.Tensor, name, boom)
+    fpb(renders, np.array([1, 0, 4]))
+    fpb(renders, np.array([2, 2, 3]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_frames_cuda_matches_cpu(rng: np.random.Generator) -> None:
+    m, frames = video_c2o(rng), make_video(rng)
+    index = np.array([3, 0, 3, 5, 1, 2, 4])
+    renders = make_renders(rng, len(index), FS)
+    cpu = FramePasteBack(frames, m, FS)(renders, index)
+    gpu = FramePasteBack(frames, m, FS, device="cuda")
+    out = gpu(renders.cuda(), torch.from_numpy(index).cuda()).cpu()
+    assert (cpu.short() - out.short()).abs().max() <= 1
+    assert torch.equal(out, per_frame(frames, m, renders.cuda(), index).cpu())

@@ -672,7 +672,7 @@ def test_an_avatar_that_is_not_an_image_says_so(bad_inputs, capsys):
     _one_line_error(code, err, "notes.txt is not an image file (PNG/JPEG/...)", "holds text")
     assert "video" not in err and out == ""
     code, _, err = _run([*base, "--avatar", str(b["video"])], capsys)
-    _one_line_error(code, err, "clip.mp4 is a video", "still image")
+    _one_line_error(code, err, "clip.mp4 is 0.04 s long (1 frame", "needs at least 1 s")
     code, _, err = _run([*base, "--avatar", str(b["out"].parent / "absent.png")], capsys)
     _one_line_error(code, err, "absent.png does not exist")
     assert not b["out"].exists() and [p for p in b["out"].parent.glob("*.mp4")] == [b["video"]]

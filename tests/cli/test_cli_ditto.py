@@ -250,3 +250,40 @@ def test_compile_for_torch_needs_a_gpu_and_tensorrt_needs_out(ditto_assets, caps
     assert code == 2 and "/nonexistent" in err  # the folder before the device
     code, _, err = _run(["compile", "--checkpoints", tree], capsys)
     assert code == 2 and "--out" in err
+
+
+def test_a_video_avatar_renders_onto_its_own_moving_frames(ditto_assets, tmp_path, capsys):
+    """`--avatar talk.mp4`: every output frame is pasted onto the video's own frame (mirrored
+    past its end), with cadence in-betweens; a video with a cut is one line, exit 2."""
+    from conftest import drifting_face, write_video
+
+    from studio.motion.condition import mirror_indices
+
+    h, w = DITTO_FACE_HW
+    shot = drifting_face(13, (140, 60, 220, 150), (h, w), step=2.0)  # its crop clears the foot
+    shot = [f.copy() for f in shot + shot[::-1]]  # 26 frames: more than 1 s
+    for i, f in enumerate(shot):  # a marker strip the face never covers: the frame's number
+        f[-12:, :] = (i * 9, 255 - i * 9, 60)
+    video = write_video(tmp_path / "talk.mp4", shot)
+    args = _ditto_args(ditto_assets, tmp_path / "avatars")
+    args[3] = str(video)
+    out, report = tmp_path / "talk_out.mp4", tmp_path / "talk.json"
+    argv = ["render", *args, "--out", str(out), "--report", str(report), "--stride", "2"]
+    code, _, err = _run([*argv, "--x264-preset", "ultrafast"], capsys)
+    assert code == 0, err
+    with av.open(str(out)) as c:
+        frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    assert len(frames) == FRAMES and frames[0].shape == (h, w, 3)
+    src = mirror_indices(np.arange(FRAMES), len(shot))
+    for g, i in enumerate(src):  # each output frame shows its source frame's marker
+        marker = frames[g][-8:, 40:-40].reshape(-1, 3).mean(axis=0)
+        assert np.abs(marker - (i * 9, 255 - i * 9, 60)).max() < 6, (g, i, marker)
+    assert re.search(rf"^avatar {w}x{h} video \(26 frames at 25 fps\)", err, re.M), err
+    assert json.loads(report.read_text())["frames"] == FRAMES
+
+    cut = write_video(tmp_path / "cut.mp4", shot[:13] + [np.full((h, w, 3), 30, np.uint8)] * 13)
+    args[3] = str(cut)
+    bad = tmp_path / "cut_out.mp4"
+    code, _, err = _run(["render", *args, "--out", str(bad)], capsys)
+    assert code == 2 and "cut.mp4 has a cut at 0.52 s (frame 13)" in err
+    assert "Traceback" not in err and not bad.exists()

@@ -209,6 +209,93 @@ def test_full_frames_paste_the_face_into_the_avatar_image(render_nets) -> None:
     assert set(t) == {"stitching", "warp_decode", "putback"} and all(v > 0 for v in t.values())
 
 
+class _VideoAvatar:
+    """A video avatar of 6 source frames: per-frame features, keypoints, eye info, crop
+    matrices (the face square moves right 4 px a frame) and frames (noise)."""
+
+    def __init__(self, n: int = 6) -> None:
+        from studio.fixtures.random_tree import random_network
+
+        gen = torch.Generator().manual_seed(5)
+        crops = torch.rand(n, 3, 256, 256, generator=gen)
+        with torch.no_grad():
+            heads = random_network("motion_extractor", reduced=True)(crops)
+            self.f_s = random_network("appearance_extractor", reduced=True)(crops).numpy()
+        names = ("pitch", "yaw", "roll", "t", "exp", "scale", "kp")
+        self.x_s_info = {k: v.numpy().reshape(n, -1) for k, v in zip(names, heads, strict=True)}
+        rng = np.random.default_rng(2)
+        self.frames = rng.integers(0, 256, (n, 300, 420, 3), dtype=np.uint8)
+        self.image = self.frames[0]
+        s = 200 / 512
+        self.m_c2o = np.stack(
+            [np.array([[s, 0, 100 + 4 * i], [0, s, 40], [0, 0, 1]], np.float32) for i in range(n)]
+        )
+
+
+def _video_renderer(nets, mode="resident", batch=2, avatar=None):
+    from studio.engines.ditto.engine import DittoRenderer, MemoryPlan
+    from studio.settings import RenderSettings
+
+    s = RenderSettings(backend="ditto")
+    return DittoRenderer(nets, avatar or _VideoAvatar(), s, 512, MemoryPlan(mode, batch, "test"))
+
+
+def test_a_video_avatar_pastes_each_frame_onto_its_mirrored_source_frame(render_nets) -> None:
+    from studio.motion.condition import mirror_indices
+
+    video = _VideoAvatar()
+    motion = np.repeat(_motion(1), 12, axis=0)  # one pose: every change comes from the source
+    r = _video_renderer(render_nets, avatar=video)
+    r.prepare(motion)
+    frames = r.render_frames(np.arange(12))
+    src = mirror_indices(np.arange(12), 6)
+    assert src.tolist() == [0, 1, 2, 3, 4, 5, 5, 4, 3, 2, 1, 0]
+    for g, i in enumerate(src):  # the background is source frame i's, outside the square
+        np.testing.assert_array_equal(frames[g, :, :95], video.frames[i, :, :95])
+        np.testing.assert_array_equal(frames[g, 260:], video.frames[i, 260:])
+    _same_frames(frames[6], frames[5])  # the same source frame and motion: the same frame
+    _same_frames(frames[11], frames[0])
+    assert np.abs(frames[1].astype(int) - frames[0]).mean() > 1.0
+    # the streamed plan, row calls with their indices and one chunk ahead agree
+    streamed = _video_renderer(render_nets, "streamed", 1, video)
+    streamed.prepare(motion)
+    _same_frames(streamed.render_frames(np.array([7, 2])), frames[[7, 2]])
+    rows = _video_renderer(render_nets, avatar=video)
+    rows.prepare(motion)
+    _same_frames(rows.render_batch(motion[[3, 9]], np.array([3, 9])), frames[[3, 9]])
+    _same_frames(rows.render_batch(motion[:2]), frames[10:12])  # counting on from 10
+    chunks = list(rows.iter_render([np.arange(4), np.arange(4, 8)]))
+    _same_frames(np.concatenate(chunks), frames[:8])
+
+
+def test_a_video_avatar_follows_its_own_pose_and_eyes(render_nets) -> None:
+    """Only the lips are driven: motion rows that differ in head pose give the same frame."""
+    base = _motion(3)
+    turned = base.copy()
+    turned[:, 1:202] = base[:1, 1:202] + 0.8  # another pose and translation on every row
+    r = _video_renderer(render_nets)
+    r.prepare(base)
+    a = r.render_frames(np.arange(3))
+    turned[0] = base[0]  # the same frame 0 (d0)
+    r.prepare(turned)
+    _same_frames(r.render_frames(np.arange(3)), a)
+
+
+def test_video_inbetweens_are_rendered_where_no_crops_are_kept(render_nets) -> None:
+    """Live (rows rendered directly) a video's in-between is rendered, never a cross-fade of
+    two keyframes over two different backgrounds."""
+    video = _VideoAvatar()
+    motion = _motion(5)
+    r = _video_renderer(render_nets, avatar=video)
+    r.prepare(motion)
+    want = r.render_frames(np.arange(5))
+    keys = r.render_batch(motion[[0, 4]], np.array([0, 4]))
+    rows = np.stack([motion[0], motion[4], motion[2]])
+    made = r.inbetween(keys[0], keys[1], rows, 0.5, keys=(0, 4, 2))
+    _same_frames(made[None], want[2:3])
+    np.testing.assert_array_equal(made[:, :95], video.frames[2, :, :95])
+
+
 def test_memory_modes_batches_and_row_calls_agree(render_nets) -> None:
     motion = _motion(3)
     ref = _renderer(render_nets, batch=3)

@@ -81,6 +81,23 @@ def test_engines_match_the_modules_and_pad_short_batches(
         wd(f_s, torch.cat((x_s, x_s)), torch.cat((x_d, x_d)), 3)
 
 
+def test_one_feature_volume_per_frame_renders_each_frame_from_its_own(
+    modules, one_torch_thread
+) -> None:
+    """A video avatar hands a feature volume per frame: frame i is rendered from f_s[i],
+    short batches padded, and an image's f_s after it is written into the engine again."""
+    wd = WarpDecodeEngines(*modules, "auto", torch.device("cpu"))
+    f_s, x_s, x_d = _inputs(modules[0], 3)
+    per_frame = torch.cat([f_s, f_s.flip(-1), f_s * 0.5])
+    got = wd(per_frame, x_s, x_d, 4)  # 3 frames on the engines of 4
+    for i in range(3):
+        want = _eager(modules, per_frame[i : i + 1], x_s[i : i + 1], x_d[i : i + 1])
+        torch.testing.assert_close(got[i : i + 1], want, rtol=1e-4, atol=1e-5)
+    image = wd(f_s, x_s, x_d, 4)
+    torch.testing.assert_close(image, _eager(modules, f_s, x_s, x_d), rtol=1e-4, atol=1e-5)
+    assert (got[1] - image[1]).abs().max() > 1e-3
+
+
 @needs_cuda
 def test_cuda_graphed_fp16_engines_track_fp32_and_a_new_avatar(modules) -> None:
     dev = torch.device("cuda")

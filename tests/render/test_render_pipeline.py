@@ -18,7 +18,7 @@ class _Recorder(Renderer):
         super().__init__(inner.size, batch)
         self.inner, self.sizes = inner, []
 
-    def render_batch(self, motion: np.ndarray) -> np.ndarray:
+    def render_batch(self, motion: np.ndarray, frames=None) -> np.ndarray:
         self.sizes.append(len(motion))
         return self.inner.render_batch(motion)
 
@@ -55,7 +55,7 @@ class _Counting(_Recorder):
         super().__init__(inner, batch)
         self.rows: list[np.ndarray] = []
 
-    def render_batch(self, motion: np.ndarray) -> np.ndarray:
+    def render_batch(self, motion: np.ndarray, frames=None) -> np.ndarray:
         self.rows.append(motion)
         return super().render_batch(motion)
 

@@ -421,8 +421,9 @@ class DemoAvatar(Renderer):
             )
         return self.render_batch(m[None])[0]
 
-    def render_batch(self, motion: np.ndarray) -> np.ndarray:
-        """[K, 265] motion -> [K, size, size, 3] uint8 RGB."""
+    def render_batch(self, motion: np.ndarray, frames: np.ndarray | None = None) -> np.ndarray:
+        """[K, 265] motion -> [K, size, size, 3] uint8 RGB (``frames``: not needed, the
+        character is the same in every frame)."""
         m = np.asarray(motion)
         if m.ndim != 2 or m.shape[1] != layout.MOTION_DIM:
             raise ValueError(

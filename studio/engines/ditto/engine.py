@@ -33,8 +33,9 @@ from studio.audio.io import Audio
 from studio.audio.phonetics import PhoneticFrames
 from studio.avatar.folder import avatar_source
 from studio.avatar.image import load_image
-from studio.avatar.putback import PasteBack, paste_mask
+from studio.avatar.putback import FramePasteBack, PasteBack, paste_mask
 from studio.avatar.register import REGISTRATION_ROLES, RegistrationSettings, register_avatar
+from studio.avatar.video import MIN_VIDEO_FRAMES, VIDEO_FPS, is_video, read_video
 from studio.engines.base import EngineRequest, InbetweenWarp, Prepared, Progress, Renderer
 from studio.engines.ditto import CAPABILITIES
 from studio.engines.ditto.crops import KeyframeCrops
@@ -49,10 +50,11 @@ from studio.motion.condition import (
     ConditionSource,
     assemble,
     emotion_from_weights,
+    mirror_indices,
 )
 from studio.motion.generator import WindowMemo, generate_motion
 from studio.motion.live_lmdm import LiveMotion, live_plan
-from studio.motion.stitch import StitchConfig, StitchControls, stitch_motion
+from studio.motion.stitch import StitchConfig, StitchControls, stitch_motion, video_config
 from studio.runtime.base import HALF_DTYPES, resolve_device
 from studio.settings import RenderSettings
 
@@ -323,6 +325,11 @@ class DittoRenderer(Renderer):
             k: torch.as_tensor(np.asarray(v, dtype=np.float32)).to(dev)
             for k, v in avatar.x_s_info.items()
         }
+        # a video avatar: output frame g is source frame mirror(g, n) (features, keypoints,
+        # background and crop matrix); only its expression is driven, its eyes are its own
+        self.video_frames = getattr(avatar, "frames", None)
+        self.sources = 1 if self.video_frames is None else len(self.video_frames)
+        self._next_row = 0  # render_batch's frame count when the caller gives no indices
         self.controls = _controls(settings)
         self._avatar = avatar
         self._backdrop: tuple[int, int, int] | None = None
@@ -331,7 +338,7 @@ class DittoRenderer(Renderer):
         self._feather: Tensor | None = None
         self._backdrop_rgb: Tensor | None = None
         if self.full:
-            self.paste = PasteBack(avatar.image, avatar.m_c2o, CROP, dev)
+            self.paste = self._paste_back(avatar.image if self.video_frames is None else None)
             self._pastes[None] = self.paste
             self.height, self.width = (int(v) for v in np.asarray(avatar.image).shape[:2])
         else:
@@ -349,13 +356,35 @@ class DittoRenderer(Renderer):
             settings.precision, settings.compile, settings.runtime
         )
 
+    def _paste_back(self, image: np.ndarray | None, colour: Any = None) -> Any:
+        """The paste-back onto ``image`` (an image avatar), else onto each source frame of a
+        video avatar, or a ``colour`` frame of its size."""
+        m_c2o = self._avatar.m_c2o
+        if self.video_frames is None:
+            return PasteBack(image, m_c2o, CROP, self.device)
+        size = tuple(np.asarray(self.video_frames).shape[1:3])
+        frames = None if colour is not None else self.video_frames
+        return FramePasteBack(frames, m_c2o, CROP, self.device, colour=colour, size_hw=size)
+
+    def _sources(self, frames: np.ndarray | None) -> Tensor | None:
+        """Source frame indices (on the device) of output ``frames``; None for an image."""
+        if self.video_frames is None or frames is None:
+            return None
+        return torch.from_numpy(mirror_indices(frames, self.sources)).to(self.device)
+
     # - keypoints -
-    def _stitch(self, rows: Tensor) -> tuple[Tensor, Tensor]:
+    def _stitch(self, rows: Tensor, frames: np.ndarray | None = None) -> tuple[Tensor, Tensor]:
+        """x_s, x_d of ``rows``; a video avatar's source keypoints are those of the rows'
+        ``frames`` (their indices in the clip)."""
         d0 = rows[0] if self.d0 is None else self.d0
+        src = self._sources(frames)
         with self.clock.stage("stitching"):
-            return stitch_motion(
-                self.source, rows, StitchConfig(d0=d0), self.controls, self.nets.stitch
-            )
+            if src is None:
+                return stitch_motion(
+                    self.source, rows, StitchConfig(d0=d0), self.controls, self.nets.stitch
+                )
+            source = {k: v[src] for k, v in self.source.items()}
+            return stitch_motion(source, rows, video_config(d0=d0), self.controls, self.nets.stitch)
 
     def prepare(self, motion: np.ndarray, inbetweens: bool = True) -> None:
         """Take the clip's motion: d0 is its frame 0; resident mode stitches every frame now;
@@ -364,7 +393,9 @@ class DittoRenderer(Renderer):
         self.d0 = rows[0].clone()
         self.crops.clear()
         self._keep_crops = inbetweens
-        self._x = self._stitch(rows) if self.memory.mode == "resident" else None
+        self._next_row = 0
+        resident = self.memory.mode == "resident"
+        self._x = self._stitch(rows, np.arange(len(rows))) if resident else None
         self._motion = rows if self._x is None else None
 
     yuv_planes = True  # "yuv420p": frames leave the device as the encoder's planes
@@ -392,16 +423,23 @@ class DittoRenderer(Renderer):
         if self._x is not None:
             return self._x[0][idx], self._x[1][idx]
         if self._motion is not None:
-            return self._stitch(self._motion[idx])
+            return self._stitch(self._motion[idx], frames)
         raise RuntimeError("render_frames() needs prepare(motion) first")
 
     def render_frames(self, frames: np.ndarray) -> np.ndarray:
         """Frames ``frames`` (indices into the prepared motion) -> [K, H, W, 3] uint8."""
-        return self._render(*self._keypoints(frames), frames=np.asarray(frames))
+        frames = np.asarray(frames)
+        return self._render(*self._keypoints(frames), frames=frames, sources=frames)
 
-    def render_batch(self, motion: np.ndarray) -> np.ndarray:
-        """[K, 265] motion rows -> [K, H, W, 3] uint8 (d0 from :meth:`prepare` or row 0)."""
-        return self._render(*self._stitch(self._upload(motion)))
+    def render_batch(self, motion: np.ndarray, frames: np.ndarray | None = None) -> np.ndarray:
+        """[K, 265] motion rows -> [K, H, W, 3] uint8 (d0 from :meth:`prepare` or row 0).
+        ``frames``: the rows' indices in the clip (a video avatar's source frames follow
+        them; without them, the rows count on from the last call's)."""
+        if frames is None:
+            frames = self._next_row + np.arange(len(motion))
+        frames = np.asarray(frames)
+        self._next_row = int(frames.max()) + 1 if frames.size else self._next_row
+        return self._render(*self._stitch(self._upload(motion), frames), sources=frames)
 
     def iter_render(self, chunks: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
         """:meth:`render_frames` of each chunk in turn, one batch ahead on a GPU.
@@ -417,14 +455,14 @@ class DittoRenderer(Renderer):
                 continue
             x_s, x_d = self._keypoints(chunk)
             if self.device.type != "cuda":
-                yield self._render(x_s, x_d, frames=np.asarray(chunk))
+                yield self._render(x_s, x_d, frames=np.asarray(chunk), sources=np.asarray(chunk))
                 continue
             k = x_d.shape[0]
             buf: Tensor | None = None
             self.crops.start_chunk()
             for s in range(0, k, self.batch):  # each part copied out before the next overwrites
                 rows = slice(s, s + self.batch)
-                part = self._frames(x_s[rows], x_d[rows], np.asarray(chunk)[rows])
+                part = self._frames(x_s[rows], x_d[rows], np.asarray(chunk)[rows], True)
                 if buf is None:
                     buf = self._pinned_slot(slot, (k, *part.shape[1:]))
                 buf[s : s + part.shape[0]].copy_(part, non_blocking=True)
@@ -449,16 +487,28 @@ class DittoRenderer(Renderer):
             cur = self._pinned[slot] = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
         return cur[: shape[0]]
 
-    def _render(self, x_s: Tensor, x_d: Tensor, frames: np.ndarray | None = None) -> np.ndarray:
+    def _render(
+        self,
+        x_s: Tensor,
+        x_d: Tensor,
+        frames: np.ndarray | None = None,
+        sources: np.ndarray | None = None,
+    ) -> np.ndarray:
         """All rows in batches of the renderer's batch, into one host array (``frames``:
-        their indices, whose crops are kept for in-betweens)."""
+        their indices, whose crops are kept for in-betweens; ``sources``: their indices for
+        a video avatar's source frames)."""
         k = x_d.shape[0]
         out: np.ndarray | None = None
         if frames is not None:
             self.crops.start_chunk()
         for s in range(0, k, self.batch):
             rows = slice(s, s + self.batch)
-            part = self._frames(x_s[rows], x_d[rows], None if frames is None else frames[rows])
+            part = self._frames(
+                x_s[rows],
+                x_d[rows],
+                None if frames is None else frames[rows],
+                None if sources is None else sources[rows],
+            )
             if out is None:
                 out = np.empty((k, *part.shape[1:]), dtype=np.uint8)
             self._download(part, out[s : s + part.shape[0]])
@@ -469,21 +519,30 @@ class DittoRenderer(Renderer):
         return out
 
     @torch.no_grad()
-    def _frames(self, x_s: Tensor, x_d: Tensor, frames: np.ndarray | None = None) -> Tensor:
+    def _frames(
+        self,
+        x_s: Tensor,
+        x_d: Tensor,
+        frames: np.ndarray | None = None,
+        sources: np.ndarray | bool | None = None,
+    ) -> Tensor:
         """Up to a batch of frames on the device: [b, H, W, 3] uint8 (or yuv420p planes),
         on the engines of the ladder rung that holds them (padded). The crops of ``frames``
-        (their indices) are kept for the in-betweens between them."""
+        (their indices) are kept for the in-betweens between them; ``sources`` (the frames'
+        indices, or True: ``frames``) pick a video avatar's source frames."""
+        src = self._sources(frames if sources is True else sources)
         with self.clock.stage("warp_decode"):
             batch = self.warp_decode.batch_for(x_d.shape[0], self.batch)
-            img = self.warp_decode(self.f_s, x_s, x_d, batch)
+            f_s = self.f_s if src is None else self.f_s[src]
+            img = self.warp_decode(f_s, x_s, x_d, batch)
         if frames is None or not self._keep_crops:
-            return self._finish(img)
+            return self._finish(img, src)
         crop = (img.clamp(0, 1) * 255).to(torch.uint8).permute(0, 2, 3, 1)
         self.crops.put(frames, crop)
         if self._crop_is_frame():  # the kept crop is the frame: not converted twice
             with self.clock.stage("putback"):
                 return crop
-        return self._finish(img)
+        return self._finish(img, src)
 
     def _crop_is_frame(self) -> bool:
         return (
@@ -509,16 +568,16 @@ class DittoRenderer(Renderer):
         if paste is None:
             image = np.empty_like(np.asarray(self._avatar.image))
             image[:] = np.asarray(self._backdrop, np.uint8)
-            paste = PasteBack(image, self._avatar.m_c2o, CROP, self.device)
+            paste = self._paste_back(image, self._backdrop)
             self._pastes[self._backdrop] = paste
         self.paste = paste
 
-    def _finish(self, img: Tensor) -> Tensor:
-        """Crops [b, 3, 512, 512] in 0..1 -> the frames: pasted back (or resized), as RGB or
-        yuv420p planes."""
+    def _finish(self, img: Tensor, src: Tensor | None = None) -> Tensor:
+        """Crops [b, 3, 512, 512] in 0..1 -> the frames: pasted back (onto source frames
+        ``src`` of a video avatar) or resized, as RGB or yuv420p planes."""
         with self.clock.stage("putback"):
             if self.full:
-                frames = self.paste(img)
+                frames = self.paste(img) if src is None else self.paste(img, src)
             else:
                 if self._backdrop is not None:
                     assert self._feather is not None and self._backdrop_rgb is not None
@@ -548,6 +607,9 @@ class DittoRenderer(Renderer):
         if warp is not None and keys is not None and len(keys):
             keys = np.asarray(keys)
             prev, nxt = self.crops.get(keys[:, 0]), self.crops.get(keys[:, 1])
+        if (prev is None or nxt is None) and self.video_frames is not None and keys is not None:
+            # a video's background moves between keyframes: a cross-fade would show two
+            return list(self.render_batch(np.asarray(motion)[:, 2], np.asarray(keys)[:, 2]))
         if prev is None or nxt is None:
             return super().inbetweens(prev_images, next_images, motion, w, None, keys)
         with self.clock.stage("inbetween"):
@@ -558,7 +620,8 @@ class DittoRenderer(Renderer):
             frames = made
         else:
             # + 0.5: the frames' truncating conversion gives the warped uint8 values back
-            frames = self._finish(made.permute(0, 3, 1, 2).float().add_(0.5).div_(255.0))
+            crops = made.permute(0, 3, 1, 2).float().add_(0.5).div_(255.0)
+            frames = self._finish(crops, self._sources(keys[:, 2]))
         out = np.empty(tuple(frames.shape), dtype=np.uint8)
         self._download(frames, out)
         return list(out)
@@ -700,7 +763,7 @@ class DittoEngine:
         cond = assemble(feats[: audio.num_frames], 0, source, self.condition)
         t_hubert = (time.perf_counter() - t0) * 1000.0
         t0 = time.perf_counter()
-        kp_source = torch.from_numpy(motion_from_info(self.avatar.x_s_info))
+        kp_source = torch.from_numpy(motion_from_info(_first_info(self.avatar)))
 
         def on_window(done: int, total: int) -> None:
             self._report(STAGE_LMDM, done, total)
@@ -737,7 +800,7 @@ class DittoEngine:
             hubert,
             self.hubert.silence(plan.priming),
             self.networks.lmdm,
-            torch.from_numpy(motion_from_info(self.avatar.x_s_info)),
+            torch.from_numpy(motion_from_info(_first_info(self.avatar))),
             ConditionSource.from_source_info(self.avatar.source_info()),
             self.condition,
             self.settings.steps,
@@ -787,7 +850,7 @@ class DittoEngine:
 
     def canonical_keypoints(self) -> np.ndarray:
         """The avatar's canonical keypoints (its x_s_info kp) as [21, 3]."""
-        return np.asarray(self.avatar.x_s_info["kp"], np.float32).reshape(NUM_KP, 3)
+        return np.asarray(_first_info(self.avatar)["kp"], np.float32).reshape(NUM_KP, 3)
 
     def describe(self) -> dict[str, Any]:
         """The engine for reports: device, memory plan, the warp/decoder runtime that runs,
@@ -804,6 +867,11 @@ class DittoEngine:
             "notes": list(getattr(self.avatar, "notes", []) or []),
             "summary": describe_avatar(self.avatar),
         }
+
+
+def _first_info(avatar: Any) -> dict[str, np.ndarray]:
+    """The avatar's source frame 0 keypoint info (a video's first frame; an image's own)."""
+    return {k: np.asarray(v)[:1] for k, v in avatar.x_s_info.items()}
 
 
 def _compile_note(settings: RenderSettings, device: torch.device) -> str | None:
@@ -836,9 +904,15 @@ def prepare(request: EngineRequest) -> Prepared:
     found = discover(request.checkpoints)
     require(found, ALL_ROLES)
     if not request.avatar:
-        raise OptionError("--avatar", "the Ditto engine needs --avatar IMAGE (a face photo)")
+        raise OptionError(
+            "--avatar", "the Ditto engine needs --avatar IMAGE (a face photo, or a short video)"
+        )
     image, cache = avatar_source(request.avatar)
-    load_image(image)  # a missing file, a video, text, ...: named now, not after loading
+    # a missing file, text, a damaged or too short video, ...: named now, not after loading
+    if is_video(image):
+        read_video(image, max_frames=MIN_VIDEO_FRAMES)
+    else:
+        load_image(image)
     device = resolve_device(request.device)
     s = request.settings
     render_precisions(s.precision, s.runtime, device)  # refused before the work
@@ -875,9 +949,12 @@ def open_prepared(prepared: Prepared, progress: Progress | None = None) -> Ditto
 def describe_avatar(avatar: Any) -> str:
     """One line about a registered avatar for the CLI and the GUI status bar."""
     h, w = np.asarray(avatar.image).shape[:2]
+    frames = getattr(avatar, "frames", None)
+    kind = "" if frames is None else f" video ({len(frames)} frames at {VIDEO_FPS} fps)"
     notes = "; ".join(getattr(avatar, "notes", []) or [])
     eye = getattr(avatar, "eye_method", "unknown")
     folder = getattr(avatar, "folder", None)
     state = "reused from cache" if getattr(avatar, "cached", False) else "registered"
     where = f", {state} {Path(folder)}" if folder else ""
-    return f"avatar {w}x{h}, eye features: {eye}{where}" + (f" ({notes})" if notes else "")
+    line = f"avatar {w}x{h}{kind}, eye features: {eye}{where}"
+    return line + (f" ({notes})" if notes else "")

@@ -263,7 +263,9 @@ class WarpDecodeEngines:
         self._features(self.engines(batch)["warp_network"], f_s, batch)
 
     def __call__(self, f_s: Tensor, x_s: Tensor, x_d: Tensor, batch: int) -> Tensor:
-        """Render ``x_d.shape[0] <= batch`` frames of the avatar ``f_s`` [1, C, D, H, W]."""
+        """Render ``x_d.shape[0] <= batch`` frames of the avatar ``f_s`` [1, C, D, H, W] (an
+        image), or of one feature volume per frame (``f_s`` [b, C, D, H, W]: a video avatar's
+        frames for these rows)."""
         b = x_d.shape[0]
         if not 0 < b <= batch:
             raise ValueError(f"{b} frames do not fit a batch of {batch}")
@@ -289,12 +291,18 @@ class WarpDecodeEngines:
         held = self._f_s.get(batch)
         if held is not None and held[0] is f_s:
             return held[1]
-        full = f_s.expand(batch, *f_s.shape[1:])
+        if f_s.shape[0] == 1:
+            full = f_s.expand(batch, *f_s.shape[1:])
+        else:  # per frame: padded like the keypoints, copied for this call only
+            full = torch.cat((f_s, f_s[-1:].expand(batch - f_s.shape[0], *f_s.shape[1:])))
         static = getattr(warp, "static_inputs", None)
         if static:
             buf = static["feature_3d"]
             buf.copy_(full)
         else:
             buf = full.contiguous()
-        self._f_s[batch] = (f_s, buf)
+        if f_s.shape[0] == 1:
+            self._f_s[batch] = (f_s, buf)
+        else:
+            self._f_s.pop(batch, None)  # the buffer no longer holds an image's features
         return buf
