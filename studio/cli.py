@@ -120,7 +120,11 @@ def _ditto_options(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="Ditto's checkpoint folder (holding ditto_pytorch/): selects the Ditto engine",
     )
-    g.add_argument("--avatar", metavar="IMAGE", help="the face to animate (PNG/JPEG)")
+    g.add_argument(
+        "--avatar",
+        metavar="FILE",
+        help="the face to animate: a photo (PNG/JPEG), or a short video of it (MP4/MOV/WebM)",
+    )
     _setting(g, "emotion", "N")
     for axis in ("pitch", "yaw", "roll"):
         _setting(g, f"delta_{axis}", "DEG")
@@ -371,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
         "gui", help="open the studio window (the default)", description="Open the studio window."
     )
     g.add_argument("--audio", metavar="FILE", help="open on this speech")
-    g.add_argument("--avatar", metavar="FILE", help="open on this avatar image or folder")
+    g.add_argument("--avatar", metavar="FILE", help="open on this avatar (photo, video or folder)")
     g.add_argument(
         "--screenshot",
         metavar="FILE.png",

@@ -45,6 +45,7 @@ from studio.avatar.image import (
     fit_size,
 )
 from studio.errors import InputError
+from studio.layout import FPS
 
 __all__ = [
     "MAX_VIDEO_BYTES",
@@ -58,7 +59,7 @@ __all__ = [
     "video_sha256",
 ]
 
-VIDEO_FPS = 25  # frames/s the avatar's frames are sampled at (the output rate)
+VIDEO_FPS = FPS  # frames/s the avatar's frames are sampled at (the motion's rate)
 MIN_VIDEO_FRAMES = 25  # shorter than 1 s at 25 fps: refused
 MAX_VIDEO_FRAMES = 250  # longer videos: the first 10 s are used, with a note
 MAX_VIDEO_BYTES = 2 * 2**30  # larger files refused before decoding

@@ -3,7 +3,7 @@
 A JOBS file names one clip per line (JSONL: an object; CSV: a header row, then a row each):
 
 - ``audio`` (required): the speech, relative paths from the JOBS file's folder;
-- ``avatar``: the photo (an engine that takes one; default: ``--avatar``);
+- ``avatar``: the photo or face video (an engine that takes one; default: ``--avatar``);
 - ``output``: the output's name in the output folder, ``.mp4``, ``.webm``, ``.mov`` or
   ``.png`` (a PNG sequence) (default: the audio's name, ``.mp4``; ``.webm`` with
   ``"background": "transparent"``);

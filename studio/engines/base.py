@@ -24,6 +24,7 @@ import numpy as np
 
 from studio.audio.io import Audio
 from studio.audio.phonetics import PhoneticFrames
+from studio.layout import FPS
 from studio.settings import RenderSettings
 
 Progress = Callable[[str, int, int], None]
@@ -121,6 +122,9 @@ class Renderer:
         self.width = self.height = self.size  # a renderer of other frames sets its own
         self.batch = int(batch)
         self.pixel_format = "rgb24"
+        # frames/s of the frame indices it is given (an export at another rate renders
+        # resampled motion; an avatar that moves by itself, a video, keeps its own pace)
+        self.frame_rate = FPS
         self._motion: np.ndarray | None = None
 
     def render_batch(self, motion: np.ndarray, frames: np.ndarray | None = None) -> np.ndarray:

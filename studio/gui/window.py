@@ -1076,14 +1076,17 @@ class MainWindow(QMainWindow):
         return True
 
     def open_path(self, path: str) -> None:
-        """Open a dropped or recent file: audio by suffix, otherwise an avatar."""
+        """Open a dropped or recent file: audio by suffix, otherwise an avatar (a photo, a
+        video of a face or a registered avatar folder)."""
         p = Path(path)
         if p.suffix.lower() in AUDIO_SUFFIXES:
             self.open_audio(str(p))
-        elif p.is_dir() or p.suffix.lower() in IMAGE_SUFFIXES:
+        elif p.is_dir() or p.suffix.lower() in IMAGE_SUFFIXES or is_video(p):
             self._set_avatar(str(p))
         else:
-            self.show_error(f"{p.name}: not an audio file or an image the studio can open.")
+            self.show_error(
+                f"{p.name}: not an audio file, an image or a video the studio can open."
+            )
 
     def _ask_open(self, title: str, filters: str) -> str:
         """A file the user picks to open, starting in the home folder ("" when cancelled)."""

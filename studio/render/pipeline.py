@@ -341,6 +341,16 @@ def drawn_over(renderer: Renderer, colour: tuple[int, int, int] | None) -> Itera
 
 
 @contextlib.contextmanager
+def _at_frame_rate(renderer: Renderer, fps: int) -> Iterator[None]:
+    """The renderer is told the frames' rate inside the block (a retimed export's)."""
+    before, renderer.frame_rate = renderer.frame_rate, fps
+    try:
+        yield
+    finally:
+        renderer.frame_rate = before
+
+
+@contextlib.contextmanager
 def _encoder_planes(renderer: Renderer, writer: Writer) -> Iterator[None]:
     """Let a renderer that can (``yuv_planes``) hand over yuv420p planes while exporting to
     a writer that takes them."""
@@ -401,6 +411,7 @@ def render_video(
             EncoderThread(writer) as encoder,
             _encoder_planes(renderer, writer),
             drawn_over(renderer, settings.backdrop),
+            _at_frame_rate(renderer, fps),
         ):
             if alpha:
                 frames = iter_rgba(result, renderer, cancel=cancel, progress=progress, stats=stats)

@@ -281,6 +281,20 @@ def test_a_video_avatar_renders_onto_its_own_moving_frames(ditto_assets, tmp_pat
     assert re.search(rf"^avatar {w}x{h} video \(26 frames at 25 fps\)", err, re.M), err
     assert json.loads(report.read_text())["frames"] == FRAMES
 
+    # transparent: the head over nothing, the video's frames gone (a PNG sequence's alpha)
+    from PIL import Image
+
+    seq = tmp_path / "talk_alpha.png"
+    argv = ["render", *args, "--out", str(seq), "--background", "transparent", "--stride", "1"]
+    code, _, err = _run(argv, capsys)
+    assert code == 0, err
+    pngs = sorted((tmp_path / "talk_alpha").glob("talk_alpha_*.png"))
+    assert len(pngs) == FRAMES
+    rgba = np.asarray(Image.open(pngs[7]))
+    assert rgba.shape == (h, w, 4)
+    assert rgba[-8:, :, 3].max() == 0  # the video's foot (its marker) is not drawn
+    assert rgba[90:120, 150:210, 3].min() == 255  # the face, pasted at frame 7's crop
+
     cut = write_video(tmp_path / "cut.mp4", shot[:13] + [np.full((h, w, 3), 30, np.uint8)] * 13)
     args[3] = str(cut)
     bad = tmp_path / "cut_out.mp4"

@@ -266,6 +266,11 @@ def test_a_video_avatar_pastes_each_frame_onto_its_mirrored_source_frame(render_
     _same_frames(rows.render_batch(motion[:2]), frames[10:12])  # counting on from 10
     chunks = list(rows.iter_render([np.arange(4), np.arange(4, 8)]))
     _same_frames(np.concatenate(chunks), frames[:8])
+    # a 50 fps export: the video keeps its pace, each source frame shown twice
+    r.frame_rate = 50
+    doubled = r.render_frames(np.arange(4))
+    for g, i in enumerate([0, 0, 1, 1]):
+        np.testing.assert_array_equal(doubled[g, :, :95], video.frames[i, :, :95])
 
 
 def test_a_video_avatar_follows_its_own_pose_and_eyes(render_nets) -> None:

@@ -325,3 +325,28 @@ def test_a_new_crop_framing_is_drawn_then_registered(qtbot, assets):
     assert w.engine.avatar.m_c2o[0, 0] == pytest.approx(first[0, 0] * 2.0 / 2.3, rel=1e-4)
     assert not w.viewer.framing.isVisible()  # the preview replaced it
     w.close()
+
+
+def test_a_video_dropped_as_the_avatar_renders_on_its_moving_frames(qtbot, assets, tmp_path):
+    """A video opened (or dropped) as the avatar: registered frame by frame, the preview's
+    frames pasted onto the video's own frames, at its size."""
+    from conftest import drifting_face, write_video
+
+    h, wd = FACE_HW
+    shot = drifting_face(26, (140, 60, 220, 150), (h, wd), step=1.0)
+    for i, f in enumerate(shot):  # the frames differ below the face: a marker per frame
+        f[-12:, :] = (i * 9, 255 - i * 9, 60)
+    video = write_video(tmp_path / "talk.mp4", shot)
+    w = _open(qtbot, assets)
+    assert _set_checkpoints(w, qtbot, assets["tree"])
+    w.open_path(str(video))
+    assert w.avatar_path == str(video)
+    w.controls.set_settings(w.current_settings().replace(steps=2, stride="1"))
+    with qtbot.waitSignal(w.renderFinished, timeout=TIMEOUT_MS, check_params_cb=_is_ditto):
+        w.controls.backend.setCurrentIndex(w.controls.backend.findData("ditto"))
+    assert w.engine.avatar.is_video and w.engine.avatar.num_frames == 26
+    assert all(f is not None and f.shape == (h, wd, 3) for f in w.frames)
+    for g in (0, 5, 12):
+        marker = w.frames[g][-8:, 40:-40].reshape(-1, 3).mean(axis=0)
+        assert np.abs(marker - (g * 9, 255 - g * 9, 60)).max() < 6
+    w.close()

@@ -370,7 +370,10 @@ class DittoRenderer(Renderer):
         """Source frame indices (on the device) of output ``frames``; None for an image."""
         if self.video_frames is None or frames is None:
             return None
-        return torch.from_numpy(mirror_indices(frames, self.sources)).to(self.device)
+        at = np.asarray(frames, np.int64)
+        if self.frame_rate != VIDEO_FPS:  # a retimed export: the video keeps its own pace
+            at = np.floor(at * (VIDEO_FPS / self.frame_rate) + 1e-9).astype(np.int64)
+        return torch.from_numpy(mirror_indices(at, self.sources)).to(self.device)
 
     # - keypoints -
     def _stitch(self, rows: Tensor, frames: np.ndarray | None = None) -> tuple[Tensor, Tensor]:
@@ -905,7 +908,7 @@ def prepare(request: EngineRequest) -> Prepared:
     require(found, ALL_ROLES)
     if not request.avatar:
         raise OptionError(
-            "--avatar", "the Ditto engine needs --avatar IMAGE (a face photo, or a short video)"
+            "--avatar", "the Ditto engine needs --avatar FILE (a face photo or a short video)"
         )
     image, cache = avatar_source(request.avatar)
     # a missing file, text, a damaged or too short video, ...: named now, not after loading
