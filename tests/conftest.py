@@ -173,6 +173,23 @@ def write_speechlike(path, seconds, sr=16000):
 
 
 @pytest.fixture(scope="session")
+def registration_tree(tmp_path_factory):
+    """A checkpoint tree with what registration reads: the two reduced extractors (no cfg)
+    and the ONNX face stand-ins."""
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from studio.fixtures.face_standins import write_aux_standins
+    from studio.fixtures.random_tree import write_checkpoint_tree
+
+    root = tmp_path_factory.mktemp("ckpt")
+    write_checkpoint_tree(
+        root, reduced=True, networks=("appearance_extractor", "motion_extractor"), cfg=False
+    )
+    write_aux_standins(root)
+    return root
+
+
+@pytest.fixture(scope="session")
 def ditto_assets(tmp_path_factory):
     """A reduced random-weight Ditto tree (1103-wide LMDM condition) with ONNX stand-ins for
     HuBERT and the face models, a drawn face the stand-ins find, and a short speech-like clip."""

@@ -32,7 +32,6 @@ from studio.fixtures.face_standins import (  # noqa: E402
     build_det_standin,
     face_image,
     face_layout,
-    write_aux_standins,
 )
 from studio.models.checkpoints import S_LMK203, discover  # noqa: E402
 
@@ -67,16 +66,8 @@ def _iou(a: np.ndarray, b: np.ndarray) -> float:
 
 
 @pytest.fixture(scope="module")
-def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from studio.fixtures.random_tree import write_checkpoint_tree
-
-    root = tmp_path_factory.mktemp("ckpt")
-    # Registration needs only the two extractors of the six networks (and no cfg).
-    write_checkpoint_tree(
-        root, reduced=True, networks=("appearance_extractor", "motion_extractor"), cfg=False
-    )
-    write_aux_standins(root)
-    return root
+def tree(registration_tree: Path) -> Path:
+    return registration_tree
 
 
 @pytest.fixture(scope="module")

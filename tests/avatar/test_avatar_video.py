@@ -20,7 +20,7 @@ from studio.avatar.register import (  # noqa: E402
     smooth_source,
 )
 from studio.errors import InputError  # noqa: E402
-from studio.fixtures.face_standins import face_image, write_aux_standins  # noqa: E402
+from studio.fixtures.face_standins import face_image  # noqa: E402
 from studio.models.checkpoints import discover  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -34,15 +34,8 @@ def drifting_face(n: int, step: float = 1.0, hw: tuple[int, int] = HW) -> list[n
 
 
 @pytest.fixture(scope="module")
-def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from studio.fixtures.random_tree import write_checkpoint_tree
-
-    root = tmp_path_factory.mktemp("ckpt")
-    write_checkpoint_tree(
-        root, reduced=True, networks=("appearance_extractor", "motion_extractor"), cfg=False
-    )
-    write_aux_standins(root)
-    return root
+def tree(registration_tree: Path) -> Path:
+    return registration_tree
 
 
 @pytest.fixture(scope="module")
