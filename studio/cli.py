@@ -77,6 +77,13 @@ def _setting(
     g.add_argument(s.option, metavar=metavar, help=text, **kind)
 
 
+def spec_help(key: str) -> str:
+    """The schema's help of a flag setting (argparse's % escaped)."""
+    from studio.settings import spec
+
+    return spec(key).help.replace("%", "%%")
+
+
 def _motion_options(p: argparse.ArgumentParser, audio: bool = True) -> None:
     g = p.add_argument_group("motion")
     if audio:
@@ -183,6 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
     _setting(r, "preset", "NAME")
     _setting(r, "fps", "FPS")
     _setting(r, "codec", "NAME", " (of .mp4 outputs)")
+    r.add_argument(
+        "--hw-encode",
+        action="store_true",
+        default=None,
+        help=spec_help("hw_encode"),
+    )
     _setting(r, "background", "NAME")
     r.add_argument("--report", metavar="REPORT.json", help="write the JSON report here")
 
@@ -211,6 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
     _setting(b, "preset", "NAME")
     _setting(b, "fps", "FPS")
     _setting(b, "codec", "NAME", " (of .mp4 outputs)")
+    b.add_argument(
+        "--hw-encode",
+        action="store_true",
+        default=None,
+        help=spec_help("hw_encode"),
+    )
     _setting(b, "background", "NAME")
     b.add_argument(
         "--report", metavar="REPORT.json", help="also write the batch report here (- for stdout)"
@@ -584,6 +603,12 @@ def _prepare_engine(args: argparse.Namespace, settings):
             *(n for n in notes if not n.startswith("--compile")),
             "--compile is ignored by analyze, which renders no frames",
         )
+    if settings.hw_encode and args.command == "render":
+        from studio.export.video import hardware_encoder
+
+        found, why = hardware_encoder(settings.codec)
+        if found is None:
+            notes = (*notes, f"--hw-encode: {why}; the software encoder encodes on the CPU")
     for note in notes:
         print(f"studio {args.command}: note: {note}", file=sys.stderr)
     return prepared

@@ -188,6 +188,12 @@ class RenderSettings(BaseModel):
         "--codec",
         "video codec: h264 (x264), hevc (x265) or av1 (SVT-AV1) where PyAV has the encoder",
     )
+    hw_encode: bool = _field(
+        False,
+        "--hw-encode",
+        "encode the MP4 on the GPU's video encoder (NVENC) where the machine has one; "
+        "otherwise the software encoder, with a note",
+    )
     background: Literal[BACKGROUNDS] = _choice(  # type: ignore[valid-type]
         "avatar",
         "--background",

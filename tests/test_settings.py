@@ -185,7 +185,7 @@ def test_old_presets_still_load(tmp_path):
     everything["cadence"] = {**first["cadence"], "max_warp_px": 8.0}  # a later key, default
     p.write_text(json.dumps(everything))
     # later keys take their defaults (issue 21: frame rate, codec and background)
-    later = {"fps": "25", "codec": "h264", "background": "avatar"}
+    later = {"fps": "25", "codec": "h264", "hw_encode": False, "background": "avatar"}
     later |= {"crop_scale": 2.3, "crop_vx": 0.0, "crop_vy": -0.125}  # and framing
     assert RenderSettings.load(p).to_dict() == {**everything, **later}
 
@@ -289,6 +289,7 @@ def test_the_gui_widgets_have_the_schema_ranges_and_choices(qtbot):
     panel.window.setValue(int(spec("smooth_window").high))  # the order's range follows it
     widgets = {**panel.fields, "crf": dialog.crf, "preset": dialog.preset}
     widgets |= {"fps": dialog.fps, "codec": dialog.codec, "background": dialog.background}
+    widgets["hw_encode"] = dialog.hw_encode
     shown_elsewhere = {"backend", "memory", "batch"}  # engine menu; Ditto's automatic choices
     not_shown = {"cadence.calm_voicing", "cadence.calm_level_step"}  # kept from a preset
     assert set(widgets) == set(keys()) - shown_elsewhere - not_shown

@@ -20,6 +20,7 @@ is written at close, so the track lasts as long as the audio.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import secrets
 import threading
@@ -60,6 +61,34 @@ X264_PRESETS = (
 # codec -> (PyAV encoder, what it is for people); x264's speed presets map onto each
 ENCODERS = {"h264": ("libx264", "H.264"), "hevc": ("libx265", "HEVC"), "av1": ("libsvtav1", "AV1")}
 SVT_PRESETS = dict(zip(X264_PRESETS, (12, 11, 10, 9, 8, 7, 6, 4, 2, 1), strict=True))
+# codec -> its hardware encoder (NVIDIA's NVENC), used with ``hardware=True`` where it opens;
+# x264's presets map onto NVENC's p1 (fastest) .. p7 (best)
+HARDWARE_ENCODERS = {"h264": "h264_nvenc", "hevc": "hevc_nvenc", "av1": "av1_nvenc"}
+NVENC_PRESETS = dict(zip(X264_PRESETS, (1, 1, 2, 3, 4, 5, 6, 7, 7, 7), strict=True))
+
+
+@functools.cache
+def hardware_encoder(codec: str) -> tuple[str | None, str]:
+    """(the hardware encoder of ``codec``, "") where one opens here, else (None, why not):
+    built into PyAV's FFmpeg is not enough, NVENC needs an NVIDIA GPU and its driver, so a
+    small frame is encoded to find out."""
+    name = HARDWARE_ENCODERS.get(codec)
+    if name is None:
+        return None, f"{codec} has no hardware encoder here"
+    try:
+        cc = av.CodecContext.create(name, "w")
+    except (av.error.FFmpegError, ValueError) as e:
+        return None, f"this PyAV build has no {name} ({' '.join(str(e).split())[:80]})"
+    cc.width, cc.height, cc.pix_fmt = 256, 256, "yuv420p"
+    cc.time_base = Fraction(1, FPS)
+    try:
+        frame = av.VideoFrame(256, 256, "yuv420p")
+        list(cc.encode(frame))
+        list(cc.encode(None))
+    except (av.error.FFmpegError, OSError, ValueError) as e:
+        reason = " ".join(str(e).split())[:80]
+        return None, f"{name} does not open ({reason}): no NVIDIA GPU encoder"
+    return name, ""
 
 
 @dataclass(frozen=True)
@@ -311,6 +340,7 @@ class VideoWriter(AtomicWriter):
         audio_rate: int | None = None,
         codec: str = "h264",
         alpha: bool = False,
+        hardware: bool = False,
     ) -> None:
         for label, value in (("width", width), ("height", height)):
             if int(value) != value or value <= 0 or value % 2:
@@ -342,6 +372,16 @@ class VideoWriter(AtomicWriter):
             )
         self.alpha = bool(alpha)
         self.codec = self.container.codec or codec
+        # the video encoder: the container's own, the codec's hardware one where asked for
+        # and it opens here (else the software one, and ``note`` says why), or the software one
+        self.note = ""
+        self.encoder = self.container.video or ENCODERS[self.codec][0]
+        if hardware and self.container.video is None:
+            found, why = hardware_encoder(self.codec)
+            if found is None:
+                self.note = f"--hw-encode: {why}; {self.encoder} encodes on the CPU"
+            else:
+                self.encoder = found
         self.audio_rate = None if audio_rate is None else int(audio_rate)
         self.width, self.height, self.fps = int(width), int(height), int(fps)
         self.audio, self.crf, self.preset = audio, int(crf), preset
@@ -478,7 +518,7 @@ class VideoWriter(AtomicWriter):
             options = {"movflags": "+faststart"} if c.muxer in ("mp4", "mov") else {}
             out = av.open(str(tmp), mode="w", format=c.muxer, options=options)
             self._container = out
-            vs = out.add_stream(c.video or ENCODERS[self.codec][0], rate=self.fps)
+            vs = out.add_stream(self.encoder, rate=self.fps)
             vs.width, vs.height, vs.pix_fmt = self.width, self.height, self.pix_fmt
             vs.time_base = Fraction(1, self.fps)
             cc = vs.codec_context
@@ -496,6 +536,9 @@ class VideoWriter(AtomicWriter):
 
     def _encoder_options(self, cc: av.codec.context.CodecContext) -> dict[str, str]:
         """The encoder's options for the quality (CRF) and speed (x264's preset names)."""
+        if self.encoder in HARDWARE_ENCODERS.values():  # NVENC: constant quality by cq
+            speed = f"p{NVENC_PRESETS[self.preset]}"
+            return {"preset": speed, "rc": "vbr", "cq": str(self.crf), "b": "0"}
         if self.codec == "vp9":  # VP9: constant quality (CRF 0..63, b:v 0), cpu-used for speed
             speed = max(0, min(8, 8 - X264_PRESETS.index(self.preset)))
             crf = str(round(self.crf * 63 / 51))

@@ -25,12 +25,14 @@ def open_writer(
     fps: int = FPS,
     codec: str = "h264",
     alpha: bool = False,
+    hardware: bool = False,
 ) -> Writer:
     """A writer of ``width`` x ``height`` frames (RGBA with ``alpha``) to ``path``, with the
-    clip's ``audio``; use it as a context manager (atomic: all or nothing)."""
+    clip's ``audio`` (``hardware``: the GPU's video encoder where one opens); use it as a
+    context manager (atomic: all or nothing)."""
     if Path(path).suffix.lower() == PNG_SEQUENCE:
         return PngSequenceWriter(path, width, height, audio=audio, fps=fps, alpha=alpha)
     return VideoWriter(
         path, width, height, audio=audio, crf=crf, preset=preset, fps=fps, codec=codec,
-        alpha=alpha,
+        alpha=alpha, hardware=hardware,
     )

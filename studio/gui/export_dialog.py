@@ -13,6 +13,7 @@ from pathlib import Path
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
+    QCheckBox,
     QDialog,
     QDialogButtonBox,
     QFileDialog,
@@ -29,6 +30,7 @@ from PySide6.QtWidgets import (
 from studio.export.video import ALPHA_SUFFIXES, CONTAINERS, PNG_SEQUENCE, written_path
 from studio.files import unused_name
 from studio.gui.widgets.controls import SIZES, combo_box, setting_combo, setting_spin, size_label
+from studio.settings import spec
 
 FORMATS = {  # file type -> its label in the menu
     **{suffix: c.label for suffix, c in CONTAINERS.items()},
@@ -47,8 +49,8 @@ BACKGROUND_LABELS = {
 class ExportDialog(QDialog):
     """Collects export options and shows the export's progress."""
 
-    # path, size, crf, preset, fps, codec, background
-    exportRequested = Signal(str, int, int, str, str, str, str)
+    # path, size, crf, preset, fps, codec, background, hardware encoding
+    exportRequested = Signal(str, int, int, str, str, str, str, bool)
     cancelRequested = Signal()
 
     def __init__(
@@ -62,6 +64,7 @@ class ExportDialog(QDialog):
         fps: str = "25",
         codec: str = "h264",
         background: str = "avatar",
+        hw_encode: bool = False,
     ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Export")
@@ -120,6 +123,9 @@ class ExportDialog(QDialog):
             "QuickTime or PNG), or a keying colour for a video editor",
         )
         self.background.setCurrentIndex(max(0, self.background.findData(background)))
+        self.hw_encode = QCheckBox("on the GPU's video encoder (NVENC) where there is one")
+        self.hw_encode.setToolTip(spec("hw_encode").help)
+        self.hw_encode.setChecked(hw_encode)
         self._show_format()
         self.path.textChanged.connect(self._show_format)
         self.format.currentIndexChanged.connect(self._format_chosen)
@@ -139,6 +145,7 @@ class ExportDialog(QDialog):
         form.addRow("Format", self.format)
         form.addRow("Background", self.background)
         form.addRow("Codec (MP4)", self.codec)
+        form.addRow("Encode", self.hw_encode)
         self.buttons = QDialogButtonBox()
         self.export_button = self.buttons.addButton(
             "Export", QDialogButtonBox.ButtonRole.AcceptRole
@@ -171,6 +178,7 @@ class ExportDialog(QDialog):
             self.format.setCurrentIndex(i)
             self.format.blockSignals(False)
         self.codec.setEnabled(self.suffix() == ".mp4")
+        self.hw_encode.setEnabled(self.suffix() == ".mp4")
 
     def _format_chosen(self) -> None:
         """A file type chosen from the menu gives the path its suffix."""
@@ -239,6 +247,7 @@ class ExportDialog(QDialog):
             str(self.fps.currentData()),
             str(self.codec.currentData()),
             str(self.background.currentData()),
+            self.hw_encode.isChecked(),
         )
 
     def _cancel(self) -> None:

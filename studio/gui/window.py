@@ -1265,6 +1265,7 @@ class MainWindow(QMainWindow):
             fps=s.fps,
             codec=s.codec,
             background=s.background,
+            hw_encode=s.hw_encode,
         )
         dlg.exportRequested.connect(self.export)
         dlg.cancelRequested.connect(self.render_worker.cancel_export)
@@ -1281,16 +1282,17 @@ class MainWindow(QMainWindow):
         fps: str | None = None,
         codec: str | None = None,
         background: str | None = None,
+        hw_encode: bool | None = None,
     ) -> None:
         """Export the current motion to ``path`` with the preview's settings (and the dialog's
-        size, quality, encoder speed, frame rate, codec and background)."""
+        size, quality, encoder speed, frame rate, codec, background and hardware encoding)."""
         if self.result is None:
             self.show_error("Nothing to export yet: wait for the motion to be computed.")
             return
         try:
             target = check_output_path(path)
             settings = export_settings(
-                self.current_settings(), size, crf, preset, fps, codec, background
+                self.current_settings(), size, crf, preset, fps, codec, background, hw_encode
             )
             check_alpha_output(target, settings.background == "transparent")
             ran = self.engine.name if self.engine is not None else DEFAULT_BACKEND
@@ -1318,7 +1320,8 @@ class MainWindow(QMainWindow):
         p = self.preview_settings
         if p is None or self.preview_result is not self.result:
             return None
-        if settings.replace(size=p.size, crf=p.crf, preset=p.preset, codec=p.codec) != p:
+        encoder = ("crf", "preset", "codec", "hw_encode")  # what only the encoder reads
+        if settings.replace(size=p.size, **{k: getattr(p, k) for k in encoder}) != p:
             return None
         if self.engine is None or self.engine.renderer_key(settings) != self.engine.renderer_key(p):
             return None

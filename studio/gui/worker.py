@@ -511,9 +511,10 @@ def export_settings(
     fps: str | None = None,
     codec: str | None = None,
     background: str | None = None,
+    hw_encode: bool | None = None,
 ) -> RenderSettings:
     """The settings an export runs with: the preview's, with the dialog's size, quality,
-    encoder speed, frame rate, codec and background."""
+    encoder speed, frame rate, codec, background and hardware encoding."""
     return settings.replace(
         size=size,
         crf=crf,
@@ -521,6 +522,7 @@ def export_settings(
         fps=fps or settings.fps,
         codec=codec or settings.codec,
         background=background or settings.background,
+        hw_encode=settings.hw_encode if hw_encode is None else bool(hw_encode),
     )
 
 

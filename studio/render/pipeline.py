@@ -406,6 +406,7 @@ def render_video(
         fps=fps,
         codec=settings.codec,
         alpha=alpha,
+        hardware=settings.hw_encode,
     ) as writer:
         with (
             EncoderThread(writer) as encoder,
@@ -439,6 +440,9 @@ def render_video(
     timings["total"] = _ms(started)
     report = build_report(result, timings, rendered=True)
     report["fps"], report["codec"] = fps, writer.codec
+    report["encoder"] = getattr(writer, "encoder", writer.codec)
+    if getattr(writer, "note", ""):
+        report["notes"] = [*report.get("notes", []), writer.note]
     report["background"] = settings.background
     # a PNG sequence is its folder
     report["output"] = str(out_path) if writer.codec != "png" else f"{writer.path}{os.sep}"

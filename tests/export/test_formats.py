@@ -13,7 +13,7 @@ from conftest import run_cli
 from studio import layout
 from studio.audio.io import load_audio
 from studio.engines.demo.engine import DemoEngine, demo_audio_path
-from studio.export.video import VideoWriter, encoder_available
+from studio.export.video import ENCODERS, VideoWriter, encoder_available, hardware_encoder
 from studio.motion.retime import output_frames, retime
 from studio.render.pipeline import generate
 
@@ -44,6 +44,46 @@ def test_retime_keeps_the_source_frames_and_interpolates_between() -> None:
     deg, mid = layout.pose_degrees(motion), layout.pose_degrees(fifty[1::2][:-1])
     assert np.allclose(mid, (deg[:-1] + deg[1:]) / 2, atol=0.02)  # angles halfway, in degrees
     assert retime(motion, 25) is motion or np.array_equal(retime(motion, 25), motion)
+
+
+@pytest.mark.parametrize("codec", ["h264", "hevc", "av1"])
+def test_hardware_encoding_where_the_gpu_encoder_opens_else_the_software_one(
+    tmp_path: Path, codec: str
+) -> None:
+    """--hw-encode: NVENC where it really opens (probed by encoding a frame), otherwise the
+    software encoder and a note saying why; the MP4 plays either way."""
+    found, why = hardware_encoder(codec)
+    if not encoder_available(codec) and found is None:
+        pytest.skip(f"this PyAV has no {codec} encoder")
+    path = tmp_path / f"hw_{codec}.mp4"
+    with VideoWriter(path, 256, 128, codec=codec, preset="veryfast", hardware=True) as w:
+        for i in range(10):
+            w.write(np.full((128, 256, 3), 20 * i, np.uint8))
+    if found is None:
+        assert w.encoder == ENCODERS[codec][0] and why in w.note
+        assert w.note.startswith("--hw-encode: ") and "on the CPU" in w.note
+    else:
+        assert w.encoder == found and w.note == ""
+    with av.open(str(path)) as c:
+        frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    assert len(frames) == 10 and abs(int(frames[9].mean()) - 180) <= 4
+
+
+def test_hw_encode_without_a_gpu_encoder_is_a_note_and_the_report_names_the_encoder(
+    tmp_path: Path, capsys
+) -> None:
+    found, why = hardware_encoder("h264")
+    out, report = tmp_path / "hw.mp4", tmp_path / "hw.json"
+    argv = ["render", "--demo", "--size", "64", "--hw-encode", "--out", str(out)]
+    code, _, err = run_cli([*argv, "--report", str(report), "--x264-preset", "ultrafast"], capsys)
+    assert code == 0, err
+    r = json.loads(report.read_text())
+    assert r["settings"]["hw_encode"] is True
+    if found is None:
+        assert f"studio render: note: --hw-encode: {why}" in err
+        assert r["encoder"] == "libx264" and any("--hw-encode" in n for n in r["notes"])
+    else:
+        assert r["encoder"] == found
 
 
 @pytest.mark.parametrize("fps", ["30", "24"])

@@ -49,3 +49,31 @@ def test_transparent_webm_and_a_png_sequence_from_the_dialog(window, qtbot, tmp_
     dlg.format.setCurrentIndex(dlg.format.findData(".mp4"))
     assert dlg.background.currentData() == "avatar"  # MP4 has no alpha
     dlg.reject()
+
+
+def test_the_hardware_encoder_box_reaches_the_export(window, qtbot, tmp_path):
+    """Encode on the GPU's encoder: for MP4 only; the export's report names the encoder it
+    used (the software one where no NVENC opens, as on this machine)."""
+    import json
+
+    from studio.export.video import hardware_encoder
+
+    dlg = window.open_export_dialog()
+    dlg.path.setText(str(tmp_path / "hw.mp4"))
+    dlg.size.setCurrentIndex(dlg.size.findData(256))
+    assert dlg.hw_encode.isEnabled() and not dlg.hw_encode.isChecked()
+    dlg.hw_encode.setChecked(True)
+    seen = []
+    window.render_worker.exportDone.connect(lambda *a: seen.append(a))
+    _export(qtbot, window, dlg)
+    with av.open(str(tmp_path / "hw.mp4")) as c:
+        assert sum(1 for _ in c.decode(video=0)) == window.result.num_frames
+    report = next(a for a in seen[0] if isinstance(a, dict))
+    found, why = hardware_encoder("h264")
+    assert report["encoder"] == (found or "libx264")
+    if found is None:  # the box reached the writer: it says why the CPU encoded
+        assert any(why in note for note in report["notes"])
+    assert json.dumps(report)  # plain data
+    dlg.format.setCurrentIndex(dlg.format.findData(".webm"))
+    assert not dlg.hw_encode.isEnabled()
+    dlg.reject()
