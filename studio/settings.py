@@ -35,6 +35,7 @@ from studio.layout import (
     EMOTIONS,
 )
 from studio.motion.cadence import STRIDES, CadenceThresholds
+from studio.motion.condition import SOURCE_ORDERS
 from studio.motion.controls import ControlTracks
 from studio.motion.kinematics import (
     DEFAULT_ACCEL_LIMIT,
@@ -250,6 +251,12 @@ class RenderSettings(BaseModel):
     batch: int = _field(0, "--batch", "frames per render batch, 0: from the device", 0, MAX_BATCH)
     precision: Literal[PRECISIONS] = _choice(  # type: ignore[valid-type]
         "auto", "--precision", "warp/decoder precision; auto is fp16 on a GPU, fp32 on the CPU"
+    )
+    video_loop: Literal[SOURCE_ORDERS] = _choice(  # type: ignore[valid-type]
+        "pingpong",
+        "--video-loop",
+        "a video avatar past its end: pingpong (back and forth, Ditto's) or loop (from the "
+        "start again: for a video made to loop)",
     )
     frame: Literal[FRAMES] = _choice(  # type: ignore[valid-type]
         "full",

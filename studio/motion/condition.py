@@ -43,6 +43,7 @@ __all__ = [
     "emotion_table",
     "emotion_vector",
     "mirror_indices",
+    "source_indices",
 ]
 
 EMOTION_OPTION = "--emotion"
@@ -115,6 +116,8 @@ def emotion_table(emotion: EmotionSpec) -> np.ndarray:
     )
 
 
+SOURCE_ORDERS = ("pingpong", "loop")  # how a video avatar's frames follow the clip
+
 @dataclass(frozen=True, eq=False)
 class ConditionConfig:
     """Which parts the condition holds, the emotion and the eye mode."""
@@ -159,6 +162,7 @@ class ConditionSource:
     eye_ball: np.ndarray  # [n, 6] (xL, xR, yL, yR, zL, zR)
     sc: np.ndarray  # [63] canonical keypoints of frame 0, before video smoothing
     is_image: bool = True
+    order: str = "pingpong"  # a video's playback order (:func:`source_indices`)
 
     def __post_init__(self) -> None:
         for name, width in (("eye_open", EYE_OPEN_DIM), ("eye_ball", EYE_BALL_DIM)):
@@ -173,8 +177,11 @@ class ConditionSource:
         object.__setattr__(self, "sc", sc)
 
     @classmethod
-    def from_source_info(cls, info: Mapping[str, Any]) -> ConditionSource:
-        """From a Ditto-style ``source_info`` dict (eye_open_lst, eye_ball_lst, sc, ...)."""
+    def from_source_info(
+        cls, info: Mapping[str, Any], order: str = "pingpong"
+    ) -> ConditionSource:
+        """From a Ditto-style ``source_info`` dict (eye_open_lst, eye_ball_lst, sc, ...) and a
+        video's playback ``order``."""
         return cls(
             eye_open=np.concatenate(
                 [np.reshape(e, (-1, EYE_OPEN_DIM)) for e in info["eye_open_lst"]]
@@ -184,6 +191,7 @@ class ConditionSource:
             ),
             sc=info["sc"],
             is_image=bool(info.get("is_image_flag", len(info["eye_open_lst"]) == 1)),
+            order=order,
         )
 
 
@@ -192,6 +200,17 @@ def mirror_indices(index: np.ndarray | int, size: int) -> np.ndarray:
     idx = np.asarray(index, dtype=np.int64)
     turn, rest = np.divmod(idx, int(size))
     return np.where(turn % 2 == 0, rest, size - 1 - rest)
+
+
+def source_indices(index: np.ndarray | int, size: int, order: str = "pingpong") -> np.ndarray:
+    """The source frame a video avatar shows at output frame(s) ``index``: ping-pong
+    (Ditto's: back and forth, no jump) or loop (0..n-1, 0..n-1: a jump at each turn, for a
+    video made to loop)."""
+    if order not in SOURCE_ORDERS:
+        raise ValueError(f"order must be one of {SOURCE_ORDERS}, got {order!r}")
+    if order == "loop":
+        return np.asarray(index, dtype=np.int64) % int(size)
+    return mirror_indices(index, size)
 
 
 def condition_layout(cfg: ConditionConfig | Mapping[str, Any]) -> dict[str, slice]:
@@ -243,7 +262,7 @@ def assemble(
             if config.eye_f0_mode or source.is_image or len(rows) == 1:  # type: ignore[union-attr]
                 out[:, layout[part]] = rows[0]
             else:
-                out[:, layout[part]] = rows[mirror_indices(frames, len(rows))]
+                out[:, layout[part]] = rows[source_indices(frames, len(rows), source.order)]
     if "sc" in layout:
         out[:, layout["sc"]] = source.sc  # type: ignore[union-attr]
     return out

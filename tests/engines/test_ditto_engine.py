@@ -232,11 +232,11 @@ class _VideoAvatar:
         )
 
 
-def _video_renderer(nets, mode="resident", batch=2, avatar=None):
+def _video_renderer(nets, mode="resident", batch=2, avatar=None, loop="pingpong"):
     from studio.engines.ditto.engine import DittoRenderer, MemoryPlan
     from studio.settings import RenderSettings
 
-    s = RenderSettings(backend="ditto")
+    s = RenderSettings(backend="ditto", video_loop=loop)
     return DittoRenderer(nets, avatar or _VideoAvatar(), s, 512, MemoryPlan(mode, batch, "test"))
 
 
@@ -266,6 +266,12 @@ def test_a_video_avatar_pastes_each_frame_onto_its_mirrored_source_frame(render_
     _same_frames(rows.render_batch(motion[:2]), frames[10:12])  # counting on from 10
     chunks = list(rows.iter_render([np.arange(4), np.arange(4, 8)]))
     _same_frames(np.concatenate(chunks), frames[:8])
+    # looped instead: frame 6 starts the video again
+    looped = _video_renderer(render_nets, avatar=video, loop="loop")
+    looped.prepare(motion)
+    again = looped.render_frames(np.array([6, 7]))
+    for g, i in ((0, 0), (1, 1)):
+        np.testing.assert_array_equal(again[g, :, :95], video.frames[i, :, :95])
     # a 50 fps export: the video keeps its pace, each source frame shown twice
     r.frame_rate = 50
     doubled = r.render_frames(np.arange(4))

@@ -19,6 +19,7 @@ from studio.motion.condition import (
     emotion_table,
     emotion_vector,
     mirror_indices,
+    source_indices,
 )
 
 FLAGS = ("use_emo", "use_eye_open", "use_eye_ball", "use_sc")
@@ -147,6 +148,18 @@ def test_eye_info_mirrors_over_video_frames() -> None:
     np.testing.assert_array_equal(out[:, 1032:1034], src.eye_open[frames])
     np.testing.assert_array_equal(out[:, 1034:1040], src.eye_ball[frames])
     np.testing.assert_array_equal(out[:, 1040:], np.tile(src.sc, (9, 1)))
+
+
+def test_a_looped_video_restarts_its_eye_info_instead_of_turning_back() -> None:
+    from dataclasses import replace
+
+    assert source_indices(np.arange(7), 3, "loop").tolist() == [0, 1, 2, 0, 1, 2, 0]
+    assert source_indices(np.arange(7), 3).tolist() == [0, 1, 2, 2, 1, 0, 0]  # ping-pong
+    with pytest.raises(ValueError, match="order must be one of"):
+        source_indices(1, 3, "bounce")
+    src = replace(video_source(3), order="loop")
+    out = assemble(feats(7), 0, src, ConditionConfig())
+    np.testing.assert_array_equal(out[:, 1032:1034], src.eye_open[[0, 1, 2, 0, 1, 2, 0]])
 
 
 def test_image_source_and_eye_f0_mode_use_frame_0() -> None:

@@ -29,6 +29,7 @@ CAPABILITIES = Capabilities(
             "delta_yaw",
             "delta_roll",
             "frame",
+            "video_loop",
             "runtime",
             "compile",
             "memory",

@@ -50,7 +50,7 @@ from studio.motion.condition import (
     ConditionSource,
     assemble,
     emotion_from_weights,
-    mirror_indices,
+    source_indices,
 )
 from studio.motion.generator import WindowMemo, generate_motion
 from studio.motion.live_lmdm import LiveMotion, live_plan
@@ -328,6 +328,7 @@ class DittoRenderer(Renderer):
         # a video avatar: output frame g is source frame mirror(g, n) (features, keypoints,
         # background and crop matrix); only its expression is driven, its eyes are its own
         self.video_frames = getattr(avatar, "frames", None)
+        self.video_loop = settings.video_loop
         self.sources = 1 if self.video_frames is None else len(self.video_frames)
         self._next_row = 0  # render_batch's frame count when the caller gives no indices
         self.controls = _controls(settings)
@@ -373,7 +374,8 @@ class DittoRenderer(Renderer):
         at = np.asarray(frames, np.int64)
         if self.frame_rate != VIDEO_FPS:  # a retimed export: the video keeps its own pace
             at = np.floor(at * (VIDEO_FPS / self.frame_rate) + 1e-9).astype(np.int64)
-        return torch.from_numpy(mirror_indices(at, self.sources)).to(self.device)
+        order = source_indices(at, self.sources, self.video_loop)
+        return torch.from_numpy(order).to(self.device)
 
     # - keypoints -
     def _stitch(self, rows: Tensor, frames: np.ndarray | None = None) -> tuple[Tensor, Tensor]:
@@ -762,7 +764,7 @@ class DittoEngine:
         self._report(STAGE_HUBERT, 0, 1)  # one call: counted as one step
         feats = self.hubert.offline(audio.samples)
         self._report(STAGE_HUBERT, 1, 1)
-        source = ConditionSource.from_source_info(self.avatar.source_info())
+        source = self._condition_source()
         cond = assemble(feats[: audio.num_frames], 0, source, self.condition)
         t_hubert = (time.perf_counter() - t0) * 1000.0
         t0 = time.perf_counter()
@@ -804,7 +806,7 @@ class DittoEngine:
             self.hubert.silence(plan.priming),
             self.networks.lmdm,
             torch.from_numpy(motion_from_info(_first_info(self.avatar))),
-            ConditionSource.from_source_info(self.avatar.source_info()),
+            self._condition_source(),
             self.condition,
             self.settings.steps,
             seed,
@@ -821,9 +823,17 @@ class DittoEngine:
         s = settings or self.settings
         return DittoRenderer(self.networks, self.avatar, s, s.size, self.memory_plan(s))
 
+    def _condition_source(self) -> ConditionSource:
+        """The avatar's part of LMDM's condition (a video's eyes in its playback order)."""
+        info = self.avatar.source_info()
+        return ConditionSource.from_source_info(info, self.settings.video_loop)
+
     def motion_key(self, settings: RenderSettings) -> tuple:
-        """The networks, the avatar, and the two settings LMDM reads."""
-        return ("ditto", id(self.networks), id(self.avatar), settings.emotion, settings.steps)
+        """The networks, the avatar, and the settings LMDM reads (a video's playback order
+        orders its eye features)."""
+        loop = settings.video_loop if getattr(self.avatar, "frames", None) is not None else None
+        key = ("ditto", id(self.networks), id(self.avatar), settings.emotion, settings.steps)
+        return (*key, loop)
 
     def renderer_key(self, settings: RenderSettings) -> tuple:
         """The networks and avatar, and every setting the renderer reads (the size only for
@@ -843,6 +853,7 @@ class DittoEngine:
             s.delta_roll,
             s.memory,
             s.batch,
+            s.video_loop,
         )
 
     def frame_size(self, settings: RenderSettings) -> tuple[int, int]:

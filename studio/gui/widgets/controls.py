@@ -39,6 +39,7 @@ STRIDE_LABELS = {
     "3": "every 3rd (3)",
 }
 FRAME_LABELS = {"full": "full image (paste-back)", "crop": "face crop (size × size)"}
+VIDEO_LOOP_LABELS = {"pingpong": "back and forth", "loop": "loop"}
 
 NEEDS_CHECKPOINTS = "set a checkpoint folder (File → Checkpoints…) to enable"
 COMPILE_TIP = (
@@ -239,6 +240,15 @@ class ControlsPanel(QWidget):
                 "crop: the 512² face render, resized to the output size",
             ),
         )
+        self.video_loop = options.row(
+            "Video avatar",
+            setting_combo(
+                "video_loop",
+                VIDEO_LOOP_LABELS,
+                "a video avatar past its last frame: back and forth (no jump), or from its first "
+                "frame again (a video made to loop)",
+            ),
+        )
         self.runtime = options.row(
             "Runtime",
             setting_combo(
@@ -257,6 +267,7 @@ class ControlsPanel(QWidget):
             **{f"delta_{axis}": box for axis, box in self.deltas.items()},
             **self.crop,
             "frame": self.frame,
+            "video_loop": self.video_loop,
             "runtime": self.runtime,
         }
 
@@ -338,6 +349,7 @@ class ControlsPanel(QWidget):
             **{f"delta_{axis}": box for axis, box in self.deltas.items()},
             **self.crop,
             "frame": self.frame,
+            "video_loop": self.video_loop,
             "runtime": self.runtime,
             "compile": self.compile,
             "smooth": self.smooth,
@@ -356,6 +368,7 @@ class ControlsPanel(QWidget):
         self._preset = "medium"
         # what only an export reads (its dialog sets them): kept as a preset gave them
         self._fps, self._codec, self._background = "25", "h264", "avatar"
+        self._hw_encode = False  # the Export dialog's, kept with the rest
         self._memory, self._batch = "auto", 0
         self._cadence = CadenceThresholds()  # keeps the thresholds no widget shows
         self.set_settings(RenderSettings())
@@ -373,6 +386,7 @@ class ControlsPanel(QWidget):
         for w in (self.size, self.frame, self.runtime):
             w.currentIndexChanged.connect(self._output_changed)
         self.compile.toggled.connect(self._output_changed)
+        self.video_loop.currentIndexChanged.connect(self._motion_changed)  # eyes and frames
         self.precision.currentIndexChanged.connect(self._precision_changed)
         self.backend.currentIndexChanged.connect(self._backend_changed)
         self.window.valueChanged.connect(self._window_changed)
@@ -509,6 +523,7 @@ class ControlsPanel(QWidget):
             fps=self._fps,
             codec=self._codec,
             background=self._background,
+            hw_encode=self._hw_encode,
             backend=self.backend_name(),
             emotion=int(self.emotion.currentData()),
             delta_pitch=_exact(self.deltas["pitch"]),
@@ -520,6 +535,7 @@ class ControlsPanel(QWidget):
             batch=self._batch,
             precision=str(self.precision.currentData()),
             frame=str(self.frame.currentData()),
+            video_loop=str(self.video_loop.currentData()),
             compile=self.compile.isChecked() and self._cuda,
             runtime=str(self.runtime.currentData()),
         )
@@ -562,10 +578,12 @@ class ControlsPanel(QWidget):
             self.size.setCurrentIndex(idx)
             self._crf, self._preset = s.crf, s.preset
             self._fps, self._codec, self._background = s.fps, s.codec, s.background
+            self._hw_encode = s.hw_encode
             self._memory, self._batch = s.memory, s.batch
             self.emotion.setCurrentIndex(max(0, self.emotion.findData(int(s.emotion))))
             self.steps.setValue(s.steps)
             self.frame.setCurrentIndex(max(0, self.frame.findData(s.frame)))
+            self.video_loop.setCurrentIndex(max(0, self.video_loop.findData(s.video_loop)))
             self.compile.setChecked(bool(s.compile) and self._cuda)
             want = RUNTIMES.index(s.runtime) if s.runtime in RUNTIMES else 0
             self.runtime.setCurrentIndex(want if _item_enabled(self.runtime, want) else 0)
