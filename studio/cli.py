@@ -561,7 +561,14 @@ def _progress():
     """The stage progress shown on stderr (bars on a terminal, plain lines otherwise)."""
     from studio.progress import StageProgress
 
-    return StageProgress(sys.stderr)
+    return StageProgress(sys.stderr, checkpoint=_raise_if_signalled)
+
+
+def _raise_if_signalled() -> None:
+    """KeyboardInterrupt again when a signal was caught: its first one can be swallowed
+    where it landed (a finaliser, a library catching everything)."""
+    if _SIGNALLED:
+        raise KeyboardInterrupt(f"signal {_SIGNALLED[0]}")
 
 
 def _summary(report: dict) -> str:

@@ -90,7 +90,9 @@ class StageProgress:
 
     ``live`` (default: whether ``stream`` is a terminal) picks tqdm bars over plain lines;
     ``quiet`` (default: inside :func:`quiet`) shows nothing at all.
-    ``labels`` renames stages (default :data:`LABELS`). A stage ends when its count reaches
+    ``labels`` renames stages (default :data:`LABELS`); ``checkpoint`` (if given) is called
+    first on every report, so that a caller can stop long work there (the CLI: a signal whose
+    KeyboardInterrupt was swallowed where it landed). A stage ends when its count reaches
     its total or another stage begins; :meth:`close` (or leaving the ``with`` block) ends the
     last one. When the block ends with an exception an unfinished stage is dropped silently,
     so the error line stands alone.
@@ -102,8 +104,10 @@ class StageProgress:
         live: bool | None = None,
         labels: Mapping[str, str] | None = None,
         quiet: bool | None = None,
+        checkpoint: Callable[[], None] | None = None,
     ) -> None:
         self.stream = stream if stream is not None else sys.stderr
+        self.checkpoint = checkpoint
         self.quiet = _QUIET[0] if quiet is None else bool(quiet)
         if live is None:
             isatty = getattr(self.stream, "isatty", None)
@@ -114,6 +118,8 @@ class StageProgress:
 
     # - the callable -
     def __call__(self, stage: str, done: int, total: int) -> None:
+        if self.checkpoint is not None:
+            self.checkpoint()
         if self.quiet:
             return
         name, _, detail = stage.partition(": ")

@@ -1045,3 +1045,21 @@ def test_reports_carry_the_quality_metrics(demo_render):
     assert 0.0 <= q["silent_lips"]["deviation"] < 0.2 * q["silent_lips"]["speech_deviation"]
     assert q["blinks"]["count"] >= 2 and q["blinks"]["in_schedule"] == 1.0
     assert q["lip_sync"]["envelope_correlation"] > 0.3 and q["head"]["smoothness"] > 0
+
+
+def test_a_signal_swallowed_where_it_landed_stops_the_work_at_the_next_report():
+    """A signal's KeyboardInterrupt can land in a finaliser that swallows it: the next
+    progress report raises it again, so the command still ends as interrupted."""
+    import signal
+
+    from studio import cli
+
+    progress = cli._progress()
+    progress("rendering frames", 1, 10)  # nothing caught: nothing raised
+    cli._SIGNALLED.append(int(signal.SIGHUP))
+    try:
+        with pytest.raises(KeyboardInterrupt, match="signal"):
+            progress("rendering frames", 2, 10)
+    finally:
+        cli._SIGNALLED.clear()
+        progress.close(finished=False)
