@@ -182,7 +182,7 @@ def test_old_presets_still_load(tmp_path):
     everything |= {"delta_pitch": -3.0, "delta_yaw": 12.5, "delta_roll": 0.0}
     everything |= {"steps": 25, "memory": "streamed", "batch": 16, "precision": "bf16"}
     everything |= {"frame": "crop", "compile": True, "runtime": "onnxruntime"}
-    everything["cadence"] = {**first["cadence"], "max_warp_px": 8.0}  # a later key, default
+    everything["cadence"] = {**first["cadence"], "max_warp_px": 8.0}  # a later key
     p.write_text(json.dumps(everything))
     # later keys take their defaults (issue 21: frame rate, codec and background)
     later = {"fps": "25", "codec": "h264", "hw_encode": False, "background": "avatar"}

@@ -62,7 +62,7 @@ class CadenceThresholds:
         0.08, 0.0, 1.0, "largest change of loudness (0..1) of a sustained frame", step=0.01
     )
     max_pose_gap_deg: float = _threshold(
-        1.5,
+        2.0,
         0.1,
         20.0,
         "most head rotation a blended gap between keyframes may span, degrees",
@@ -71,7 +71,7 @@ class CadenceThresholds:
     )
 
     max_warp_px: float = _threshold(
-        8.0,
+        10.0,
         1.0,
         64.0,
         "most keypoint displacement between two keyframes that an in-between is warped "
