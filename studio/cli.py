@@ -611,12 +611,12 @@ def _prepare_engine(args: argparse.Namespace, settings):
             *(n for n in notes if not n.startswith("--compile")),
             "--compile is ignored by analyze, which renders no frames",
         )
-    if settings.hw_encode and args.command == "render":
-        from studio.export.video import hardware_encoder
+    out = str(getattr(args, "out", "") or "")
+    if settings.hw_encode and args.command == "render" and out.lower().endswith(".mp4"):
+        from studio.export.video import hardware_note
 
-        found, why = hardware_encoder(settings.codec)
-        if found is None:
-            notes = (*notes, f"--hw-encode: {why}; the software encoder encodes on the CPU")
+        note = hardware_note(settings.codec)  # the writer's own note, said before the work
+        notes = (*notes, note) if note else notes
     for note in notes:
         print(f"studio {args.command}: note: {note}", file=sys.stderr)
     return prepared

@@ -27,11 +27,11 @@ def avatar_source(path: str | os.PathLike[str]) -> tuple[str, str | None]:
     except (OSError, ValueError, KeyError, TypeError):
         raise InputError(
             f"{p} is not a registered avatar folder (no readable {AVATAR_META}); "
-            "open the face image instead"
+            "open the face photo or video instead"
         ) from None
     if not source.is_file():
         raise InputError(
             f"the avatar folder {p.name} was registered from {source}, which is gone; "
-            "open a face image instead"
+            "open a face photo or video instead"
         )
     return str(source), str(p.parent)

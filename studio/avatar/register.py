@@ -1,4 +1,4 @@
-"""Avatar registration: one face photo -> everything the Ditto engine needs, cached on disk.
+"""Avatar registration: a face photo (or video) -> everything Ditto needs, cached on disk.
 
 Ditto's ``Source2Info`` for an image source (ditto-reference.md §5):
 
@@ -480,7 +480,9 @@ def _track(
         prev = geos[-1]
         jump = float(np.hypot(*(geo.center - prev.center))) / prev.size
         ratio = geo.size / prev.size
-        if not np.isfinite(pts).all() or jump > MAX_TRACK_JUMP:
+        if not np.isfinite(pts).all():
+            raise _lost(path, i, "no landmarks")
+        if jump > MAX_TRACK_JUMP:
             raise _lost(path, i, f"it moved {jump:.0%} of its size in one frame")
         if not 1 / MAX_TRACK_SCALE < ratio < MAX_TRACK_SCALE:
             raise _lost(path, i, f"its size changed {ratio:.2f}x in one frame")
@@ -520,7 +522,7 @@ def _build_video(
             f"{path} has a cut at {cut / VIDEO_FPS:.2f} s (frame {cut}): a video avatar must "
             "be one continuous shot; trim it to a single shot"
         )
-    steps("load image")
+    steps("load video")
 
     detector = FaceDetector(files["insightface_det"], providers)
     box, faces = _find_face(frames[0], f"the first frame of {path}", detector, notes)
@@ -539,6 +541,9 @@ def _build_video(
 
     task = files.get("face_landmarker")
     eyes = [eye_features(c, p, task) for c, p in zip(crops, lmks, strict=True)]
+    if len({e.method for e in eyes}) > 1:  # one method for every frame: no jumps in LMDM's eyes
+        eyes = [eye_features(c, p, None) for c, p in zip(crops, lmks, strict=True)]
+        notes.append("MediaPipe missed the face in some frames: eye features from landmarks")
     steps("eye features")
 
     raw, f_s = _extract(crops, files, dev)

@@ -65,6 +65,8 @@ MAX_VIDEO_FRAMES = 250  # longer videos: the first 10 s are used, with a note
 MAX_VIDEO_BYTES = 2 * 2**30  # larger files refused before decoding
 
 _HEAD_BYTES = 4096  # read to sniff a file's type
+# first bytes of the common photo formats (PNG, JPEG, GIF, BMP, TIFF): not a video, at once
+_PHOTO_MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"BM", b"II*\x00", b"MM\x00*")
 _TRUNCATED_S = 0.5  # decoded video this much shorter than its header says: damaged
 _STILL_FORMATS = ("image2", "gif", "apng", "webp")  # FFmpeg demuxers of (animated) images
 
@@ -99,7 +101,7 @@ def is_video(path: str | os.PathLike[str]) -> bool:
             head = f.read(_HEAD_BYTES)
     except OSError:
         return False
-    if not head or _still_iso(head):  # FFmpeg would open a HEIF photo as an MP4
+    if not head or _still_iso(head) or head.startswith(_PHOTO_MAGIC):  # no FFmpeg probe
         return False
     if _sniff_video(head) is not None:
         return True

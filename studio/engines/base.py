@@ -310,6 +310,12 @@ class Engine(Protocol):
         """What the generated motion depends on besides audio and seed (a cache key)."""
         ...
 
+    def source_motion(self, num_frames: int, settings: RenderSettings) -> np.ndarray | None:
+        """[num_frames, motion] rows of the avatar's own motion where it moves by itself (a
+        video: the frames its pose, position and scale come from), else None: what adaptive
+        cadence must see to bound the gaps it blends across."""
+        ...
+
     def renderer(self, settings: RenderSettings) -> Renderer:
         """A renderer of frames under ``settings`` (size, precision, frame mode, …)."""
         ...

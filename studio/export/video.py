@@ -86,9 +86,18 @@ def hardware_encoder(codec: str) -> tuple[str | None, str]:
         list(cc.encode(frame))
         list(cc.encode(None))
     except (av.error.FFmpegError, OSError, ValueError) as e:
-        reason = " ".join(str(e).split())[:80]
+        reason = " ".join(str(getattr(e, "strerror", None) or e).split())[:80]
         return None, f"{name} does not open ({reason}): no NVIDIA GPU encoder"
     return name, ""
+
+
+def hardware_note(codec: str) -> str:
+    """What ``--hw-encode`` does here for an MP4 of ``codec``: "" when its hardware encoder
+    opens, else the note that the software encoder runs instead, and why."""
+    found, why = hardware_encoder(codec)
+    if found is not None:
+        return ""
+    return f"--hw-encode: {why}; {ENCODERS[codec][0]} encodes on the CPU"
 
 
 @dataclass(frozen=True)
@@ -377,11 +386,9 @@ class VideoWriter(AtomicWriter):
         self.note = ""
         self.encoder = self.container.video or ENCODERS[self.codec][0]
         if hardware and self.container.video is None:
-            found, why = hardware_encoder(self.codec)
-            if found is None:
-                self.note = f"--hw-encode: {why}; {self.encoder} encodes on the CPU"
-            else:
-                self.encoder = found
+            self.note = hardware_note(self.codec)
+            if not self.note:
+                self.encoder = HARDWARE_ENCODERS[self.codec]
         self.audio_rate = None if audio_rate is None else int(audio_rate)
         self.width, self.height, self.fps = int(width), int(height), int(fps)
         self.audio, self.crf, self.preset = audio, int(crf), preset
@@ -536,9 +543,12 @@ class VideoWriter(AtomicWriter):
 
     def _encoder_options(self, cc: av.codec.context.CodecContext) -> dict[str, str]:
         """The encoder's options for the quality (CRF) and speed (x264's preset names)."""
+        if self.codec == "hevc":
+            cc.codec_tag = "hvc1"  # the tag Apple's players want for HEVC in MP4
         if self.encoder in HARDWARE_ENCODERS.values():  # NVENC: constant quality by cq
             speed = f"p{NVENC_PRESETS[self.preset]}"
-            return {"preset": speed, "rc": "vbr", "cq": str(self.crf), "b": "0"}
+            cq = round(self.crf * 63 / 51) if self.codec == "av1" else self.crf  # AV1: 0..63
+            return {"preset": speed, "rc": "vbr", "cq": str(cq), "b": "0"}
         if self.codec == "vp9":  # VP9: constant quality (CRF 0..63, b:v 0), cpu-used for speed
             speed = max(0, min(8, 8 - X264_PRESETS.index(self.preset)))
             crf = str(round(self.crf * 63 / 51))
@@ -551,7 +561,6 @@ class VideoWriter(AtomicWriter):
             cc.thread_type, cc.thread_count = "FRAME", 0
             return {"crf": str(self.crf), "preset": self.preset}
         if self.codec == "hevc":
-            cc.codec_tag = "hvc1"  # the tag Apple's players want for HEVC in MP4
             return {"crf": str(self.crf), "preset": self.preset, "x265-params": "log-level=error"}
         # SVT-AV1: CRF 0..63 (x264's 18, visually lossless, is about its 22), presets 0..13;
         # its banner and notes on stderr only for errors (a user's SVT_LOG still wins)

@@ -81,7 +81,7 @@ PRESET_FILTER = "Presets (*.json)"
 PROJECT_FILTER = "Projects (*.json)"
 MAX_RECENT = 8
 DEBOUNCE_MS = 60
-NEEDS_AVATAR = "Open an avatar image first (File → Open Avatar…)"
+NEEDS_AVATAR = "Open an avatar first: a face photo or video (File → Open Avatar…)"
 CHECKPOINTS_KEY = "checkpoints/folder"
 AVATAR_NEEDS_CHECKPOINTS = (
     "The {engine} engine draws its own character, so {name} is not animated. To animate your "

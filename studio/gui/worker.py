@@ -346,7 +346,8 @@ class MotionWorker(QObject):
         phon, raw, timings = self._motion[key]
         if self.cancellation.is_cancelled(gen):
             return
-        result = postprocess(audio, phon, raw, s, timings, job.controls)
+        source = engine.source_motion(audio.num_frames, s)
+        result = postprocess(audio, phon, raw, s, timings, job.controls, source)
         self.motionReady.emit(gen, result, engine)
 
 
@@ -481,6 +482,7 @@ class RenderWorker(QObject):
             job.settings,
             job.result.timings_ms,
             job.result.controls,
+            job.engine.source_motion(job.result.audio.num_frames, job.settings),
         )
         return render_video(
             result,

@@ -122,7 +122,7 @@ def inbetween_psnr(
     against full renders of their smoothed motion rows: {mean, p5, worst} and how many
     were measured (of how many in-betweens the clip has)."""
     frames = np.array(sorted(made), dtype=np.int64)
-    ref, _ = _reference(renderer, np.asarray(result.smoothed[frames]))
+    ref, _ = _reference(renderer, result, frames)
     scores = np.array([psnr(made[int(f)], r) for f, r in zip(frames, ref, strict=True)])
     return {
         **summarize(scores),
@@ -131,11 +131,16 @@ def inbetween_psnr(
     }
 
 
-def _reference(renderer: Renderer, motion: np.ndarray) -> tuple[np.ndarray, float]:
-    """Full renders of ``motion`` rows in the renderer's batches; (frames, seconds)."""
+def _reference(
+    renderer: Renderer, result: MotionResult, frames: np.ndarray
+) -> tuple[np.ndarray, float]:
+    """Full renders of the clip's ``frames`` (their smoothed rows, and their indices: a video
+    avatar's source frame follows them) in the renderer's batches; (frames, seconds)."""
+    motion = np.asarray(result.smoothed[frames])
     out, t0 = [], time.perf_counter()
     for start in range(0, motion.shape[0], renderer.batch):
-        out.append(np.asarray(renderer.render_batch(motion[start : start + renderer.batch])))
+        part = slice(start, start + renderer.batch)
+        out.append(np.asarray(renderer.render_batch(motion[part], frames[part])))
     seconds = time.perf_counter() - t0
     return (np.concatenate(out) if out else np.empty((0,))), seconds
 
@@ -179,7 +184,7 @@ def inbetween_fidelity(
     for i, frame in enumerate(iter_frames(result, renderer, stats=stats, overlap=False)):
         if i in wanted:
             made[i] = np.array(frame, copy=True)
-    ref, ref_s = _reference(renderer, np.asarray(result.smoothed[picked]))
+    ref, ref_s = _reference(renderer, result, picked)
     scores_p = np.array([psnr(made[int(f)], r) for f, r in zip(picked, ref, strict=True)])
     scores_s = np.array([ssim(made[int(f)], r) for f, r in zip(picked, ref, strict=True)])
     blend_s, render_s = stats.get("blend_s", 0.0), stats.get("render_s", 0.0)

@@ -100,14 +100,21 @@ def postprocess(
     settings: RenderSettings,
     timings=None,
     controls: ControlTracks | None = None,
+    source_motion: np.ndarray | None = None,
 ) -> MotionResult:
     """Control tracks, cadence plan, cadence sampling and smoothing on cached raw motion
     (``controls`` direct the motion before the rest: the smoothing keeps a keyed turn within
-    its acceleration limit, cadence renders what a keyed move needs)."""
+    its acceleration limit, cadence renders what a keyed move needs). ``source_motion``: an
+    avatar that moves by itself (:meth:`~studio.engines.base.Engine.source_motion`), whose
+    pose, position and scale the frames show: cadence bounds its gaps by that motion."""
     timings = dict(timings or {})
     t0 = time.perf_counter()
     directed = apply_controls(raw, controls)
-    plan = plan_cadence(phon, settings.stride, settings.cadence, motion=directed)
+    shown = directed
+    if source_motion is not None:  # the video's own head, the driving expression
+        shown = np.array(source_motion, np.float32, copy=True)
+        shown[:, layout.EXP] = directed[:, layout.EXP]
+    plan = plan_cadence(phon, settings.stride, settings.cadence, motion=shown)
     sampled = sample_motion(directed, plan)
     timings["cadence"] = _ms(t0)
     t0 = time.perf_counter()
@@ -122,7 +129,8 @@ def analyze(
 ) -> MotionResult:
     """Motion, cadence plan and kinematics for a clip, without rendering."""
     phon, raw, timings = generate(engine, audio, settings.seed, controls)
-    return postprocess(audio, phon, raw, settings, timings, controls)
+    source = engine.source_motion(audio.num_frames, settings)
+    return postprocess(audio, phon, raw, settings, timings, controls, source)
 
 
 blend = crossfade  # the in-place cross-fade (a renderer without keypoints makes these)

@@ -623,3 +623,27 @@ def test_an_emotion_edit_samples_only_the_windows_from_the_first_it_changes(lmdm
     assert torch.equal(again, fresh) and not torch.equal(again, first)
     other_seed = generate_motion(lmdm, keyed, kp, steps=2, seed=8, memo=memo)
     assert memo.reused == 0 and not torch.equal(other_seed, fresh)
+
+
+def test_a_video_avatars_own_motion_is_its_frames_in_playback_order() -> None:
+    """What cadence bounds its gaps by (Engine.source_motion): the video's keypoint rows in
+    the order its frames are shown; a photo has none."""
+    from types import SimpleNamespace
+
+    from studio.engines.ditto.engine import DittoEngine
+    from studio.layout import motion_from_info
+    from studio.settings import RenderSettings
+
+    video = _VideoAvatar()
+    s = RenderSettings(backend="ditto")
+    rows = DittoEngine.source_motion(SimpleNamespace(avatar=video), 9, s)
+    frame = [
+        motion_from_info({k: v[i : i + 1] for k, v in video.x_s_info.items()}) for i in range(6)
+    ]
+    for g, i in enumerate([0, 1, 2, 3, 4, 5, 5, 4, 3]):
+        np.testing.assert_array_equal(rows[g], frame[i])
+    looped = DittoEngine.source_motion(
+        SimpleNamespace(avatar=video), 9, s.replace(video_loop="loop")
+    )
+    np.testing.assert_array_equal(looped[6], frame[0])
+    assert DittoEngine.source_motion(SimpleNamespace(avatar=_Avatar()), 9, s) is None

@@ -78,3 +78,26 @@ def test_known_frames_are_reused_and_only_the_missing_ones_are_rendered() -> Non
     # every frame known: nothing rendered at all
     idle = _Counting(DemoEngine().renderer(RenderSettings(size=64)), batch=4)
     assert len(list(iter_frames(result, idle, known=full))) == n and idle.rows == []
+
+
+def test_cadence_bounds_the_gaps_of_an_avatar_that_moves_by_itself() -> None:
+    """A video avatar's frames show its own head: where it moves fast, adaptive cadence
+    renders every frame, however still the driving motion is."""
+    from studio import layout
+    from studio.audio.io import load_audio
+    from studio.engines.demo.engine import demo_audio_path
+    from studio.render.pipeline import generate, postprocess
+
+    audio = load_audio(demo_audio_path())
+    engine = DemoEngine()
+    settings = RenderSettings(size=64)
+    phon, raw, timings = generate(engine, audio, 0)
+    raw[:, : layout.EXP.start] = raw[:1, : layout.EXP.start]  # the driving head holds still
+    still = postprocess(audio, phon, raw, settings, timings)
+    assert still.plan.keyframes.size < still.num_frames  # in-betweens where nothing moves
+    source = np.repeat(raw[:1], raw.shape[0], axis=0)
+    source[:, layout.T.start] += 0.05 * np.arange(raw.shape[0])  # the head slides fast
+    sliding = postprocess(audio, phon, raw, settings, timings, source_motion=source)
+    assert sliding.plan.keyframes.size == sliding.num_frames
+    # the source only bounds the plan: the motion itself stays the driving one
+    np.testing.assert_array_equal(sliding.raw, still.raw)

@@ -70,6 +70,9 @@ class DemoEngine:
     def motion_key(self, settings: RenderSettings) -> tuple:
         return ("demo",)  # the rule-based motion reads only the audio and the seed
 
+    def source_motion(self, num_frames: int, settings: RenderSettings) -> None:
+        return None  # the character moves only as the motion says
+
     def renderer(self, settings: RenderSettings) -> DemoAvatar:
         return DemoAvatar(settings.size)
 

@@ -374,8 +374,10 @@ class DittoRenderer(Renderer):
         at = np.asarray(frames, np.int64)
         if self.frame_rate != VIDEO_FPS:  # a retimed export: the video keeps its own pace
             at = np.floor(at * (VIDEO_FPS / self.frame_rate) + 1e-9).astype(np.int64)
-        order = source_indices(at, self.sources, self.video_loop)
-        return torch.from_numpy(order).to(self.device)
+        order = torch.from_numpy(source_indices(at, self.sources, self.video_loop))
+        if self.device.type == "cuda":  # a pageable upload would wait for the GPU to drain
+            return order.pin_memory().to(self.device, non_blocking=True)
+        return order.to(self.device)
 
     # - keypoints -
     def _stitch(self, rows: Tensor, frames: np.ndarray | None = None) -> tuple[Tensor, Tensor]:
@@ -822,6 +824,21 @@ class DittoEngine:
     def renderer(self, settings: RenderSettings | None = None) -> DittoRenderer:
         s = settings or self.settings
         return DittoRenderer(self.networks, self.avatar, s, s.size, self.memory_plan(s))
+
+    def source_motion(self, num_frames: int, settings: RenderSettings) -> np.ndarray | None:
+        """A video avatar's own motion rows in playback order (pose, translation and scale
+        follow them); None for a photo."""
+        frames = getattr(self.avatar, "frames", None)
+        if frames is None:
+            return None
+        info = self.avatar.x_s_info
+        rows = np.stack(
+            [
+                motion_from_info({k: v[i : i + 1] for k, v in info.items()})
+                for i in range(len(frames))
+            ]
+        )
+        return rows[source_indices(np.arange(num_frames), len(frames), settings.video_loop)]
 
     def _condition_source(self) -> ConditionSource:
         """The avatar's part of LMDM's condition (a video's eyes in its playback order)."""
