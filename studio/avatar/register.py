@@ -347,23 +347,26 @@ def _extract(
     motion = _network("motion_extractor", files["motion_extractor"], dev)
     appearance = _network("appearance_extractor", files["appearance_extractor"], dev)
     heads: list[list[np.ndarray]] = []
-    feats: list[np.ndarray] = []
+    feats: np.ndarray | None = None  # filled batch by batch: a video's 8 MiB a frame, once
     for s in range(0, len(crops), EXTRACT_BATCH):
         small = area_downsample(crops[s : s + EXTRACT_BATCH], CROP_SIZE // NET_SIZE, dev)
         x = torch.from_numpy(small.astype(np.float32) / 255.0).permute(0, 3, 1, 2).contiguous()
         x = x.to(dev)
         with torch.inference_mode():
             out = motion(x)
-            f_s = appearance(x)
+            f_s = appearance(x).detach().float().cpu().numpy()
         heads.append([np.asarray(v.detach().float().cpu().numpy(), np.float32) for v in out])
-        feats.append(np.asarray(f_s.detach().float().cpu().numpy(), np.float32))
+        if feats is None:
+            feats = np.empty((len(crops), *f_s.shape[1:]), np.float32)
+        feats[s : s + len(f_s)] = f_s
     x_s_info = {
         k: np.ascontiguousarray(np.concatenate([h[i] for h in heads]), dtype=np.float32)
         for i, k in enumerate(_X_S_KEYS)
     }
     for k in ("exp", "kp"):
         x_s_info[k] = x_s_info[k].reshape(len(crops), -1)
-    return x_s_info, np.ascontiguousarray(np.concatenate(feats), dtype=np.float32)
+    assert feats is not None
+    return x_s_info, feats
 
 
 def _build(
@@ -536,7 +539,9 @@ def _build_video(
     steps("landmarks")
 
     dev = torch.device(device) if not isinstance(device, torch.device) else device
-    crops = np.stack([crop_image(f, g, dev) for f, g in zip(frames, geos, strict=True)])
+    crops = np.empty((len(frames), CROP_SIZE, CROP_SIZE, 3), np.uint8)
+    for i, (frame, geo) in enumerate(zip(frames, geos, strict=True)):
+        crops[i] = crop_image(frame, geo, dev)
     steps("crop")
 
     task = files.get("face_landmarker")
