@@ -71,17 +71,28 @@ def _setting(
     from studio.settings import spec
 
     s = spec(key)
+    assert s.option is not None, key
+    if s.kind is bool:  # a flag: given or not (None: the preset's or the default)
+        text = f"{s.help}{note} (default {'on' if s.default else 'off'})".replace("%", "%%")
+        g.add_argument(s.option, action="store_true", default=None, help=text)
+        return
     kind = {"choices": s.choices} if s.choices else {"type": s.kind}
     text = f"{s.help}{note} ({s.allowed}; default {s.default})".replace("%", "%%")
-    assert s.option is not None, key
     g.add_argument(s.option, metavar=metavar, help=text, **kind)
 
 
-def spec_help(key: str) -> str:
-    """The schema's help of a flag setting (argparse's % escaped)."""
-    from studio.settings import spec
-
-    return spec(key).help.replace("%", "%%")
+def _output_options(g: argparse._ActionsContainer) -> None:
+    """What a written clip is made of: size, quality, speed, rate, codec, encoder, backdrop."""
+    for key, metavar, note in (
+        ("size", "PX", ""),
+        ("crf", "N", ""),
+        ("preset", "NAME", ""),
+        ("fps", "FPS", ""),
+        ("codec", "NAME", " (of .mp4 outputs)"),
+        ("hw_encode", "", ""),
+        ("background", "NAME", ""),
+    ):
+        _setting(g, key, metavar, note)
 
 
 def _motion_options(p: argparse.ArgumentParser, audio: bool = True) -> None:
@@ -186,18 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="OUT.mp4",
         help="output: .mp4, .webm, .mov, or .png for a PNG sequence in the folder OUT/",
     )
-    _setting(r, "size", "PX")
-    _setting(r, "crf", "N")
-    _setting(r, "preset", "NAME")
-    _setting(r, "fps", "FPS")
-    _setting(r, "codec", "NAME", " (of .mp4 outputs)")
-    r.add_argument(
-        "--hw-encode",
-        action="store_true",
-        default=None,
-        help=spec_help("hw_encode"),
-    )
-    _setting(r, "background", "NAME")
+    _output_options(r)
     r.add_argument("--report", metavar="REPORT.json", help="write the JSON report here")
 
     b = sub.add_parser(
@@ -220,18 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--retry-failed", action="store_true", help="run again the jobs that failed last time"
     )
     _motion_options(b, audio=False)
-    _setting(b, "size", "PX")
-    _setting(b, "crf", "N")
-    _setting(b, "preset", "NAME")
-    _setting(b, "fps", "FPS")
-    _setting(b, "codec", "NAME", " (of .mp4 outputs)")
-    b.add_argument(
-        "--hw-encode",
-        action="store_true",
-        default=None,
-        help=spec_help("hw_encode"),
-    )
-    _setting(b, "background", "NAME")
+    _output_options(b)
     b.add_argument(
         "--report", metavar="REPORT.json", help="also write the batch report here (- for stdout)"
     )

@@ -291,17 +291,14 @@ class WarpDecodeEngines:
         held = self._f_s.get(batch)
         if held is not None and held[0] is f_s:
             return held[1]
-        if f_s.shape[0] == 1:
-            full = f_s.expand(batch, *f_s.shape[1:])
-        else:  # per frame: padded like the keypoints, copied for this call only
-            full = torch.cat((f_s, f_s[-1:].expand(batch - f_s.shape[0], *f_s.shape[1:])))
+        b = f_s.shape[0]
         static = getattr(warp, "static_inputs", None)
-        if static:
-            buf = static["feature_3d"]
-            buf.copy_(full)
-        else:
-            buf = full.contiguous()
-        if f_s.shape[0] == 1:
+        buf = static["feature_3d"] if static else f_s.new_empty((batch, *f_s.shape[1:]))
+        # an image's f_s in every row; per frame (a video) its rows, padded with the last,
+        # written straight into the buffer (no padded copy first)
+        buf[:b].copy_(f_s)
+        buf[b:].copy_(f_s[-1:].expand(batch - b, *f_s.shape[1:]))
+        if b == 1:
             self._f_s[batch] = (f_s, buf)
         else:
             self._f_s.pop(batch, None)  # the buffer no longer holds an image's features
