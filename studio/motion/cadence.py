@@ -71,12 +71,21 @@ class CadenceThresholds:
     )
 
     max_warp_px: float = _threshold(
-        10.0,
+        16.0,
         1.0,
         64.0,
         "most keypoint displacement between two keyframes that an in-between is warped "
         "across (pixels of a 512 frame, estimated from the motion); a larger one is rendered",
         step=0.5,
+        unit="px",
+    )
+    max_lid_px: float = _threshold(
+        2.0,
+        0.25,
+        64.0,
+        "most change of an eye's lid gap between two keyframes (pixels of a 512 frame): a "
+        "closing lid covers the iris, which no warp can draw, so a blink is rendered",
+        step=0.25,
         unit="px",
     )
 
@@ -184,18 +193,36 @@ def warp_displacement(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (exp + t + lever) * WARP_FRAME_PX
 
 
-def warp_stride_cap(motion: np.ndarray, max_warp_px: float) -> np.ndarray:
+def lid_displacement(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Largest change of an eye's lid gap (the upper lid's keypoint less the lower one's,
+    (x, y), times the scale) from rows ``a`` to rows ``b`` [N, 265], in pixels of a 512
+    frame. The canonical keypoints cancel in the difference, so the motion alone gives it."""
+    fa, fb = layout.unpack(np.asarray(a)), layout.unpack(np.asarray(b))
+    change = [
+        (fb.exp[:, up, :2] - fb.exp[:, low, :2]) * fb.scale[:, None]
+        - (fa.exp[:, up, :2] - fa.exp[:, low, :2]) * fa.scale[:, None]
+        for up, low in layout.EYE_LIDS_KP
+    ]
+    return np.linalg.norm(np.stack(change), axis=2).max(axis=0) * WARP_FRAME_PX
+
+
+def warp_stride_cap(
+    motion: np.ndarray, max_warp_px: float, max_lid_px: float = float("inf")
+) -> np.ndarray:
     """Largest stride per frame whose gap moves keypoints at most ``max_warp_px``
-    (:func:`warp_displacement`): beyond it a motion-compensated in-between tears or smears,
-    so the frame is rendered. Stride ``s`` is allowed at a frame when every gap of ``s``
-    frames that contains it (ends included) stays within the bound."""
+    (:func:`warp_displacement`) and an eye's lid gap at most ``max_lid_px``
+    (:func:`lid_displacement`): beyond them a motion-compensated in-between tears, smears or
+    shows the iris through a closing lid, so the frame is rendered. Stride ``s`` is allowed
+    at a frame when every gap of ``s`` frames that contains it (ends included) stays within
+    the bounds."""
     motion = np.asarray(motion, dtype=np.float32)
     n = motion.shape[0]
     cap = np.ones(n, dtype=np.int64)
     for s in STRIDES[1:]:
         if n <= s:
             break
-        ok_gap = warp_displacement(motion[:-s], motion[s:]) <= max_warp_px  # gap [k, k + s]
+        a, b = motion[:-s], motion[s:]  # gap [k, k + s]
+        ok_gap = (warp_displacement(a, b) <= max_warp_px) & (lid_displacement(a, b) <= max_lid_px)
         # frame j lies in gaps k = j - s .. j; a gap past either end of the clip is fine
         padded = np.concatenate([np.ones(s, bool), ok_gap, np.ones(s, bool)])
         windows = np.lib.stride_tricks.sliding_window_view(padded, s + 1)[:n]
@@ -249,7 +276,7 @@ def plan_cadence(
         strides = frame_strides(phon, th)
         if motion is not None:
             strides = np.minimum(strides, pose_stride_cap(motion, th.max_pose_gap_deg))
-            capped = np.minimum(strides, warp_stride_cap(motion, th.max_warp_px))
+            capped = np.minimum(strides, warp_stride_cap(motion, th.max_warp_px, th.max_lid_px))
             forced = keyframes_for(capped).size - keyframes_for(strides).size
             return CadencePlan(capped, keyframes_for(capped), max(int(forced), 0))
     else:

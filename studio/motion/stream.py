@@ -378,7 +378,8 @@ class PostStream:
         s = min(s, int(cap[q - lo]))
         # the warp bound over the gaps that end at q or before (later ones are not known yet)
         lo = max(0, q - s)
-        return min(s, int(warp_stride_cap(self._raw.get(lo, last + 1), th.max_warp_px)[q - lo]))
+        cap = warp_stride_cap(self._raw.get(lo, last + 1), th.max_warp_px, th.max_lid_px)
+        return min(s, int(cap[q - lo]))
 
     def _decide_keys(self) -> None:
         """Next keyframes while their strides are known; the gaps sampled as offline."""

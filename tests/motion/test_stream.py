@@ -210,7 +210,7 @@ def test_keyframes_cover_every_frames_stride(latency, stride):
     rng = np.random.default_rng(6)
     n = 160
     motion, phon = _motion(n, rng, jumpy=False), _phon(n, rng)
-    th = replace(TH, max_warp_px=64.0)  # this random motion moves more than 8 px
+    th = replace(TH, max_warp_px=64.0, max_lid_px=64.0)  # random motion: large moves, lids too
     stream = PostStream(stride, th, SMOOTH, latency)
     out = _run(stream, motion, phon, rng.integers(1, 11, 30))
     keys = np.flatnonzero(out.keyframe)

@@ -13,6 +13,7 @@ from studio.engines.demo.engine import DemoEngine, demo_audio_path
 from studio.motion.cadence import (
     CadenceThresholds,
     blend_weights,
+    lid_displacement,
     warp_displacement,
     warp_stride_cap,
 )
@@ -91,13 +92,31 @@ def test_the_planner_renders_frames_the_warp_cannot_bridge() -> None:
         CadenceThresholds(max_warp_px=0.0)
 
 
-def _demo_clip(max_warp_px: float | None = None):
-    """The demo speech at 256²: its motion (under the bound, or the default) and renderer."""
+def test_the_planner_renders_a_blink_but_warps_eyes_that_move_together() -> None:
+    still = np.zeros((12, layout.MOTION_DIM), np.float32)
+    (up, low), _ = layout.EYE_LIDS_KP
+    lid_y = layout.EXP.start + up * 3 + 1
+    blink = still.copy()
+    blink[6:, lid_y] = 0.012  # the upper lid drops 3.1 px between frames 5 and 6
+    assert lid_displacement(blink[5:6], blink[6:7])[0] == pytest.approx(0.012 * 256, rel=1e-5)
+    assert np.all(warp_stride_cap(blink, 16.0) == 3)  # within the keypoint bound
+    cap = warp_stride_cap(blink, 16.0, max_lid_px=2.0)
+    assert np.all(cap[5:7] == 1) and cap[0] == 3 and cap[-1] == 3
+    both = still.copy()
+    both[6:, [lid_y, layout.EXP.start + low * 3 + 1]] = 0.012  # the whole eye moves down
+    assert np.all(lid_displacement(both[:-1], both[1:]) == 0.0)
+    assert np.all(warp_stride_cap(both, 16.0, max_lid_px=2.0) == 3)
+    turned = still.copy()
+    turned[6:, layout.YAW.start + 50] = 10.0  # the head turns: no lid opens or closes
+    assert np.abs(layout.pose_degrees(turned[5:6]) - layout.pose_degrees(turned[6:7])).max() > 5
+    assert np.all(lid_displacement(turned[:-1], turned[1:]) == 0.0)
+
+
+def _demo_clip(**bounds: float):
+    """The demo speech at 256²: its motion (under the bounds given, else the defaults) and
+    renderer."""
     engine = DemoEngine()
-    cadence = (
-        CadenceThresholds() if max_warp_px is None else CadenceThresholds(max_warp_px=max_warp_px)
-    )
-    settings = RenderSettings(size=256, cadence=cadence)
+    settings = RenderSettings(size=256, cadence=CadenceThresholds(**bounds))
     return analyze(load_audio(demo_audio_path()), settings, engine), engine.renderer(settings)
 
 
@@ -119,7 +138,7 @@ class _NoKeypoints(Renderer):
 
 
 def test_motion_compensated_inbetweens_beat_the_cross_fade() -> None:
-    result, renderer = _demo_clip(max_warp_px=64.0)  # no frame forced: the old plan
+    result, renderer = _demo_clip(max_warp_px=64.0, max_lid_px=64.0)  # the old plan
     assert result.plan.warp_forced == 0
     ours = _inbetween_psnr(result, renderer)
     theirs = _inbetween_psnr(result, _NoKeypoints(renderer))

@@ -326,6 +326,14 @@ class ControlsPanel(QWidget):
                 "most keypoint movement an in-between is warped across; more is rendered",
             ),
         )
+        self.lid_px = cadence.row(
+            "Max lid change",
+            setting_number(
+                "cadence.max_lid_px",
+                "most change of an eye's opening an in-between is warped across; a blink is "
+                "rendered",
+            ),
+        )
         layout.addWidget(cadence)
 
         output = FormGroup("Output")
@@ -362,6 +370,7 @@ class ControlsPanel(QWidget):
             "cadence.calm_flux": self.calm_flux,
             "cadence.max_pose_gap_deg": self.pose_gap,
             "cadence.max_warp_px": self.warp_px,
+            "cadence.max_lid_px": self.lid_px,
             "size": self.size,
         }
         self._crf = 18
@@ -508,6 +517,7 @@ class ControlsPanel(QWidget):
             calm_level_step=self._cadence.calm_level_step,
             max_pose_gap_deg=_exact(self.pose_gap),
             max_warp_px=_exact(self.warp_px),
+            max_lid_px=_exact(self.lid_px),
         )
         return RenderSettings(
             smooth=self.smooth.isChecked(),
@@ -560,6 +570,7 @@ class ControlsPanel(QWidget):
                 "cadence.calm_flux": (self.calm_flux, s.cadence.calm_flux),
                 "cadence.max_pose_gap_deg": (self.pose_gap, s.cadence.max_pose_gap_deg),
                 "cadence.max_warp_px": (self.warp_px, s.cadence.max_warp_px),
+                "cadence.max_lid_px": (self.lid_px, s.cadence.max_lid_px),
                 **{
                     f"delta_{axis}": (box, float(getattr(s, f"delta_{axis}")))
                     for axis, box in self.deltas.items()
