@@ -1,8 +1,8 @@
 """Frames saved against in-between quality for pairs of cadence bounds (docs/benchmarks.md).
 
 python scripts/cadence_bounds.py [SPEECH.wav] — the demo engine at 512², seed 0: the motion made
-once, then per (max_warp_px, max_pose_gap_deg) the plan and up to 60 in-betweens against full
-renders (studio.render.fidelity).
+once, then per (max_warp_px, max_pose_gap_deg, max_lid_px) the plan and every in-between against
+a full render (studio.render.fidelity).
 """
 
 from __future__ import annotations
@@ -16,7 +16,19 @@ from studio.render.fidelity import inbetween_fidelity
 from studio.render.pipeline import generate, postprocess
 from studio.settings import RenderSettings
 
-BOUNDS = ((8, 1.5), (10, 2.0), (12, 2.0), (16, 3.0), (24, 3.0), (32, 5.0))
+INF = 64.0  # the bound's top: nothing forced
+BOUNDS = (
+    (8, 1.5, INF),
+    (10, 2.0, INF),
+    (16, 3.0, INF),
+    (32, 5.0, INF),
+    (10, 2.0, 2.0),
+    (16, 2.0, 2.0),
+    (20, 2.0, 2.0),
+    (24, 2.0, 2.0),
+    (28, 3.0, 2.0),
+    (32, 5.0, 2.0),
+)
 
 
 def main() -> None:
@@ -25,15 +37,17 @@ def main() -> None:
     engine = DemoEngine(base)
     audio = load_audio(path)
     phon, raw, _ = generate(engine, audio, 0)
-    print("warp_px pose_deg saved psnr_mean psnr_p5 psnr_worst")
-    for warp, pose in BOUNDS:
-        cadence = dataclasses.replace(base.cadence, max_warp_px=warp, max_pose_gap_deg=pose)
+    print("warp_px pose_deg lid_px saved psnr_mean psnr_p5 psnr_worst", flush=True)
+    for warp, pose, lid in BOUNDS:
+        cadence = dataclasses.replace(
+            base.cadence, max_warp_px=warp, max_pose_gap_deg=pose, max_lid_px=lid
+        )
         s = base.replace(cadence=cadence)
         result = postprocess(audio, phon, raw, s)
-        f = inbetween_fidelity(result, engine.renderer(s), max_frames=60, warmup=False)
+        f = inbetween_fidelity(result, engine.renderer(s), max_frames=None, warmup=False)
         p = f["psnr_db"]
         psnr = " ".join(f"{p[k]:.1f}" for k in ("mean", "p5", "worst"))
-        print(f"{warp} {pose} {f['frames_saved']:.3f} {psnr}")
+        print(f"{warp} {pose} {lid} {f['frames_saved']:.3f} {psnr}", flush=True)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import torch
 from studio import layout
 from studio.audio.io import load_audio
 from studio.engines.base import Renderer, crossfade
+from studio.engines.demo import rig
 from studio.engines.demo.engine import DemoEngine, demo_audio_path
 from studio.motion.cadence import (
     CadenceThresholds,
@@ -75,8 +76,34 @@ def test_demo_keypoints_are_where_the_face_is_drawn() -> None:
     renderer = DemoEngine().renderer(RenderSettings(size=128))
     rows = np.zeros((2, layout.MOTION_DIM), np.float32)
     kp = renderer.keypoints_2d(rows)
-    assert kp.shape[0] == 2 and kp.shape[2] == 2 and kp.shape[1] >= 21
+    assert kp.shape == (2, 43, 2)
     assert np.all((kp > 0) & (kp < 128))
+
+
+def test_demo_correspondence_follows_the_jaw_and_pins_the_eye_corners() -> None:
+    renderer = DemoEngine().renderer(RenderSettings(size=512))
+    rows = np.zeros((3, layout.MOTION_DIM), np.float32)
+    exp = layout.EXP.start
+    rows[1, exp + rig.JAW * 3 + 1] = 0.06  # the jaw drops (a wide-open mouth)
+    rows[1, exp + rig.LIP_LOWER * 3 + 1] = 0.10
+    rows[2, exp + rig.LID_UPPER_L * 3 + 1] = 0.045  # the left eye shuts
+    kp = renderer.keypoints_2d(rows)
+    outline, corners = slice(21, 29), slice(29, 33)
+    moved = kp[1, outline] - kp[0, outline]
+    assert np.all(moved[[3, 4], 1] > 2.0)  # the jaw line beside the chin goes down with it
+    assert np.all(np.abs(moved[[0, 7]]) < 0.5)  # the temples stay
+    assert np.array_equal(kp[2, corners], kp[0, corners])  # a blink moves the lid only
+    assert np.array_equal(kp[1, corners], kp[0, corners])
+    # the outline points sit on the drawn head's edge: backdrop outside, face inside
+    renderer.set_backdrop((0, 255, 0))
+    image = renderer.render_batch(rows[:2])
+    for k in range(2):
+        centre = kp[k, rig.HEAD_CENTER]
+        for q in kp[k, outline][2:6]:  # (the ears cover the outline beside them)
+            out = q + 6.0 * (q - centre) / np.linalg.norm(q - centre)
+            inside = q - 6.0 * (q - centre) / np.linalg.norm(q - centre)
+            assert tuple(image[k, int(out[1]), int(out[0])]) == (0, 255, 0)
+            assert image[k, int(inside[1]), int(inside[0]), 1] < 250
 
 
 def test_the_planner_renders_frames_the_warp_cannot_bridge() -> None:

@@ -41,6 +41,8 @@ MAX_SIZE = 2048
 HEAD_RADII = np.array([0.375, 0.44, 0.36])  # the skull ellipsoid
 HEAD_TAPER = 0.13  # the face narrows by this fraction towards the chin
 JAW_PIVOT = 0.22  # the open jaw stretches the face below this head-local y
+EYE_CORNER_U = 1.0  # eye-white radii from the eye's centre
+OUTLINE_ANGLES = np.deg2rad([-100.0, -75.0, -50.0, -25.0, 25.0, 50.0, 75.0, 100.0])
 HAIR_FRINGE_Y = -0.30  # front hairline (head-local y) at the cusps between locks
 HAIR_FRINGE_WAVE = 0.05  # how far the fringe's locks hang below the cusps
 HAIR_LOCK_WIDTH = 0.13
@@ -386,6 +388,17 @@ class _Frame:
         return self.su * (self.rot @ axes)[:2]
 
 
+def _eye_corners(p0: np.ndarray, rot: np.ndarray, su: np.ndarray) -> np.ndarray:
+    """[K, 4, 2] the corners of both eyes' whites (they stay with the head: the lids move
+    between them), as _draw_eye places them."""
+    out = []
+    for up, lo in ((rig.LID_UPPER_L, rig.LID_LOWER_L), (rig.LID_UPPER_R, rig.LID_LOWER_R)):
+        axis = su[:, None] * (rot @ _FRAMES[up])[:, :2, 0] * EYE_RADII[0]  # the eye's u axis
+        c = (p0[:, up] + p0[:, lo]) / 2.0
+        out += [c - EYE_CORNER_U * axis, c + EYE_CORNER_U * axis]
+    return np.stack(out, axis=1)
+
+
 class DemoAvatar(Renderer):
     """Renders the demo character from 265-dim Ditto motion vectors.
 
@@ -467,10 +480,12 @@ class DemoAvatar(Renderer):
         self._canvas = bg.copy()
 
     def keypoints_2d(self, motion: np.ndarray) -> np.ndarray:
-        """[K, 265] motion -> [K, 31, 2] pixel positions of the rig's 21 keypoints, where
-        :meth:`render_batch` draws them (the chin and the jaw line where the open jaw's
-        stretch of the lower face puts them: the drawing moves them with JAW's drop), then
-        10 points on the torso."""
+        """[K, 265] motion -> [K, 43, 2] pixel positions of the rig's 21 keypoints, where
+        :meth:`render_batch` draws them (the chin and the jaw where the open jaw's stretch of
+        the lower face puts them: the drawing moves them with JAW's drop), 8 points on the
+        head's outline around the jaw line (stretched alike), the 4 corners of the eyes, and
+        10 points on the torso: the correspondence an in-between is warped by (the more of
+        the drawing's own geometry it pins, the less the warp guesses)."""
         fr = layout.unpack(np.asarray(motion, dtype=np.float32).reshape(-1, layout.MOTION_DIM))
         kp = layout.transform_keypoints(
             rig.CANONICAL_KP, fr.pitch, fr.yaw, fr.roll, fr.t, fr.scale, fr.exp
@@ -484,11 +499,30 @@ class DemoAvatar(Renderer):
         drop = np.maximum(np.einsum("kd,kd->k", p[:, rig.JAW] - p0[:, rig.JAW], e2), 0.0)
         pivot = JAW_PIVOT * su
         kd = drop / (float(HEAD_RADII[1]) * su - pivot + drop)
-        for k in (rig.CHIN, rig.JAW):  # the plain face's point, stretched as _draw_head does
-            below = np.einsum("kd,kd->k", p0[:, k] - p[:, rig.HEAD_CENTER], e2) - pivot
-            shift = np.maximum(below, 0.0) * kd / (1.0 - kd)
-            p[:, k] = p0[:, k] + shift[:, None] * e2
-        return np.concatenate([p, self._body_points(fr.t, rot)], axis=1)
+        stretch = (kd / (1.0 - kd))[:, None]
+
+        def stretched(q: np.ndarray) -> np.ndarray:  # [K, n, 2] plain-face points, as drawn
+            below = np.einsum("knd,kd->kn", q - p[:, None, rig.HEAD_CENTER], e2) - pivot[:, None]
+            return q + (np.maximum(below, 0.0) * stretch)[..., None] * e2[:, None]
+
+        p[:, [rig.CHIN, rig.JAW]] = stretched(p0[:, [rig.CHIN, rig.JAW]])
+        outline = stretched(self._outline_points(p[:, rig.HEAD_CENTER], rot, su, e2))
+        corners = _eye_corners(p0, rot, su)
+        return np.concatenate([p, outline, corners, self._body_points(fr.t, rot)], axis=1)
+
+    def _outline_points(
+        self, c: np.ndarray, rot: np.ndarray, su: np.ndarray, e2: np.ndarray
+    ) -> np.ndarray:
+        """[K, n, 2] points on the head's outline around its lower half (the jaw line)."""
+        out = np.empty((c.shape[0], OUTLINE_ANGLES.size, 2))
+        for k in range(c.shape[0]):
+            m2 = _silhouette(HEAD_RADII, rot[k], float(su[k]))[1]
+            c_, s_ = np.cos(OUTLINE_ANGLES), np.sin(OUTLINE_ANGLES)
+            e1 = np.array([e2[k, 1], -e2[k, 0]])
+            u = c_[:, None] * e2[k] + s_[:, None] * e1  # directions around "down"
+            r = 1.0 / np.sqrt(np.einsum("nd,de,ne->n", u, m2, u))
+            out[k] = c[k] + r[:, None] * u
+        return out
 
     def _body_points(self, t: np.ndarray, rot: np.ndarray) -> np.ndarray:
         """[K, 10, 2] points on the collar and shoulders, which slide as _draw_body slides
