@@ -108,22 +108,46 @@ class EngineCache:
         return kept[1]
 
 
-def run_job(
-    job: Job,
-    out_dir: Path,
-    cache: EngineCache,
-    progress: Progress | None = None,
-    cancel: Callable[[], bool] | None = None,
-) -> dict[str, Any]:
-    """Render ``job`` into ``out_dir``; its record (status ``done`` or ``failed`` with the
-    one-line error, frames, seconds of audio and of work, peak memory). Never raises for the
-    job's own problems; :class:`~studio.errors.Cancelled` and KeyboardInterrupt go through."""
+@dataclass
+class Analysed:
+    """A job analysed and ready to render (``result``), or failed on the way (``error``)."""
+
+    job: Job
+    rec: dict[str, Any]
+    t0: float
+    first: bool = False  # this job opened its group's engine
+    opened: float = 0.0
+    engine: Any = None
+    result: Any = None
+    error: BaseException | None = None
+    turn: float | None = None  # when its render could start (its analysis may be earlier)
+
+
+def analyse_job(job: Job, out_dir: Path, cache: EngineCache) -> Analysed:
+    """The first half of a job: its engine (opened on the group's first job), its audio and
+    controls read, its motion made (:func:`studio.render.pipeline.analyze`). A job's own
+    problem is kept in ``error``; Cancelled and KeyboardInterrupt go through."""
     from studio.audio.io import load_audio
     from studio.motion.controls import ControlTracks
-    from studio.render.pipeline import analyze, render_video
+    from studio.render.pipeline import analyze
 
-    t0 = time.perf_counter()
-    rec: dict[str, Any] = {
+    done = Analysed(job, _record(job, out_dir), time.perf_counter())
+    try:
+        done.first = engine_key(job, cache.options) not in cache.engines
+        done.engine = cache.engine(job)
+        done.opened = time.perf_counter()
+        audio = load_audio(job.audio)
+        controls = None if job.controls is None else ControlTracks.load(job.controls)
+        done.result = analyze(audio, job.settings, done.engine, controls)
+    except (Cancelled, KeyboardInterrupt):
+        raise
+    except Exception as e:  # noqa: BLE001 - one job's failure is recorded, never fatal
+        done.error = e
+    return done
+
+
+def _record(job: Job, out_dir: Path) -> dict[str, Any]:
+    return {
         "name": job.name,
         "source": job.source,
         "audio": job.audio,
@@ -131,19 +155,30 @@ def run_job(
         "output": str(out_dir / job.name),
         "fingerprint": job.fingerprint(),
     }
+
+
+def render_job(
+    done: Analysed,
+    cache: EngineCache,
+    progress: Progress | None = None,
+    cancel: Callable[[], bool] | None = None,
+) -> dict[str, Any]:
+    """The second half of a job: its frames rendered and encoded into its output; its
+    record (status ``done`` or ``failed`` with the one-line error, frames, seconds of audio
+    and of work, peak memory)."""
+    from studio.render.pipeline import render_video
+
+    job, rec = done.job, done.rec
+    t0 = done.t0 if done.turn is None else done.turn  # an analysis made ahead is not its time
     try:
-        first = engine_key(job, cache.options) not in cache.engines
-        engine = cache.engine(job)
-        opened = time.perf_counter()
-        audio = load_audio(job.audio)
-        controls = None if job.controls is None else ControlTracks.load(job.controls)
-        result = analyze(audio, job.settings, engine, controls)
-        renderer = cache.renderer(job, engine)
+        if done.error is not None:
+            raise done.error
+        renderer = cache.renderer(job, done.engine)
         t1 = time.perf_counter()
-        renderer.build_engines(int(result.plan.keyframes.size), progress)
+        renderer.build_engines(int(done.result.plan.keyframes.size), progress)
         built = time.perf_counter() - t1
         report = render_video(
-            result, renderer, rec["output"], job.settings, cancel=cancel, progress=progress
+            done.result, renderer, rec["output"], job.settings, cancel=cancel, progress=progress
         )
     except (Cancelled, KeyboardInterrupt):
         raise
@@ -158,7 +193,7 @@ def run_job(
         duration_s=report["duration_s"],
         wall_s=round(wall, 3),
         warmup_ms={
-            "open_engine": round((opened - t0) * 1000.0, 2) if first else 0.0,
+            "open_engine": round((done.opened - done.t0) * 1000.0, 2) if done.first else 0.0,
             "build_engines": round(built * 1000.0, 2),
         },
         realtime=round(report["duration_s"] / wall, 2) if wall > 0 else None,
@@ -167,6 +202,19 @@ def run_job(
         peak_gpu_mb=None if _peak_gpu_mb() is None else round(_peak_gpu_mb(), 1),
     )
     return rec
+
+
+def run_job(
+    job: Job,
+    out_dir: Path,
+    cache: EngineCache,
+    progress: Progress | None = None,
+    cancel: Callable[[], bool] | None = None,
+) -> dict[str, Any]:
+    """Render ``job`` into ``out_dir`` (:func:`analyse_job`, then :func:`render_job`); its
+    record. Never raises for the job's own problems; :class:`~studio.errors.Cancelled` and
+    KeyboardInterrupt go through."""
+    return render_job(analyse_job(job, out_dir, cache), cache, progress, cancel)
 
 
 @dataclass
@@ -297,18 +345,45 @@ def _run_here(
     on_start: Callable[[Job], None] | None = None,
 ) -> Iterable[dict[str, Any]]:
     """The jobs one after another in this process, a group's jobs together (one warm
-    engine), in the order of the list within a group."""
+    engine), in the order of the list within a group. While a job renders, the next job of
+    its group is analysed beside it (audio features and motion on a thread of its own, on
+    its own CUDA stream), so the GPU goes from one clip's frames to the next's without
+    waiting for the motion model; a group's first job opens the engine here first."""
+    from concurrent.futures import ThreadPoolExecutor
+
     cache = EngineCache(options, progress)
     order: dict[tuple, list[Job]] = {}
     for job in todo:
         order.setdefault(engine_key(job, options), []).append(job)
-    for group in order.values():
-        for job in group:
-            if cancel is not None and cancel():
-                raise Cancelled()
-            if on_start is not None:
-                on_start(job)
-            yield run_job(job, out, cache, progress, cancel)
+    with ThreadPoolExecutor(1, thread_name_prefix="studio-analysis") as ahead:
+        for group in order.values():
+            pending = None
+            for i, job in enumerate(group):
+                if cancel is not None and cancel():
+                    raise Cancelled()
+                turn = time.perf_counter()
+                if on_start is not None:
+                    on_start(job)
+                done = pending.result() if pending else analyse_job(job, out, cache)
+                done.turn = turn
+                nxt = group[i + 1] if i + 1 < len(group) else None
+                pending = None
+                if nxt is not None and done.error is None:  # the engine is open: go ahead
+                    pending = ahead.submit(_analyse_aside, nxt, out, cache)
+                try:
+                    yield render_job(done, cache, progress, cancel)
+                except BaseException:
+                    if pending is not None:
+                        pending.cancel()
+                    raise
+
+
+def _analyse_aside(job: Job, out: Path, cache: EngineCache) -> Analysed:
+    """:func:`analyse_job` on the analysis thread, its GPU work on a stream of its own."""
+    from studio.runtime.base import own_stream
+
+    with own_stream():
+        return analyse_job(job, out, cache)
 
 
 def batch_report(

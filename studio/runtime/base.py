@@ -228,10 +228,29 @@ def capture_cuda_graph(
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with ctx(), torch.cuda.graph(graph):
+    # thread_local: another thread's CUDA work (a batch analyses the next clip beside the
+    # render, on its own stream) does not invalidate this capture
+    with ctx(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
         out = fn()
     torch.cuda.synchronize()
     return graph, out
+
+
+@contextlib.contextmanager
+def own_stream() -> Iterator[None]:
+    """This thread's CUDA work on a stream of its own, finished at exit (nothing where CUDA
+    is not in use): work beside another thread's overlaps with it on the GPU instead of
+    queueing behind it on the default stream. It starts without waiting for other streams:
+    what it reads must be ready already (weights loaded before, host inputs)."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        yield
+        return
+    stream = torch.cuda.Stream()
+    try:
+        with torch.cuda.stream(stream):
+            yield
+    finally:
+        stream.synchronize()
 
 
 # --- devices, caches, math modes ------------------------------------------------------------------

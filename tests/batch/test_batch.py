@@ -290,3 +290,56 @@ def test_jobs_for_compositing_write_files_with_alpha_and_png_folders(tmp_path: P
     (tmp_path / "bad.jsonl").write_text(json.dumps(bad) + "\n")
     with pytest.raises(InputError, match=r"bad\.jsonl:1: output: .*no alpha channel"):
         read_jobs(tmp_path / "bad.jsonl")
+
+
+def test_the_next_job_is_analysed_while_this_one_renders(clips: Path, monkeypatch) -> None:
+    """A group's next job gets its motion on the analysis thread beside this job's render,
+    and every output is the one the job renders alone."""
+    import threading
+    import time
+
+    import studio.render.pipeline as pipeline
+
+    jobs = read_jobs(clips / "jobs.jsonl")[:2]
+    demo_speech_piece(clips, "c.wav", 2.2, 1.0)
+    jobs += read_jobs(_jobs_file(clips, [{"audio": "c.wav", "size": SIZE}]))
+    alone = {}
+    for job in jobs:
+        run_batch([job], clips / f"alone_{job.name}", say=lambda _: None)
+        alone[job.name] = _frames(clips / f"alone_{job.name}" / job.name)
+    events: list[tuple[str, str, float, str]] = []
+    analyze, render_video = pipeline.analyze, pipeline.render_video
+
+    def spy_analyze(audio, *a, **k):
+        events.append(("analyse", Path(audio.path).stem, time.perf_counter(), _thread()))
+        return analyze(audio, *a, **k)
+
+    def spy_render(result, renderer, path, *a, **k):
+        report = render_video(result, renderer, path, *a, **k)
+        events.append(("rendered", Path(path).stem, time.perf_counter(), _thread()))
+        return report
+
+    def _thread() -> str:
+        return threading.current_thread().name
+
+    monkeypatch.setattr(pipeline, "analyze", spy_analyze)
+    monkeypatch.setattr(pipeline, "render_video", spy_render)
+    report = run_batch(jobs, clips / "out", say=lambda _: None)
+    assert [r["status"] for r in report["jobs"]] == ["done"] * 3
+    when = {(kind, name): (t, thread) for kind, name, t, thread in events}
+    assert not when["analyse", "a"][1].startswith("studio-analysis")  # the first opens it
+    for this, nxt in (("a", "second"), ("second", "c")):
+        source = "b" if nxt == "second" else nxt
+        started, thread = when["analyse", source]
+        assert thread.startswith("studio-analysis")
+        assert started < when["rendered", this][0]  # while this one rendered
+    for job in jobs:
+        ours = _frames(clips / "out" / job.name)
+        assert len(ours) == len(alone[job.name])
+        assert all(np.array_equal(a, b) for a, b in zip(ours, alone[job.name], strict=True))
+
+
+def _jobs_file(folder: Path, lines: list[dict]) -> Path:
+    path = folder / "more.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return path
