@@ -3,7 +3,7 @@
 The jobs become a dataset of one row each; :class:`JobActor`, a callable class run by
 ``map_batches`` on a pool of actors (``ActorPoolStrategy``), opens engines once per actor
 (:class:`~studio.batch.run.EngineCache`) and renders each job it is given with
-:func:`~studio.batch.run.run_job` into the output folder, which every actor must reach (a
+:func:`~studio.batch.run.run_in_turn` into the output folder, which every actor must reach (a
 shared folder on a multi-node cluster). Records stream back to the driver as jobs finish, so
 the state file, the progress lines and the report are the local path's. Without an address
 a local Ray instance is started for the batch and stopped after it.
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from studio.batch.jobs import Job
-from studio.batch.run import EngineCache, EngineOptions, run_job
+from studio.batch.run import EngineCache, EngineOptions, run_in_turn
 from studio.engines.base import Progress
 from studio.errors import OptionError, StudioError
 
@@ -63,10 +63,9 @@ class JobActor:
         self.cache = EngineCache(EngineOptions(**self.options))
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        jobs = [Job.from_dict(json.loads(str(blob))) for blob in batch["job"]]
         records = []
-        for blob in batch["job"]:
-            job = Job.from_dict(json.loads(str(blob)))
-            rec = run_job(job, self.out, self.cache)
+        for rec in run_in_turn(jobs, self.out, self.cache):  # the next analysed beside
             rec["actor"] = f"{os.uname().nodename}:{os.getpid()}"
             records.append(json.dumps(rec))
         return {"record": np.array(records, dtype=object)}

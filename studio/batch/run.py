@@ -6,7 +6,7 @@ avatar) and a renderer kept while its settings allow. A job's output is written 
 (:func:`studio.render.pipeline.render_video`); whatever goes wrong with one job (a missing or
 corrupt file, an avatar without a face, an engine error) is recorded as its one-line error
 and the batch goes on. :class:`~studio.batch.state.BatchState` is updated after every job, so
-a rerun skips what is done. :func:`run_job` is the unit a Ray actor runs as well.
+a rerun skips what is done. :func:`run_in_turn` is what a Ray actor runs as well.
 """
 
 from __future__ import annotations
@@ -204,19 +204,6 @@ def render_job(
     return rec
 
 
-def run_job(
-    job: Job,
-    out_dir: Path,
-    cache: EngineCache,
-    progress: Progress | None = None,
-    cancel: Callable[[], bool] | None = None,
-) -> dict[str, Any]:
-    """Render ``job`` into ``out_dir`` (:func:`analyse_job`, then :func:`render_job`); its
-    record. Never raises for the job's own problems; :class:`~studio.errors.Cancelled` and
-    KeyboardInterrupt go through."""
-    return render_job(analyse_job(job, out_dir, cache), cache, progress, cancel)
-
-
 @dataclass
 class BatchProgress:
     """Lines about the batch as it goes: each job's outcome, the rate and the time left."""
@@ -345,37 +332,50 @@ def _run_here(
     on_start: Callable[[Job], None] | None = None,
 ) -> Iterable[dict[str, Any]]:
     """The jobs one after another in this process, a group's jobs together (one warm
-    engine), in the order of the list within a group. While a job renders, the next job of
-    its group is analysed beside it (audio features and motion on a thread of its own, on
-    its own CUDA stream), so the GPU goes from one clip's frames to the next's without
-    waiting for the motion model; a group's first job opens the engine here first."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    cache = EngineCache(options, progress)
+    engine), in the order of the list within a group (:func:`run_in_turn`)."""
     order: dict[tuple, list[Job]] = {}
     for job in todo:
         order.setdefault(engine_key(job, options), []).append(job)
+    grouped = [job for group in order.values() for job in group]
+    yield from run_in_turn(grouped, out, EngineCache(options, progress), progress, cancel, on_start)
+
+
+def run_in_turn(
+    jobs: Sequence[Job],
+    out: Path,
+    cache: EngineCache,
+    progress: Progress | None = None,
+    cancel: Callable[[], bool] | None = None,
+    on_start: Callable[[Job], None] | None = None,
+) -> Iterable[dict[str, Any]]:
+    """Each job's record, one job after another. While a job renders, the next one is
+    analysed beside it (audio features and motion on a thread of its own, its GPU work on a
+    stream of its own) when its engine is open already, so the GPU goes from one clip's
+    frames to the next's without waiting for the motion model; a job whose engine is not
+    open yet opens it here, at its turn."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     with ThreadPoolExecutor(1, thread_name_prefix="studio-analysis") as ahead:
-        for group in order.values():
+        pending: Future[Analysed] | None = None
+        for i, job in enumerate(jobs):
+            if cancel is not None and cancel():
+                raise Cancelled()
+            turn = time.perf_counter()
+            if on_start is not None:
+                on_start(job)
+            done = pending.result() if pending else analyse_job(job, out, cache)
+            done.turn = turn
+            nxt = jobs[i + 1] if i + 1 < len(jobs) else None
+            key = None if nxt is None else engine_key(nxt, cache.options)
             pending = None
-            for i, job in enumerate(group):
-                if cancel is not None and cancel():
-                    raise Cancelled()
-                turn = time.perf_counter()
-                if on_start is not None:
-                    on_start(job)
-                done = pending.result() if pending else analyse_job(job, out, cache)
-                done.turn = turn
-                nxt = group[i + 1] if i + 1 < len(group) else None
-                pending = None
-                if nxt is not None and done.error is None:  # the engine is open: go ahead
-                    pending = ahead.submit(_analyse_aside, nxt, out, cache)
-                try:
-                    yield render_job(done, cache, progress, cancel)
-                except BaseException:
-                    if pending is not None:
-                        pending.cancel()
-                    raise
+            if key in cache.engines:  # its engine is open: analyse it now, beside this render
+                pending = ahead.submit(_analyse_aside, nxt, out, cache)
+            try:
+                yield render_job(done, cache, progress, cancel)
+            except BaseException:
+                if pending is not None:
+                    pending.cancel()
+                raise
 
 
 def _analyse_aside(job: Job, out: Path, cache: EngineCache) -> Analysed:
