@@ -240,6 +240,28 @@ def _video_renderer(nets, mode="resident", batch=2, avatar=None, loop="pingpong"
     return DittoRenderer(nets, avatar or _VideoAvatar(), s, 512, MemoryPlan(mode, batch, "test"))
 
 
+def test_a_video_avatars_device_copy_is_shared_and_its_frames_go_up_for_full_frames_only(
+    render_nets,
+) -> None:
+    from studio.engines.ditto.engine import DeviceAvatar, DittoRenderer, MemoryPlan
+    from studio.settings import RenderSettings
+
+    video = _VideoAvatar()
+    shared = DeviceAvatar(video, torch.device("cpu"))
+    plan = MemoryPlan("resident", 2, "test")
+    crop = DittoRenderer(
+        render_nets, video, RenderSettings(backend="ditto", frame="crop"), 512, plan, shared
+    )
+    assert shared._frames is None  # a crop renderer pastes nothing back
+    full = DittoRenderer(render_nets, video, RenderSettings(backend="ditto"), 512, plan, shared)
+    assert shared._frames is not None and crop.f_s is full.f_s is shared.f_s
+    own = _video_renderer(render_nets, avatar=video)  # its own upload: the same pictures
+    motion = _motion(4)
+    for r in (full, own):
+        r.prepare(motion)
+    np.testing.assert_array_equal(full.render_frames(np.arange(4)), own.render_frames(np.arange(4)))
+
+
 def test_a_video_avatar_pastes_each_frame_onto_its_mirrored_source_frame(render_nets) -> None:
     from studio.motion.condition import mirror_indices
 

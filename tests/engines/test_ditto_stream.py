@@ -168,3 +168,13 @@ def test_fast_path_stream_is_the_fast_clip_with_a_clip_in_between() -> None:
     generate_motion(lmdm, cond, kp, steps=3, seed=1, fast=True)  # the shared graph's noises
     rows += [live.push(cond[100:]), live.finish()]
     torch.testing.assert_close(torch.cat(rows), clip, rtol=0, atol=0)
+
+
+def test_the_engines_renderers_share_one_device_copy_of_the_avatar(engine) -> None:
+    """The avatar's features and keypoints go to the device once per engine: the preview's
+    renderer and an export's (another size, frame mode) read the same tensors."""
+    crop = RenderSettings(backend="ditto", steps=2, frame="crop", size=256)
+    a = engine.renderer()
+    b = engine.with_settings(crop).renderer(crop)
+    assert a.f_s.data_ptr() == b.f_s.data_ptr()
+    assert all(a.source[k].data_ptr() == b.source[k].data_ptr() for k in a.source)

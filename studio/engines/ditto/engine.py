@@ -296,6 +296,34 @@ def _controls(settings: RenderSettings) -> StitchControls:
     return StitchControls(**deltas)
 
 
+class DeviceAvatar:
+    """An avatar's arrays on the device: its features [n, 32, 16, 64, 64] (one per source
+    frame) and source keypoint info, and for a video its frames [n, H, W, 3] uint8 when a
+    full-frame paste-back first asks for them. Made once per engine and shared, read-only,
+    by every renderer of it (a 10 s video is 2 GiB of features, and the GUI's preview and an
+    export each hold a renderer)."""
+
+    def __init__(self, avatar: Any, device: torch.device) -> None:
+        self.device = device
+        self.f_s = torch.as_tensor(np.asarray(avatar.f_s, dtype=np.float32)).to(device)
+        self.source = {
+            k: torch.as_tensor(np.asarray(v, dtype=np.float32)).to(device)
+            for k, v in avatar.x_s_info.items()
+        }
+        self._host_frames = getattr(avatar, "frames", None)
+        self._frames: Tensor | None = None
+        self._lock = threading.Lock()
+
+    def frames(self) -> Tensor | None:
+        """A video's frames on the device (uploaded on first use); None for a photo."""
+        if self._host_frames is None:
+            return None
+        with self._lock:
+            if self._frames is None:
+                self._frames = torch.as_tensor(np.asarray(self._host_frames)).to(self.device)
+            return self._frames
+
+
 class DittoRenderer(Renderer):
     """Motion rows -> RGB frames: stitch, warp, decode and paste back, batched on the device.
 
@@ -313,6 +341,7 @@ class DittoRenderer(Renderer):
         settings: RenderSettings,
         size: int,
         memory: MemoryPlan,
+        on_device: DeviceAvatar | None = None,
     ) -> None:
         super().__init__(size, memory.batch)
         self.nets = networks
@@ -320,11 +349,10 @@ class DittoRenderer(Renderer):
         self.dtype = render_dtype(settings.precision, dev, settings.runtime)
         self.memory = memory
         self.full = settings.frame == "full"
-        self.f_s = torch.as_tensor(np.asarray(avatar.f_s, dtype=np.float32)).to(dev)
-        self.source = {
-            k: torch.as_tensor(np.asarray(v, dtype=np.float32)).to(dev)
-            for k, v in avatar.x_s_info.items()
-        }
+        # the engine's shared copy (else this renderer's own)
+        self.on_device = on_device or DeviceAvatar(avatar, dev)
+        self.f_s = self.on_device.f_s
+        self.source = self.on_device.source
         # a video avatar: output frame g is source frame mirror(g, n) (features, keypoints,
         # background and crop matrix); only its expression is driven, its eyes are its own
         self.video_frames = getattr(avatar, "frames", None)
@@ -364,7 +392,7 @@ class DittoRenderer(Renderer):
         if self.video_frames is None:
             return PasteBack(image, m_c2o, CROP, self.device)
         size = tuple(np.asarray(self.video_frames).shape[1:3])
-        frames = None if colour is not None else self.video_frames
+        frames = None if colour is not None else self.on_device.frames()
         return FramePasteBack(frames, m_c2o, CROP, self.device, colour=colour, size_hw=size)
 
     def _sources(self, frames: np.ndarray | None) -> Tensor | None:
@@ -732,6 +760,9 @@ class DittoEngine:
         # the last clip's LMDM windows, shared by the engine's copies (with_settings): an
         # emotion edit samples only the windows from the first one its keys change
         self.windows = WindowMemo()
+        # the avatar on the device, made by the first renderer, shared by the engine's copies
+        self._on_device: list[DeviceAvatar] = []
+        self._uploading = threading.Lock()
 
     def _report(self, stage: str, done: int, total: int) -> None:
         """Tell :attr:`progress` (the CLI's bars, the GUI's status bar) where a stage is."""
@@ -823,7 +854,11 @@ class DittoEngine:
 
     def renderer(self, settings: RenderSettings | None = None) -> DittoRenderer:
         s = settings or self.settings
-        return DittoRenderer(self.networks, self.avatar, s, s.size, self.memory_plan(s))
+        with self._uploading:  # the avatar's device copy first: the memory plan sees it
+            if not self._on_device:
+                self._on_device.append(DeviceAvatar(self.avatar, self.device))
+        on_device = self._on_device[0]
+        return DittoRenderer(self.networks, self.avatar, s, s.size, self.memory_plan(s), on_device)
 
     def source_motion(self, num_frames: int, settings: RenderSettings) -> np.ndarray | None:
         """A video avatar's own motion rows in playback order (pose, translation and scale
