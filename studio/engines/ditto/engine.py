@@ -858,6 +858,8 @@ class DittoEngine:
             if not self._on_device:
                 self._on_device.append(DeviceAvatar(self.avatar, self.device))
         on_device = self._on_device[0]
+        if s.frame == "full":
+            on_device.frames()  # a video's frames too, before the plan reads free memory
         return DittoRenderer(self.networks, self.avatar, s, s.size, self.memory_plan(s), on_device)
 
     def source_motion(self, num_frames: int, settings: RenderSettings) -> np.ndarray | None:
