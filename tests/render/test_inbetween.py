@@ -76,7 +76,7 @@ def test_demo_keypoints_are_where_the_face_is_drawn() -> None:
     renderer = DemoEngine().renderer(RenderSettings(size=128))
     rows = np.zeros((2, layout.MOTION_DIM), np.float32)
     kp = renderer.keypoints_2d(rows)
-    assert kp.shape == (2, 43, 2)
+    assert kp.shape == (2, 48, 2)
     assert np.all((kp > 0) & (kp < 128))
 
 
@@ -87,8 +87,11 @@ def test_demo_correspondence_follows_the_jaw_and_pins_the_eye_corners() -> None:
     rows[1, exp + rig.JAW * 3 + 1] = 0.06  # the jaw drops (a wide-open mouth)
     rows[1, exp + rig.LIP_LOWER * 3 + 1] = 0.10
     rows[2, exp + rig.LID_UPPER_L * 3 + 1] = 0.045  # the left eye shuts
+    rows[2, [exp + rig.BROW_L * 3 + 1, exp + rig.BROW_R * 3 + 1]] = -0.03  # the brows go up
     kp = renderer.keypoints_2d(rows)
-    outline, corners = slice(21, 29), slice(29, 33)
+    outline, corners, fringe = slice(21, 29), slice(29, 33), slice(33, 38)
+    assert np.array_equal(kp[2, fringe], kp[0, fringe])  # the brows move below the fringe
+    assert np.all(np.diff(kp[0, fringe, 0]) > 0) and np.all(kp[0, fringe, 1] < kp[0, rig.BROW_L, 1])
     moved = kp[1, outline] - kp[0, outline]
     assert np.all(moved[[3, 4], 1] > 2.0)  # the jaw line beside the chin goes down with it
     assert np.all(np.abs(moved[[0, 7]]) < 0.5)  # the temples stay

@@ -399,6 +399,23 @@ def _eye_corners(p0: np.ndarray, rot: np.ndarray, su: np.ndarray) -> np.ndarray:
     return np.stack(out, axis=1)
 
 
+def _head_surface(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """[n, 3] head-local points on the skull's front at (x, y) (keypoint units)."""
+    rx, ry, rz = HEAD_RADII
+    z = rz * np.sqrt(np.clip(1.0 - (x / rx) ** 2 - (y / ry) ** 2, 0.0, None))
+    return np.stack([x, y, z], 1)
+
+
+_FRINGE_X = np.array([-0.16, -0.08, 0.0, 0.08, 0.16])
+# the fringe's edge, halfway down its locks
+_FRINGE_LOCAL = _head_surface(_FRINGE_X, HAIR_FRINGE_Y + HAIR_SWEEP * _FRINGE_X + HAIR_FRINGE_WAVE)
+
+
+def _on_head(c: np.ndarray, rot: np.ndarray, su: np.ndarray, local: np.ndarray) -> np.ndarray:
+    """[K, n, 2] pixels of head-local points ``local`` [n, 3] (they move with the head only)."""
+    return c[:, None] + su[:, None, None] * np.einsum("kij,nj->kni", rot, local)[..., :2]
+
+
 class DemoAvatar(Renderer):
     """Renders the demo character from 265-dim Ditto motion vectors.
 
@@ -480,12 +497,13 @@ class DemoAvatar(Renderer):
         self._canvas = bg.copy()
 
     def keypoints_2d(self, motion: np.ndarray) -> np.ndarray:
-        """[K, 265] motion -> [K, 43, 2] pixel positions of the rig's 21 keypoints, where
+        """[K, 265] motion -> [K, 48, 2] pixel positions of the rig's 21 keypoints, where
         :meth:`render_batch` draws them (the chin and the jaw where the open jaw's stretch of
         the lower face puts them: the drawing moves them with JAW's drop), 8 points on the
-        head's outline around the jaw line (stretched alike), the 4 corners of the eyes, and
-        10 points on the torso: the correspondence an in-between is warped by (the more of
-        the drawing's own geometry it pins, the less the warp guesses)."""
+        head's outline around the jaw line (stretched alike), the 4 corners of the eyes, 5 on
+        the fringe's edge (they move with the head, not with the brows below them), and 10
+        points on the torso: the correspondence an in-between is warped by (the more of the
+        drawing's own geometry it pins, the less the warp guesses)."""
         fr = layout.unpack(np.asarray(motion, dtype=np.float32).reshape(-1, layout.MOTION_DIM))
         kp = layout.transform_keypoints(
             rig.CANONICAL_KP, fr.pitch, fr.yaw, fr.roll, fr.t, fr.scale, fr.exp
@@ -508,7 +526,8 @@ class DemoAvatar(Renderer):
         p[:, [rig.CHIN, rig.JAW]] = stretched(p0[:, [rig.CHIN, rig.JAW]])
         outline = stretched(self._outline_points(p[:, rig.HEAD_CENTER], rot, su, e2))
         corners = _eye_corners(p0, rot, su)
-        return np.concatenate([p, outline, corners, self._body_points(fr.t, rot)], axis=1)
+        fringe = _on_head(p[:, rig.HEAD_CENTER], rot, su, _FRINGE_LOCAL)
+        return np.concatenate([p, outline, corners, fringe, self._body_points(fr.t, rot)], axis=1)
 
     def _outline_points(
         self, c: np.ndarray, rot: np.ndarray, su: np.ndarray, e2: np.ndarray
