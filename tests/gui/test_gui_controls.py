@@ -154,3 +154,15 @@ def test_keyed_tracks_save_for_the_cli_and_ride_in_a_preset(window, qtbot, tmp_p
     with qtbot.waitSignal(window.renderFinished, timeout=TIMEOUT_MS):
         window.load_preset(str(preset))
     assert window.tracks == ControlTracks.from_dict(NOD)
+
+
+def test_every_cadence_bound_replans_the_motion(qtbot) -> None:
+    from studio.gui.widgets.controls import ControlsPanel
+
+    panel = ControlsPanel()
+    qtbot.addWidget(panel)
+    for box, value in ((panel.warp_px, 12.0), (panel.pose_gap, 3.0), (panel.lid_px, 4.0)):
+        with qtbot.waitSignal(panel.changed, timeout=1000) as got:
+            box.setValue(value)
+        assert got.args == ["motion"]
+    assert panel.settings().cadence.max_lid_px == 4.0

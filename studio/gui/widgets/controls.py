@@ -383,7 +383,14 @@ class ControlsPanel(QWidget):
         self.set_settings(RenderSettings())
         for w in (self.seed, self.window, self.order, self.guard, self.steps):
             w.valueChanged.connect(self._motion_changed)
-        for w in (self.accel, self.fast_flux, self.calm_flux, self.pose_gap, self.warp_px):
+        for w in (
+            self.accel,
+            self.fast_flux,
+            self.calm_flux,
+            self.pose_gap,
+            self.warp_px,
+            self.lid_px,
+        ):
             w.valueChanged.connect(self._motion_changed)
         self.smooth.toggled.connect(self._motion_changed)
         self.stride.currentIndexChanged.connect(self._motion_changed)
