@@ -65,7 +65,7 @@ class JobActor:
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         jobs = [Job.from_dict(json.loads(str(blob))) for blob in batch["job"]]
         records = []
-        for rec in run_in_turn(jobs, self.out, self.cache):  # the next analysed beside
+        for rec in run_in_turn(jobs, self.out, self.cache):
             rec["actor"] = f"{os.uname().nodename}:{os.getpid()}"
             records.append(json.dumps(rec))
         return {"record": np.array(records, dtype=object)}

@@ -27,6 +27,7 @@ from studio.files import write_json
 
 REPORT_FILE = "batch_report.json"
 REPORT_FORMAT = "studio-batch-report/1"
+AHEAD = False  # analyse the next job beside this one's render (run_in_turn): not yet on
 
 
 @dataclass(frozen=True)
@@ -337,7 +338,8 @@ def _run_here(
     for job in todo:
         order.setdefault(engine_key(job, options), []).append(job)
     grouped = [job for group in order.values() for job in group]
-    yield from run_in_turn(grouped, out, EngineCache(options, progress), progress, cancel, on_start)
+    cache = EngineCache(options, progress)
+    yield from run_in_turn(grouped, out, cache, progress, cancel, on_start, ahead=AHEAD)
 
 
 def run_in_turn(
@@ -347,12 +349,16 @@ def run_in_turn(
     progress: Progress | None = None,
     cancel: Callable[[], bool] | None = None,
     on_start: Callable[[Job], None] | None = None,
+    ahead: bool = False,
 ) -> Iterable[dict[str, Any]]:
-    """Each job's record, one job after another. While a job renders, the next one is
-    analysed beside it (audio features and motion on a thread of its own, its GPU work on a
-    stream of its own) when its engine is open already, so the GPU goes from one clip's
-    frames to the next's without waiting for the motion model; a job whose engine is not
-    open yet opens it here, at its turn."""
+    """Each job's record, one job after another. With ``ahead``, while a job renders the
+    next one is analysed beside it (audio features and motion on a thread of its own, its
+    GPU work on a stream of its own) when its engine is open already, so the GPU goes from
+    one clip's frames to the next's without waiting for the motion model; a job whose engine
+    is not open yet opens it here, at its turn. Off by default (:data:`AHEAD`) until it is
+    validated on a GPU: CUDA graph captures, the allocator's cache and the TF32/cuDNN flags
+    are process-wide, and two threads capturing or switching them at once are not yet
+    serialised."""
     from concurrent.futures import Future, ThreadPoolExecutor
 
     with ThreadPoolExecutor(1, thread_name_prefix="studio-analysis") as ahead:
@@ -368,7 +374,7 @@ def run_in_turn(
             nxt = jobs[i + 1] if i + 1 < len(jobs) else None
             key = None if nxt is None else engine_key(nxt, cache.options)
             pending = None
-            if key in cache.engines:  # its engine is open: analyse it now, beside this render
+            if ahead and key in cache.engines:  # its engine is open: analyse it beside
                 pending = ahead.submit(_analyse_aside, nxt, out, cache)
             try:
                 yield render_job(done, cache, progress, cancel)
