@@ -175,9 +175,10 @@ class Renderer:
         return straight_rgba(np.asarray(black), np.asarray(white))
 
     def keypoints_2d(self, motion: np.ndarray) -> np.ndarray | None:
-        """[K, motion] rows -> [K, 21, 2] (x, y) pixel positions of the implicit keypoints in
-        the frames it renders (pixel centres at i + 0.5), or None where it cannot say (its
-        in-betweens are then cross-fades)."""
+        """[K, motion] rows -> [K, P, 2] (x, y) pixel positions of the implicit keypoints
+        (P >= 21: a renderer may add points of its own drawing) in the frames it renders
+        (pixel centres at i + 0.5), or None where it cannot say (its in-betweens are then
+        cross-fades)."""
         return None
 
     def inbetween(

@@ -407,7 +407,7 @@ def _head_surface(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 _FRINGE_X = np.array([-0.16, -0.08, 0.0, 0.08, 0.16])
-# the fringe's edge, halfway down its locks
+# the fringe's edge at its locks' tips
 _FRINGE_LOCAL = _head_surface(_FRINGE_X, HAIR_FRINGE_Y + HAIR_SWEEP * _FRINGE_X + HAIR_FRINGE_WAVE)
 
 
