@@ -40,6 +40,13 @@ EYE_LIDS_KP = ((11, 13), (15, 16))  # (upper, lower) lid of the left and the rig
 assert {LIP_UPPER_KP, LIP_LOWER_KP} <= set(LIP_KP)
 assert {k for pair in EYE_LIDS_KP for k in pair} <= set(EYE_KP)
 
+
+def lid_gaps(points: np.ndarray) -> np.ndarray:
+    """[..., 21, D] keypoints -> [..., 2, D]: each eye's upper lid keypoint less its lower
+    one (:data:`EYE_LIDS_KP`), the vector whose length is the eye's opening."""
+    ups, lows = zip(*EYE_LIDS_KP, strict=True)
+    return points[..., list(ups), :] - points[..., list(lows), :]
+
 # --- pose bins ---------------------------------------------------------------
 NUM_BINS = 66
 BIN_STEP_DEG = 3.0

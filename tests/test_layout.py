@@ -98,3 +98,13 @@ def test_transform_keypoints_is_liveportrait_eqn2_and_ignores_tz():
     t2 = t.copy()
     t2[:, 2] += 5.0
     np.testing.assert_array_equal(L.transform_keypoints(kp, *ang, t2, scale, exp), out)
+
+
+def test_lid_gaps_are_upper_less_lower_per_eye():
+    pts = np.zeros((3, L.NUM_KP, 2))
+    for eye, (up, low) in enumerate(L.EYE_LIDS_KP):
+        pts[:, up] = [0.0, -1.0 - eye]
+        pts[:, low] = [0.5, 2.0]
+    gaps = L.lid_gaps(pts)
+    assert gaps.shape == (3, 2, 2)
+    np.testing.assert_array_equal(gaps[0], [[-0.5, -3.0], [-0.5, -4.0]])

@@ -198,12 +198,9 @@ def lid_displacement(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     (x, y), times the scale) from rows ``a`` to rows ``b`` [N, 265], in pixels of a 512
     frame. The canonical keypoints cancel in the difference, so the motion alone gives it."""
     fa, fb = layout.unpack(np.asarray(a)), layout.unpack(np.asarray(b))
-    change = [
-        (fb.exp[:, up, :2] - fb.exp[:, low, :2]) * fb.scale[:, None]
-        - (fa.exp[:, up, :2] - fa.exp[:, low, :2]) * fa.scale[:, None]
-        for up, low in layout.EYE_LIDS_KP
-    ]
-    return np.linalg.norm(np.stack(change), axis=2).max(axis=0) * WARP_FRAME_PX
+    gap_a = layout.lid_gaps(fa.exp[..., :2]) * fa.scale[:, None, None]
+    gap_b = layout.lid_gaps(fb.exp[..., :2]) * fb.scale[:, None, None]
+    return np.linalg.norm(gap_b - gap_a, axis=-1).max(axis=-1) * WARP_FRAME_PX
 
 
 def warp_stride_cap(

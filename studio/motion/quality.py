@@ -195,8 +195,7 @@ def eye_openings(motion: np.ndarray | layout.MotionFrames, canonical: np.ndarray
 
 def _eyes(local: np.ndarray) -> np.ndarray:
     """:func:`eye_openings` of head-frame keypoints."""
-    gaps = np.stack([local[:, up] - local[:, low] for up, low in layout.EYE_LIDS_KP], axis=1)
-    return np.linalg.norm(gaps, axis=-1) / _eye_distance(local)[:, None]
+    return np.linalg.norm(layout.lid_gaps(local), axis=-1) / _eye_distance(local)[:, None]
 
 
 @dataclass(frozen=True)

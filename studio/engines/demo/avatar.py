@@ -43,6 +43,7 @@ HEAD_TAPER = 0.13  # the face narrows by this fraction towards the chin
 JAW_PIVOT = 0.22  # the open jaw stretches the face below this head-local y
 EYE_CORNER_U = 1.0  # eye-white radii from the eye's centre
 OUTLINE_ANGLES = np.deg2rad([-100.0, -75.0, -50.0, -25.0, 25.0, 50.0, 75.0, 100.0])
+_OUTLINE_COS, _OUTLINE_SIN = np.cos(OUTLINE_ANGLES), np.sin(OUTLINE_ANGLES)
 HAIR_FRINGE_Y = -0.30  # front hairline (head-local y) at the cusps between locks
 HAIR_FRINGE_WAVE = 0.05  # how far the fringe's locks hang below the cusps
 HAIR_LOCK_WIDTH = 0.13
@@ -411,6 +412,19 @@ _FRINGE_X = np.array([-0.16, -0.08, 0.0, 0.08, 0.16])
 _FRINGE_LOCAL = _head_surface(_FRINGE_X, HAIR_FRINGE_Y + HAIR_SWEEP * _FRINGE_X + HAIR_FRINGE_WAVE)
 
 
+def _outline_points(c: np.ndarray, rot: np.ndarray, su: np.ndarray, e2: np.ndarray) -> np.ndarray:
+    """[K, n, 2] points on the head's outline around its lower half (the jaw line), at
+    :data:`OUTLINE_ANGLES` from the head's "down" ``e2`` [K, 2] about its centre ``c``."""
+    out = np.empty((c.shape[0], OUTLINE_ANGLES.size, 2))
+    for k in range(c.shape[0]):
+        m2 = _silhouette(HEAD_RADII, rot[k], float(su[k]))[1]
+        e1 = np.array([e2[k, 1], -e2[k, 0]])
+        u = _OUTLINE_COS[:, None] * e2[k] + _OUTLINE_SIN[:, None] * e1  # directions around "down"
+        r = 1.0 / np.sqrt(np.einsum("nd,de,ne->n", u, m2, u))
+        out[k] = c[k] + r[:, None] * u
+    return out
+
+
 def _on_head(c: np.ndarray, rot: np.ndarray, su: np.ndarray, local: np.ndarray) -> np.ndarray:
     """[K, n, 2] pixels of head-local points ``local`` [n, 3] (they move with the head only)."""
     return c[:, None] + su[:, None, None] * np.einsum("kij,nj->kni", rot, local)[..., :2]
@@ -524,24 +538,10 @@ class DemoAvatar(Renderer):
             return q + (np.maximum(below, 0.0) * stretch)[..., None] * e2[:, None]
 
         p[:, [rig.CHIN, rig.JAW]] = stretched(p0[:, [rig.CHIN, rig.JAW]])
-        outline = stretched(self._outline_points(p[:, rig.HEAD_CENTER], rot, su, e2))
+        outline = stretched(_outline_points(p[:, rig.HEAD_CENTER], rot, su, e2))
         corners = _eye_corners(p0, rot, su)
         fringe = _on_head(p[:, rig.HEAD_CENTER], rot, su, _FRINGE_LOCAL)
         return np.concatenate([p, outline, corners, fringe, self._body_points(fr.t, rot)], axis=1)
-
-    def _outline_points(
-        self, c: np.ndarray, rot: np.ndarray, su: np.ndarray, e2: np.ndarray
-    ) -> np.ndarray:
-        """[K, n, 2] points on the head's outline around its lower half (the jaw line)."""
-        out = np.empty((c.shape[0], OUTLINE_ANGLES.size, 2))
-        for k in range(c.shape[0]):
-            m2 = _silhouette(HEAD_RADII, rot[k], float(su[k]))[1]
-            c_, s_ = np.cos(OUTLINE_ANGLES), np.sin(OUTLINE_ANGLES)
-            e1 = np.array([e2[k, 1], -e2[k, 0]])
-            u = c_[:, None] * e2[k] + s_[:, None] * e1  # directions around "down"
-            r = 1.0 / np.sqrt(np.einsum("nd,de,ne->n", u, m2, u))
-            out[k] = c[k] + r[:, None] * u
-        return out
 
     def _body_points(self, t: np.ndarray, rot: np.ndarray) -> np.ndarray:
         """[K, 10, 2] points on the collar and shoulders, which slide as _draw_body slides
