@@ -3,14 +3,14 @@
 # AOTInductor packages `studio compile --runtime torch` keeps on disk, on a full-size
 # random-weight tree (cost-equivalent HuBERT, drawn face, 512² crop, x264 veryfast), and a
 # video avatar's render rate against a photo's. Usage:
-#   scripts/bench_warm_gpu.sh OUT_DIR SPEECH.wav [prep compile renders video ...]
+#   scripts/bench_warm_gpu.sh OUT_DIR SPEECH.wav [prep compile renders eager video ...]
 # Steps are resumable (one device call lasts at most 10 minutes): a step whose result is in
 # OUT_DIR is skipped. Each render prints its wall time; reports (JSON) and logs stay in OUT_DIR.
 set -uo pipefail
 out=${1:?usage: scripts/bench_warm_gpu.sh OUT_DIR SPEECH.wav [STEPS]}
 speech=${2:?give a speech file}
 shift 2
-steps=" ${*:-prep compile renders video} "
+steps=" ${*:-prep compile renders eager video} "
 want() { [[ $steps == *" $1 "* ]]; }
 mkdir -p "$out"
 export STUDIO_CACHE_DIR="$out/cache"
@@ -72,8 +72,8 @@ if want renders; then
   render warm10 120 "$out/talk_10s.wav" "$face" --compile
   render warm60 200 "$out/talk_60s.wav" "$face" --compile
   render warm10b 120 "$out/talk_10s.wav" "$face" --compile
-  render eager60 200 "$out/talk_60s.wav" "$face"
 fi
+want eager && render eager60 200 "$out/talk_60s.wav" "$face"
 if want video; then
   render photo10 120 "$out/talk_10s.wav" "$face" --compile
   render video10 200 "$out/talk_10s.wav" "$out/face_512x512.mp4" --compile  # registers the video

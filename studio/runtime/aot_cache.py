@@ -12,6 +12,14 @@ batch, device and compute capability, torch and CUDA versions) and the package's
 :func:`load` checks both before loading: a stale or corrupted package is not loaded and the
 reason is said; :func:`build` writes a new one atomically under the package's file lock, so
 two processes build it once.
+
+Two things seen on an H100 (torch 2.11) shape the recipe. An operator without an AOTInductor
+C shim (``grid_sampler_3d``, in the warp network) runs through the package's proxy executor,
+and such a package crashed the process that loaded it (a segmentation fault, nothing to
+catch); so a build that needs the proxy executor is refused (:class:`NotPackageable`), and
+every new package is loaded and run once in a separate process before it is kept. And a
+package's runner cannot be captured into a CUDA graph ("operation not permitted when stream
+is capturing"), so its engine runs it as it is (its kernels are launched from C++).
 """
 
 from __future__ import annotations
@@ -32,7 +40,9 @@ from torch import nn
 from studio.files import write_atomic
 from studio.runtime.engine_cache import file_sha256
 
-AOT_FORMAT = 1  # bump when the build recipe changes what a package contains
+AOT_FORMAT = 2  # bump when the build recipe changes what a package contains
+PROXY_EXECUTOR_SIGN = "missing a c-shim implementation"  # torch._inductor.ir's warning
+VERIFY_TIMEOUT_S = 600
 _log = logging.getLogger(__name__)
 
 
@@ -54,7 +64,7 @@ def _hash_weights(module: nn.Module) -> str:
         {**dict(module.named_parameters()), **dict(module.named_buffers())}.items()
     ):
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-        h.update(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+        h.update(t.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
@@ -147,6 +157,73 @@ def load(cache_dir: str | os.PathLike[str], key: AotKey) -> tuple[Callable | Non
     return runner, "loaded"
 
 
+class NotPackageable(RuntimeError):
+    """The network needs AOTInductor's proxy executor (an operator without a C shim)."""
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _compile_package(exported: Any, path: Path, network: str) -> None:
+    """AOTInductor-compile ``exported`` into ``path``; NotPackageable where an operator
+    would run through the proxy executor."""
+    collect = _Collect()
+    logger = logging.getLogger("torch._inductor.ir")
+    logger.addHandler(collect)
+    try:
+        torch._inductor.aoti_compile_and_package(exported, package_path=str(path))
+    finally:
+        logger.removeHandler(collect)
+    proxied = sorted({line.split()[0] for line in collect.lines if PROXY_EXECUTOR_SIGN in line})
+    if proxied:
+        raise NotPackageable(
+            f"{network}: {', '.join(proxied)} would run through AOTInductor's proxy executor "
+            "(such packages crashed the process loading them, torch 2.11 on CUDA)"
+        )
+
+
+_VERIFY = """
+import sys, torch
+runner = torch._inductor.aoti_load_package(sys.argv[1])
+runner(*torch.load(sys.argv[2]))
+if torch.cuda.is_available():
+    torch.cuda.synchronize()
+"""
+
+
+def _verify_elsewhere(path: Path, example: tuple[torch.Tensor, ...], network: str) -> None:
+    """Load and run the package once in a new process: one that crashes it is not kept."""
+    import subprocess
+    import sys
+
+    inputs = path.with_name(path.name + ".inputs.pt")
+    try:
+        torch.save(tuple(t.detach() for t in example), inputs)
+        try:
+            r = subprocess.run(
+                [sys.executable, "-c", _VERIFY, str(path), str(inputs)],
+                capture_output=True,
+                text=True,
+                timeout=VERIFY_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{network}: its package did not load and run in time") from None
+    finally:
+        inputs.unlink(missing_ok=True)
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["no message"])[-1][:300]
+        raise RuntimeError(
+            f"{network}: its package fails when a new process loads and runs it "
+            f"(exit {r.returncode}: {last})"
+        )
+
+
 def build(
     cache_dir: str | os.PathLike[str],
     key: AotKey,
@@ -154,7 +231,9 @@ def build(
     example: tuple[torch.Tensor, ...],
 ) -> Path:
     """Export ``module`` on ``example`` and compile it into ``key``'s package (atomically,
-    under the package's build lock; a package another process finished meanwhile is kept)."""
+    under the package's build lock; a package another process finished meanwhile is kept).
+    NotPackageable where it needs the proxy executor; RuntimeError where a new process cannot
+    load and run it (neither is kept)."""
     from studio.paths import build_lock
 
     package = package_file(cache_dir, key)
@@ -166,7 +245,8 @@ def build(
         try:
             with torch.no_grad():
                 exported = torch.export.export(module, example)
-                torch._inductor.aoti_compile_and_package(exported, package_path=str(partial))
+                _compile_package(exported, partial, key.network)
+            _verify_elsewhere(partial, example, key.network)
             sha = file_sha256(partial)
             os.replace(partial, package)
         finally:

@@ -450,10 +450,12 @@ class TorchEngine(EngineBase):
         return dict(zip(self.output_names, outs, strict=True))
 
     def capture(self, warmup: int = 3) -> bool:
-        """Capture the forward into a CUDA graph (CUDA only; False on the CPU)."""
+        """Capture the forward into a CUDA graph (CUDA only; False on the CPU). An engine
+        running an AOTInductor package is ready as it is (True, nothing captured): a
+        package's runner cannot be captured, and it launches its kernels from C++."""
         if self.device.type != "cuda":
             return False
-        if self._graph is not None:
+        if self._graph is not None or self.aot in ("loaded", "built"):
             return True
         static: dict[str, Tensor] = {}
         for s, t in zip(self.inputs, self.adapter.example_inputs(self.batch), strict=True):
@@ -467,18 +469,7 @@ class TorchEngine(EngineBase):
             buf.copy_(t)
             static[s.name] = buf
         args = [static[n] for n in self.input_names]
-        try:
-            graph, out = capture_cuda_graph(lambda: self._fn(*args), warmup, self.context)
-        except Exception as e:
-            if self.aot not in ("loaded", "built"):
-                raise
-            # a compiled package that does not capture: torch.compile in process instead
-            _log.warning("%s: its compiled package does not capture (%s)", self.name, e)
-            torch.cuda.synchronize()
-            self.aot = f"failed: capture ({type(e).__name__})"
-            _room_for_compiled_engines()
-            self._fn = torch.compile(self.adapter, mode="default", dynamic=False)
-            graph, out = capture_cuda_graph(lambda: self._fn(*args), warmup, self.context)
+        graph, out = capture_cuda_graph(lambda: self._fn(*args), warmup, self.context)
         self._graph, self._static_out = graph, out
         self.static_inputs = static
         return True

@@ -120,3 +120,41 @@ def test_a_network_that_does_not_export_is_tried_once(tmp_path: Path) -> None:
         aot_cache.load_or_build(tmp_path, key, Branchy(), example)
     runner, why = aot_cache.load_or_build(tmp_path, key, Branchy(), example)
     assert runner is None and "failed to compile ahead of time before" in why
+
+
+class _Median(torch.nn.Module):
+    """aten.median.dim has no AOTInductor C shim on the CPU: the proxy executor would run it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.median(x, dim=1).values * 2.0
+
+
+def test_a_network_that_needs_the_proxy_executor_is_not_packaged(tmp_path: Path) -> None:
+    net, example = _Median(), (torch.randn(3, 5),)
+    key = aot_cache.AotKey.of("median_net", net, "fp32", "fp32", 3, torch.device("cpu"))
+    with pytest.raises(aot_cache.NotPackageable, match=r"aten\.median\.dim .*proxy executor"):
+        aot_cache.load_or_build(tmp_path, key, net, example)
+    assert not list(tmp_path.glob("*.pt2"))  # nothing kept, not even the partial file
+    runner, why = aot_cache.load_or_build(tmp_path, key, net, example)  # not tried again
+    assert runner is None and "failed to compile ahead of time before" in why
+
+
+def test_a_package_that_a_new_process_cannot_load_is_refused(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.pt2"
+    bad.write_bytes(b"not a package")
+    with pytest.raises(RuntimeError, match="fails when a new process loads and runs it"):
+        aot_cache._verify_elsewhere(bad, (torch.randn(2),), "stitch_network")
+    assert not list(tmp_path.glob("*.inputs.pt"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_package_engine_is_ready_without_a_graph_on_cuda(tmp_path: Path) -> None:
+    net = _net().cuda()
+    e = TorchEngine(
+        "stitch_network", net, "fp32", "cuda", batch=2, compile=True, aot_dir=tmp_path
+    )
+    assert e.aot == "built" and e.capture() and not e.captured  # run as it is, not captured
+    feed = {s.name: torch.randn(s.shape, device="cuda") for s in e.inputs}
+    want = TorchEngine("stitch_network", net, "fp32", "cuda", batch=2).run(feed)
+    got = e.run(feed)
+    assert all(torch.allclose(want[k], got[k], atol=1e-4) for k in want)
