@@ -124,10 +124,11 @@ class Analysed:
     turn: float | None = None  # when its render could start (its analysis may be earlier)
 
 
-def analyse_job(job: Job, out_dir: Path, cache: EngineCache) -> Analysed:
+def analyse_job(job: Job, out_dir: Path, cache: EngineCache, quiet: bool = False) -> Analysed:
     """The first half of a job: its engine (opened on the group's first job), its audio and
     controls read, its motion made (:func:`studio.render.pipeline.analyze`). A job's own
-    problem is kept in ``error``; Cancelled and KeyboardInterrupt go through."""
+    problem is kept in ``error``; Cancelled and KeyboardInterrupt go through. ``quiet``: the
+    engine copy reports no stages (analysed beside a render, whose progress is the one shown)."""
     from studio.audio.io import load_audio
     from studio.motion.controls import ControlTracks
     from studio.render.pipeline import analyze
@@ -136,6 +137,8 @@ def analyse_job(job: Job, out_dir: Path, cache: EngineCache) -> Analysed:
     try:
         done.first = engine_key(job, cache.options) not in cache.engines
         done.engine = cache.engine(job)
+        if quiet:
+            done.engine.progress = None  # a copy (with_settings): the group's engine still reports
         done.opened = time.perf_counter()
         audio = load_audio(job.audio)
         controls = None if job.controls is None else ControlTracks.load(job.controls)
@@ -355,13 +358,13 @@ def run_in_turn(
     next one is analysed beside it (audio features and motion on a thread of its own, its
     GPU work on a stream of its own) when its engine is open already, so the GPU goes from
     one clip's frames to the next's without waiting for the motion model; a job whose engine
-    is not open yet opens it here, at its turn. Off by default (:data:`AHEAD`) until it is
-    validated on a GPU: CUDA graph captures, the allocator's cache and the TF32/cuDNN flags
-    are process-wide, and two threads capturing or switching them at once are not yet
-    serialised."""
+    is not open yet opens it here, at its turn. What is process-wide is serialised: CUDA
+    graph captures and cache releases (:data:`~studio.runtime.base.GPU_LOCK`), the TF32 and
+    cuDNN flags (:class:`~studio.runtime.base.SharedFlags`); the analysis thread reports no
+    stages and keeps one stream. Off by default (:data:`AHEAD`) until measured on a GPU."""
     from concurrent.futures import Future, ThreadPoolExecutor
 
-    with ThreadPoolExecutor(1, thread_name_prefix="studio-analysis") as ahead:
+    with ThreadPoolExecutor(1, thread_name_prefix="studio-analysis") as pool:
         pending: Future[Analysed] | None = None
         for i, job in enumerate(jobs):
             if cancel is not None and cancel():
@@ -375,7 +378,7 @@ def run_in_turn(
             key = None if nxt is None else engine_key(nxt, cache.options)
             pending = None
             if ahead and key in cache.engines:  # its engine is open: analyse it beside
-                pending = ahead.submit(_analyse_aside, nxt, out, cache)
+                pending = pool.submit(_analyse_aside, nxt, out, cache)
             try:
                 yield render_job(done, cache, progress, cancel)
             except BaseException:
@@ -389,7 +392,7 @@ def _analyse_aside(job: Job, out: Path, cache: EngineCache) -> Analysed:
     from studio.runtime.base import own_stream
 
     with own_stream():
-        return analyse_job(job, out, cache)
+        return analyse_job(job, out, cache, quiet=True)
 
 
 def batch_report(

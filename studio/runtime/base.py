@@ -19,6 +19,7 @@ each backend can run here is :mod:`studio.runtime.precision`;
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,6 +211,18 @@ class EngineBase(NamedIO):
         )
 
 
+GPU_LOCK = threading.RLock()
+"""Held while a CUDA graph is captured and while the allocator's cache is released: both are
+process-wide (a capture empties the cache and records into one private pool), so two threads
+(a batch analysing the next clip beside a render) must not do them at once."""
+
+
+def release_cached_memory() -> None:
+    """``torch.cuda.empty_cache()``, never in the middle of another thread's capture."""
+    with GPU_LOCK:
+        torch.cuda.empty_cache()
+
+
 def capture_cuda_graph(
     fn: Callable[[], Any], warmup: int = 3, context: Callable[[], Any] | None = None
 ) -> tuple[torch.cuda.CUDAGraph, Any]:
@@ -217,40 +230,93 @@ def capture_cuda_graph(
 
     ``fn`` must read only static buffers (filled with ``copy_`` before each replay) and must
     not synchronize with the host. ``context()`` (e.g. no_grad + autocast) wraps both the
-    warm-up and the capture. Returns (graph, fn's output, which replays overwrite).
+    warm-up and the capture; it is entered before :data:`GPU_LOCK` is taken, so a thread
+    waiting for a math mode (:func:`math_mode`) never holds the lock. Returns (graph, fn's
+    output, which replays overwrite).
     """
     ctx = context or contextlib.nullcontext
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), ctx():
-        for _ in range(max(1, warmup)):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    # thread_local: another thread's CUDA work (a batch analyses the next clip beside the
-    # render, on its own stream) does not invalidate this capture
-    with ctx(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        out = fn()
-    torch.cuda.synchronize()
+    with ctx(), GPU_LOCK:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(max(1, warmup)):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: another thread's CUDA work (a batch analyses the next clip beside the
+        # render, on its own stream) does not invalidate this capture
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            out = fn()
+        torch.cuda.synchronize()
     return graph, out
+
+
+_STREAMS = threading.local()
 
 
 @contextlib.contextmanager
 def own_stream() -> Iterator[None]:
-    """This thread's CUDA work on a stream of its own, finished at exit (nothing where CUDA
-    is not in use): work beside another thread's overlaps with it on the GPU instead of
-    queueing behind it on the default stream. It starts without waiting for other streams:
-    what it reads must be ready already (weights loaded before, host inputs)."""
+    """This thread's CUDA work on a stream of its own (one per thread, made on first use),
+    finished at exit (nothing where CUDA is not in use): work beside another thread's
+    overlaps with it on the GPU instead of queueing behind it on the default stream. It
+    starts without waiting for other streams: what it reads must be ready already (weights
+    loaded before, host inputs)."""
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         yield
         return
-    stream = torch.cuda.Stream()
+    stream = getattr(_STREAMS, "stream", None)
+    if stream is None:
+        stream = _STREAMS.stream = torch.cuda.Stream()
     try:
         with torch.cuda.stream(stream):
             yield
     finally:
         stream.synchronize()
+
+
+class SharedFlags:
+    """Process-wide torch flags (TF32, cuDNN's autotuner) that threads hold for a while.
+
+    The flags are global, so two threads cannot run under different values at once: a thread
+    asking for a value other threads hold a different one of waits until they let go. Threads
+    asking for the same value hold it together. The value in force before the first hold is
+    restored after the last one. Never wait for another thread while holding a value that
+    thread may ask to change (the batch's threads don't: the render thread waits for the
+    analysis only outside every hold)."""
+
+    def __init__(self, read: Callable[[], Any], write: Callable[[Any], None]) -> None:
+        self._read, self._write = read, write
+        self._cond = threading.Condition()
+        self._holds: dict[int, list[Any]] = {}  # thread -> its held values, innermost last
+        self._before: Any = None
+
+    def _free_for(self, value: Any, me: int) -> bool:
+        return all(held[-1] == value for t, held in self._holds.items() if t != me)
+
+    @contextlib.contextmanager
+    def hold(self, value: Any) -> Iterator[None]:
+        me = threading.get_ident()
+        with self._cond:
+            self._cond.wait_for(lambda: self._free_for(value, me))
+            if not self._holds:
+                self._before = self._read()
+            self._holds.setdefault(me, []).append(value)
+            self._write(value)
+        try:
+            yield
+        finally:
+            with self._cond:
+                mine = self._holds[me]
+                mine.pop()
+                if not mine:
+                    del self._holds[me]
+                    if not self._holds:
+                        self._write(self._before)
+                else:  # back to this thread's outer value, once no other thread holds another
+                    self._cond.wait_for(lambda: self._free_for(mine[-1], me))
+                    self._write(mine[-1])
+                self._cond.notify_all()
 
 
 # --- devices, caches, math modes ------------------------------------------------------------------
@@ -306,17 +372,24 @@ def sdpa_backend(name: str) -> contextlib.AbstractContextManager[None]:
     return sdpa_kernel([names[name]])
 
 
+def _read_tf32() -> tuple[bool, bool]:
+    return torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+
+
+def _write_tf32(value: tuple[bool, bool]) -> None:
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = value
+
+
+TF32 = SharedFlags(_read_tf32, _write_tf32)
+
+
 @contextlib.contextmanager
 def math_mode(precision: str, device: torch.device) -> Iterator[None]:
-    """TF32 on for ``tf32``, off for everything else (strict fp32), on CUDA; restored after."""
+    """TF32 on for ``tf32``, off for everything else (strict fp32), on CUDA; restored after
+    (held through :data:`TF32`: a thread asking for the other setting waits)."""
     if device.type != "cuda":
         yield
         return
     on = precision == "tf32"
-    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    torch.backends.cuda.matmul.allow_tf32 = on
-    torch.backends.cudnn.allow_tf32 = on
-    try:
+    with TF32.hold((on, on)):
         yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before

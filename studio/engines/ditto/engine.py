@@ -166,6 +166,7 @@ class DittoNetworks:
     decoder: nn.Module
     device: torch.device
     _render: dict[str, WarpDecodeEngines] = field(default_factory=dict, repr=False)
+    _render_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def warp_decode(
         self, precision: str, compile: bool = False, runtime: str = "torch"
@@ -173,16 +174,17 @@ class DittoNetworks:
         """The (cached) warp + decoder engines for a runtime, precision and compile setting;
         the engines of the least recently used settings go past :data:`RENDER_CONFIGS`."""
         key = f"{runtime}:{precision}{'+compile' if compile else ''}"
-        if key in self._render:
-            self._render[key] = self._render.pop(key)  # most recently used last
-        else:
-            made = WarpDecodeEngines(
-                self.warp, self.decoder, precision, self.device, compile, runtime
-            )
-            while len(self._render) >= RENDER_CONFIGS:
-                del self._render[next(iter(self._render))]
-            self._render[key] = made
-        return self._render[key]
+        with self._render_lock:  # a batch's analysis thread opens engine copies too
+            if key in self._render:
+                self._render[key] = self._render.pop(key)  # most recently used last
+            else:
+                made = WarpDecodeEngines(
+                    self.warp, self.decoder, precision, self.device, compile, runtime
+                )
+                while len(self._render) >= RENDER_CONFIGS:
+                    del self._render[next(iter(self._render))]
+                self._render[key] = made
+            return self._render[key]
 
 
 _NETS: dict[tuple, DittoNetworks] = {}

@@ -20,7 +20,6 @@ compiled) graphs instead of building new ones for every length.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -31,7 +30,7 @@ from studio.models.channel_pad import TENSOR_CORE_MULTIPLE, pad_conv_channels
 from studio.models.decoder import fold_spectral_norm
 from studio.models.depth_split import split_deep_conv3d
 from studio.models.warp_network import FEATURE_SIZE
-from studio.runtime.base import HALF_DTYPES, EngineBase
+from studio.runtime.base import HALF_DTYPES, EngineBase, SharedFlags, release_cached_memory
 from studio.runtime.factory import make_engine
 from studio.runtime.precision import parse_precision, precision_support
 from studio.runtime.torch_backend import PrecisionAdapter
@@ -66,14 +65,18 @@ def static_batch(frames: int, cap: int) -> int:
     return min(cap, next((r for r in _LADDER if r >= n), cap))
 
 
-@contextlib.contextmanager
-def _cudnn_autotune(device: torch.device) -> Iterator[None]:
-    before = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = before or device.type == "cuda"
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.benchmark = before
+def _write_benchmark(on: bool) -> None:
+    torch.backends.cudnn.benchmark = on
+
+
+CUDNN_AUTOTUNE = SharedFlags(lambda: torch.backends.cudnn.benchmark, _write_benchmark)
+
+
+def _cudnn_autotune(device: torch.device) -> contextlib.AbstractContextManager[None]:
+    """cuDNN's autotuner on while engines are built on a GPU (held: it is process-wide)."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return CUDNN_AUTOTUNE.hold(True)
 
 
 def render_precisions(precision: str, runtime: str, device: torch.device) -> dict[str, str]:
@@ -203,7 +206,7 @@ class WarpDecodeEngines:
                 del self._engines[oldest]
                 self._f_s.pop(oldest, None)
                 if self.cuda:
-                    torch.cuda.empty_cache()
+                    release_cached_memory()
             built: dict[str, EngineBase] = {}
             with _cudnn_autotune(self.device):
                 for name in RENDER_NETWORKS:
