@@ -3,7 +3,8 @@
 # one warm Ditto engine on a full-size random-weight tree with a cost-equivalent HuBERT and a
 # drawn face, 512² crop, x264 veryfast; then the same with --compile. Usage:
 #   scripts/bench_batch_gpu.sh OUT_DIR SPEECH.wav [CLIPS=20] [SECONDS=60] [EXTRA studio batch options]
-# MODES (default "plain compile") picks the runs; PROCS=N (default 1) splits the jobs over N
+# MODES (default "plain compile") picks the runs ("ahead": plain with the next job analysed
+# beside each render, studio.batch.run.AHEAD on; "ahead-compile" likewise with --compile); PROCS=N (default 1) splits the jobs over N
 # concurrent `studio batch` processes on the one GPU (what N Ray actors on it would do).
 # Prints each run's summary line and leaves batch_report.json files under OUT_DIR. The tree's
 # weights are deterministic: with STUDIO_CACHE_DIR shared, compiled packages built for it by
@@ -38,12 +39,13 @@ procs=${PROCS:-1}
 rm -f "$out"/part_*
 split -n l/"$procs" -d --additional-suffix=.jsonl "$out/jobs.jsonl" "$out/part_"
 for mode in ${MODES:-plain compile}; do
-  flag=""; [ "$mode" = compile ] && flag="--compile"
+  flag=""; [[ $mode == *compile ]] && flag="--compile"
+  ahead=False; [[ $mode == ahead* ]] && ahead=True
   start=$(date +%s.%N)
   pids=()
   for part in "$out"/part_*.jsonl; do
     n=$(basename "$part" .jsonl)
-    timeout 900 python3 -m studio batch "$part" --out-dir "$out/$mode/$n" \
+    timeout 900 python3 -c "import sys, studio.batch.run as r; r.AHEAD = $ahead; from studio.cli import main; sys.exit(main(sys.argv[1:]))" batch "$part" --out-dir "$out/$mode/$n" \
       --checkpoints "$out/ckpt" --avatar "$out/face_512x512.png" --frame crop --size 512 \
       --x264-preset veryfast $flag "$@" >"$out/$mode.$n.log" 2>&1 &
     pids+=($!)
