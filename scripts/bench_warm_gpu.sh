@@ -3,7 +3,7 @@
 # AOTInductor packages `studio compile --runtime torch` keeps on disk, on a full-size
 # random-weight tree (cost-equivalent HuBERT, drawn face, 512² crop, x264 veryfast), and a
 # video avatar's render rate against a photo's. Usage:
-#   scripts/bench_warm_gpu.sh OUT_DIR SPEECH.wav [prep compile renders|warm eager video ...]
+#   scripts/bench_warm_gpu.sh OUT_DIR SPEECH.wav [prep compile renders|warm|pair eager video ...]
 # Steps are resumable (one device call lasts at most 10 minutes): a step whose result is in
 # OUT_DIR is skipped. Each render prints its wall time; reports (JSON) and logs stay in OUT_DIR.
 set -uo pipefail
@@ -72,6 +72,10 @@ if want renders; then
   render warm10 120 "$out/talk_10s.wav" "$face" --compile
   render warm60 200 "$out/talk_60s.wav" "$face" --compile
   render warm10b 120 "$out/talk_10s.wav" "$face" --compile
+fi
+if want pair; then  # the shortest: a first process builds what it needs, a second loads it
+  render first10 200 "$out/talk_10s.wav" "$face" --compile
+  render warm10 120 "$out/talk_10s.wav" "$face" --compile
 fi
 if want warm; then  # the short form: the first two new processes after `studio compile`
   render warm10 120 "$out/talk_10s.wav" "$face" --compile
