@@ -18,16 +18,13 @@ from studio.settings import RenderSettings
 
 INF = 64.0  # the bound's top: nothing forced
 BOUNDS = (
-    (8, 1.5, INF),
     (10, 2.0, INF),
-    (16, 3.0, INF),
-    (32, 5.0, INF),
-    (10, 2.0, 2.0),
     (16, 2.0, 2.0),
-    (20, 2.0, 2.0),
     (24, 2.0, 2.0),
     (28, 2.0, 2.0),
-    (32, 3.0, 2.0),
+    (32, 2.0, 2.0),
+    (40, 3.0, 2.0),
+    (48, 5.0, INF),
 )
 
 

@@ -71,7 +71,7 @@ class CadenceThresholds:
     )
 
     max_warp_px: float = _threshold(
-        28.0,
+        32.0,
         1.0,
         64.0,
         "most keypoint displacement between two keyframes that an in-between is warped "

@@ -76,7 +76,7 @@ def test_demo_keypoints_are_where_the_face_is_drawn() -> None:
     renderer = DemoEngine().renderer(RenderSettings(size=128))
     rows = np.zeros((2, layout.MOTION_DIM), np.float32)
     kp = renderer.keypoints_2d(rows)
-    assert kp.shape == (2, 48, 2)
+    assert kp.shape == (2, 73, 2)
     assert np.all((kp > 0) & (kp < 128))
 
 
@@ -107,6 +107,29 @@ def test_demo_correspondence_follows_the_jaw_and_pins_the_eye_corners() -> None:
             inside = q - 6.0 * (q - centre) / np.linalg.norm(q - centre)
             assert tuple(image[k, int(out[1]), int(out[0])]) == (0, 255, 0)
             assert image[k, int(inside[1]), int(inside[0]), 1] < 250
+
+
+def test_demo_correspondence_pins_the_lips_and_teeth() -> None:
+    """Five rows of points across the mouth: the upper lip's outer and inner edges, the
+    upper teeth's edge, the lower lip's inner and outer edges; the lips and teeth drawn
+    between them."""
+    renderer = DemoEngine().renderer(RenderSettings(size=512))
+    rows = np.zeros((2, layout.MOTION_DIM), np.float32)
+    exp = layout.EXP.start
+    rows[1, exp + rig.JAW * 3 + 1] = 0.06  # the mouth opens
+    rows[1, exp + rig.LIP_LOWER * 3 + 1] = 0.10
+    kp = renderer.keypoints_2d(rows)
+    lips = kp[:, 38:63].reshape(2, 5, 5, 2)  # [frame, edge (top to bottom), across, (x, y)]
+    assert np.all(np.diff(lips[1, :, :, 1], axis=0) > 1.0)  # open: the edges apart, in order
+    np.testing.assert_allclose(lips[0, 1], lips[0, 3])  # shut: the inner edges meet
+    assert np.all(np.diff(lips[0, 1, :, 0]) > 0)  # corner to corner
+    image = renderer.render_batch(rows[1:]).astype(int)[0]
+    centre = lips[1, :, 2]
+    upper, teeth, lower = ((centre[a] + centre[a + 1]) / 2.0 for a in (0, 1, 3))
+    at = lambda q: image[int(round(q[1])), int(round(q[0]))]  # noqa: E731
+    assert np.all(at(teeth) > 220)  # white
+    for q in (upper, lower):
+        assert at(q)[0] - at(q)[1] > 60  # lip red
 
 
 def test_the_planner_renders_frames_the_warp_cannot_bridge() -> None:

@@ -373,6 +373,85 @@ def _inner_span(m: np.ndarray, cx: float, cy: float, y0: float, y1: float, margi
     return (lo, hi) if hi > lo else None
 
 
+@dataclass(frozen=True)
+class _Mouth:
+    """The drawn mouth's frame and contours (pixels), from one frame's keypoints: _draw_mouth
+    draws them, keypoints_2d pins points on them. Across the mouth ``un`` runs -1..1 corner
+    to corner (0 at the lips' centre); along ``ev`` (down the face) each contour sits at
+    ``height * sqrt(1 - un^2) + smile * (1 - un^2)`` (the upper lip's outer edge with the
+    cupid's bow too)."""
+
+    mid: np.ndarray  # [2] between the corners
+    hw: float  # half the corners' distance
+    eu: np.ndarray  # [2] unit vector corner to corner
+    ev: np.ndarray  # [2] unit vector down the face
+    uc: float  # the lips' centre across the mouth, in half-widths
+    top: float  # the outer edges' heights at the centre (negative: above mid)
+    bot: float
+    it: float  # the inner edges' heights at the centre
+    ib: float
+    smile: float
+    teeth_h: float  # how far the upper teeth show below the upper lip's inner edge
+
+    @property
+    def gap(self) -> float:
+        return self.ib - self.it
+
+    @property
+    def k_left(self) -> float:
+        return 1.0 / (1.0 + self.uc)
+
+    @property
+    def k_right(self) -> float:
+        return 1.0 / (1.0 - self.uc)
+
+    @classmethod
+    def of(cls, p: np.ndarray, p0: np.ndarray, su: float, pout: float) -> _Mouth:
+        def frame(pts: np.ndarray):
+            lc, rc = pts[rig.MOUTH_CORNER_L], pts[rig.MOUTH_CORNER_R]
+            mid = (lc + rc) / 2.0
+            hw = float(np.linalg.norm(rc - lc)) / 2.0 + 1e-6
+            eu = (rc - lc) / (2.0 * hw)
+            ev = np.array([-eu[1], eu[0]])
+            h_up = -float(np.dot(pts[rig.LIP_UPPER] - mid, ev))
+            h_lo = float(np.dot(pts[rig.LIP_LOWER] - mid, ev))
+            return mid, hw, eu, ev, h_up, h_lo
+
+        mid, hw, eu, ev, h_up, h_lo = frame(p)
+        _, hw0, _, _, h_up0, h_lo0 = frame(p0)
+        centre = (p[rig.LIP_UPPER] + p[rig.LIP_LOWER]) / 2.0
+        uc = float(np.clip(np.dot(centre - mid, eu) / hw, -0.6, 0.6))  # lips' centre, in 3/4
+        # Rounded lips pout: MOUTH_INNER comes forward, the corners come in.
+        pucker = float(np.clip(max(pout, (1.0 - hw / hw0) / 0.35), 0.0, 1.0))
+        it = -(h_up - h_up0)  # the inner edges at the centre (px, + is down)
+        ib = h_lo - h_lo0
+        if ib < it:  # pressed together: the lips get thinner
+            it = ib = 0.5 * (it + ib)
+        top = -h_up - pucker * 0.006 * su
+        bot = h_lo + pucker * 0.009 * su
+        smile = SMILE * su * (1.0 - 0.8 * pucker)
+        gap = ib - it
+        teeth_h = min(0.3 * gap, 0.024 * su) if gap > 0.25 else 0.0
+        return cls(mid, hw, eu, ev, uc, top, bot, it, ib, smile, teeth_h)
+
+    def points(self, un: np.ndarray) -> np.ndarray:
+        """[5 * n, 2] points on the upper lip's outer and inner edges, the upper teeth's edge,
+        then the lower lip's inner and outer edges, at ``un`` [n] across the mouth."""
+        un = np.asarray(un, dtype=np.float64)
+        shape, bend = np.sqrt(np.clip(1.0 - un * un, 0.0, 1.0)), self.smile * (1.0 - un * un)
+        bow = 1.0 - 0.28 / (1.0 + un * un * 40.0)
+        heights = [
+            self.top * shape * bow,
+            self.it * shape,
+            self.it * shape + self.teeth_h,
+            self.ib * shape,
+            self.bot * shape,
+        ]
+        uu = self.uc + un / np.where(un > 0, self.k_right, self.k_left)
+        across = self.mid + (uu * self.hw)[:, None] * self.eu
+        return np.concatenate([across + (h + bend)[:, None] * self.ev for h in heights])
+
+
 @dataclass
 class _Frame:
     """One frame's pose and keypoints in pixels (p: with the expression, p0: without)."""
@@ -408,6 +487,9 @@ def _head_surface(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 _FRINGE_X = np.array([-0.16, -0.08, 0.0, 0.08, 0.16])
+_LIP_POINTS_UN = np.array(
+    [-0.6, -0.3, 0.0, 0.3, 0.6]
+)  # across the mouth, where the lips' edges are pinned
 # the fringe's edge at its locks' tips
 _FRINGE_LOCAL = _head_surface(_FRINGE_X, HAIR_FRINGE_Y + HAIR_SWEEP * _FRINGE_X + HAIR_FRINGE_WAVE)
 
@@ -511,13 +593,15 @@ class DemoAvatar(Renderer):
         self._canvas = bg.copy()
 
     def keypoints_2d(self, motion: np.ndarray) -> np.ndarray:
-        """[K, 265] motion -> [K, 48, 2] pixel positions of the rig's 21 keypoints, where
+        """[K, 265] motion -> [K, 73, 2] pixel positions of the rig's 21 keypoints, where
         :meth:`render_batch` draws them (the chin and the jaw where the open jaw's stretch of
         the lower face puts them: the drawing moves them with JAW's drop), 8 points on the
         head's outline around the jaw line (stretched alike), the 4 corners of the eyes, 5 on
-        the fringe's edge (they move with the head, not with the brows below them), and 10
-        points on the torso: the correspondence an in-between is warped by (the more of the
-        drawing's own geometry it pins, the less the warp guesses)."""
+        the fringe's edge (they move with the head, not with the brows below them), 25 on
+        the lips' outer and inner edges and the upper teeth's edge (so the lips and teeth
+        keep their size and only the mouth between them opens), and 10 points on the torso:
+        the correspondence an in-between is warped by (the more of the drawing's own
+        geometry it pins, the less the warp guesses)."""
         fr = layout.unpack(np.asarray(motion, dtype=np.float32).reshape(-1, layout.MOTION_DIM))
         kp = layout.transform_keypoints(
             rig.CANONICAL_KP, fr.pitch, fr.yaw, fr.roll, fr.t, fr.scale, fr.exp
@@ -541,7 +625,17 @@ class DemoAvatar(Renderer):
         outline = stretched(_outline_points(p[:, rig.HEAD_CENTER], rot, su, e2))
         corners = _eye_corners(p0, rot, su)
         fringe = _on_head(p[:, rig.HEAD_CENTER], rot, su, _FRINGE_LOCAL)
-        return np.concatenate([p, outline, corners, fringe, self._body_points(fr.t, rot)], axis=1)
+        pout = (kp[:, rig.MOUTH_INNER, 2] - kp0[:, rig.MOUTH_INNER, 2]) / (
+            fr.scale * rig.LIP_ROUND_Z
+        )
+        lips = np.stack(
+            [
+                _Mouth.of(p[k], p0[k], float(su[k]), float(pout[k])).points(_LIP_POINTS_UN)
+                for k in range(p.shape[0])
+            ]
+        )
+        body = self._body_points(fr.t, rot)
+        return np.concatenate([p, outline, corners, fringe, lips, body], axis=1)
 
     def _body_points(self, t: np.ndarray, rot: np.ndarray) -> np.ndarray:
         """[K, 10, 2] points on the collar and shoulders, which slide as _draw_body slides
@@ -1078,31 +1172,9 @@ class DemoAvatar(Renderer):
     def _draw_mouth(self, f: _Frame) -> None:
         """Lips between the corner and lip keypoints, a dark mouth with teeth when open."""
         su = f.su
-
-        def frame(pts: np.ndarray):
-            lc, rc = pts[rig.MOUTH_CORNER_L], pts[rig.MOUTH_CORNER_R]
-            mid = (lc + rc) / 2.0
-            hw = float(np.linalg.norm(rc - lc)) / 2.0 + 1e-6
-            eu = (rc - lc) / (2.0 * hw)
-            ev = np.array([-eu[1], eu[0]])
-            h_up = -float(np.dot(pts[rig.LIP_UPPER] - mid, ev))
-            h_lo = float(np.dot(pts[rig.LIP_LOWER] - mid, ev))
-            return mid, hw, eu, ev, h_up, h_lo
-
-        mid, hw, eu, ev, h_up, h_lo = frame(f.p)
-        _, hw0, _, _, h_up0, h_lo0 = frame(f.p0)
-        centre = (f.p[rig.LIP_UPPER] + f.p[rig.LIP_LOWER]) / 2.0
-        uc = float(np.clip(np.dot(centre - mid, eu) / hw, -0.6, 0.6))  # lips' centre, in 3/4
-        # Rounded lips pout: MOUTH_INNER comes forward, the corners come in.
-        pucker = float(np.clip(max(f.pout, (1.0 - hw / hw0) / 0.35), 0.0, 1.0))
-        it = -(h_up - h_up0)  # the inner edges at the centre (px, + is down)
-        ib = h_lo - h_lo0
-        if ib < it:  # pressed together: the lips get thinner
-            it = ib = 0.5 * (it + ib)
-        top = -h_up - pucker * 0.006 * su
-        bot = h_lo + pucker * 0.009 * su
-        gap = ib - it
-        smile = SMILE * su * (1.0 - 0.8 * pucker)
+        m = _Mouth.of(f.p, f.p0, su, f.pout)
+        mid, hw, eu, ev, uc = m.mid, m.hw, m.eu, m.ev, m.uc
+        it, ib, top, bot, gap, smile = m.it, m.ib, m.top, m.bot, m.gap, m.smile
         box = self._box(mid[0], mid[1], hw + 4.0, max(bot + smile, -top) + 3.0)
         if box is None:
             return
@@ -1111,7 +1183,7 @@ class DemoAvatar(Renderer):
         uu = _affine(box.dx, box.dy, eux / hw, euy / hw)
         vv = _affine(box.dx, box.dy, evx, evy)
         # un: across the mouth, -1..1 corner to corner, 0 at the lips' centre.
-        k_left, k_right = 1.0 / (1.0 + uc), 1.0 / (1.0 - uc)
+        k_left, k_right = m.k_left, m.k_right
         rel = uu - uc
         un = rel * ((rel > 0) * np.float32(k_right - k_left) + np.float32(k_left))
         un2 = un * un
@@ -1131,7 +1203,7 @@ class DemoAvatar(Renderer):
             c_it = it * shape + bend
             c_ib = ib * shape + bend
             inner = _cov(c_it - vv) * _cov(vv - c_ib) * (in_u * min(1.0, gap))
-            teeth_h = min(0.3 * gap, 0.024 * su)
+            teeth_h = m.teeth_h
             teeth = _cov(vv - (c_it + teeth_h)) * _cov((np.abs(un) - 0.72) * hw)
             tongue = _cov((c_ib - 0.45 * gap * shape) - vv) * _cov((np.abs(un) - 0.8) * hw)
             _blend(tile, inner, _mix(_mix(MOUTH_IN, TONGUE, tongue * 0.9), TEETH, teeth))
