@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-GRID_STEP = 4  # pixels between the coarse grid's nodes the spline is evaluated on (8 blurs the lips)
+GRID_STEP = 4  # pixels between the coarse grid's nodes the spline is evaluated on (8 blurs lips)
 ANCHORS_PER_SIDE = 5  # fixed points along each border edge (corners included)
 TPS_REG = 1e-4  # spline regularisation (unit-square coordinates): near-coincident keypoints
 STRETCH_SHARPNESS = 4.0  # confidence exp(-k |log det J|) of a warped pixel
