@@ -76,7 +76,7 @@ def test_demo_keypoints_are_where_the_face_is_drawn() -> None:
     renderer = DemoEngine().renderer(RenderSettings(size=128))
     rows = np.zeros((2, layout.MOTION_DIM), np.float32)
     kp = renderer.keypoints_2d(rows)
-    assert kp.shape == (2, 73, 2)
+    assert kp.shape == (2, 81, 2)
     assert np.all((kp > 0) & (kp < 128))
 
 
@@ -130,6 +130,34 @@ def test_demo_correspondence_pins_the_lips_and_teeth() -> None:
     assert np.all(at(teeth) > 220)  # white
     for q in (upper, lower):
         assert at(q)[0] - at(q)[1] > 60  # lip red
+
+
+def test_demo_correspondence_puts_the_lids_where_they_are_drawn() -> None:
+    """The lid keypoints and two points across each lid sit on the drawn lid edges: open,
+    the eye shows between them and skin above; shut, the edges meet (the rig's blink)."""
+    renderer = DemoEngine().renderer(RenderSettings(size=512))
+    rows = np.zeros((2, layout.MOTION_DIM), np.float32)
+    exp = layout.EXP.start
+    rows[1, exp + rig.LID_UPPER_L * 3 + 1] = rig.BLINK_UPPER_LID  # the left eye shuts
+    rows[1, exp + rig.LID_LOWER_L * 3 + 1] = rig.BLINK_LOWER_LID
+    kp = renderer.keypoints_2d(rows)
+    across = kp[:, 73:81].reshape(2, 2, 2, 2, 2)  # [frame, eye, (upper, lower), across, xy]
+    image = renderer.render_batch(rows[:1]).astype(int)[0]
+    at = lambda q: image[int(round(q[1])), int(round(q[0]))]  # noqa: E731
+    for eye, (up, lo) in enumerate(
+        ((rig.LID_UPPER_L, rig.LID_LOWER_L), (rig.LID_UPPER_R, rig.LID_LOWER_R))
+    ):
+        upper = np.concatenate([kp[0, up][None], across[0, eye, 0]])
+        lower = np.concatenate([kp[0, lo][None], across[0, eye, 1]])
+        assert np.all(lower[:, 1] - upper[:, 1] > 6.0)  # open
+        for u, v in zip(upper, lower, strict=True):
+            skin = at(u - np.array([0.0, 8.0]))
+            assert np.abs(at((u + v) / 2.0) - skin).sum() > 60  # the eye, not skin
+    shut = np.concatenate([kp[1, rig.LID_UPPER_L][None], across[1, 0, 0]])
+    np.testing.assert_allclose(
+        shut, np.concatenate([kp[1, rig.LID_LOWER_L][None], across[1, 0, 1]]), atol=1.0
+    )
+    np.testing.assert_array_equal(kp[1, rig.LID_UPPER_R], kp[0, rig.LID_UPPER_R])  # the right stays
 
 
 def test_the_planner_renders_frames_the_warp_cannot_bridge() -> None:

@@ -452,6 +452,54 @@ class _Mouth:
         return np.concatenate([across + (h + bend)[:, None] * self.ev for h in heights])
 
 
+@dataclass(frozen=True)
+class _Lids:
+    """One eye's drawn lids: its centre and axes, and where the lid edges cross the eye's
+    vertical axis (eye radii; the rig's lid keypoints' travel mapped onto the drawing, so
+    that the rig's blink shuts the eye). :meth:`_Frame`'s drawing and the warp's
+    correspondence (:meth:`DemoAvatar.keypoints_2d`) both read the edges from here."""
+
+    a: np.ndarray  # [2, 2] pixel images of the eye's u and v radii
+    c: np.ndarray  # [2] the eye's centre
+    vu: float  # the upper lid edge at the centre (eye v units, + down)
+    vl: float
+    openness: float  # 1 at rest, 0 shut
+    arch_u: float  # the upper edge's rise towards the corners (a shut lid curves down)
+    arch_l: float
+
+    @classmethod
+    def of(cls, p: np.ndarray, p0: np.ndarray, jac: np.ndarray, up: int, lo: int) -> _Lids:
+        a = jac * np.array(EYE_RADII)
+        c = (p0[up] + p0[lo]) / 2.0
+        ainv = _inv2(a)
+
+        def v_of(q: np.ndarray) -> float:
+            return float(ainv[2] * (q[0] - c[0]) + ainv[3] * (q[1] - c[1]))
+
+        # Lid travel as a fraction of the rest gap, mapped onto the drawn eye.
+        gap0 = v_of(p0[lo]) - v_of(p0[up])
+        gap0 = gap0 if abs(gap0) > 1e-9 else 1e-9
+        vu = LID_UPPER_REST + (v_of(p[up]) - v_of(p0[up])) / gap0 * _LID_TRAVEL_UP
+        vl = LID_LOWER_REST + (v_of(p[lo]) - v_of(p0[lo])) / gap0 * _LID_TRAVEL_LO
+        vu, vl = max(vu, -1.1), min(vl, 1.1)
+        if vu > vl:
+            vu = vl = 0.5 * (vu + vl)
+        openness = min((vl - vu) / (LID_LOWER_REST - LID_UPPER_REST), 1.0)
+        return cls(a, c, vu, vl, openness, -0.16 + 0.44 * openness, 0.20 - 0.02 * openness)
+
+    def points(self, un: np.ndarray) -> np.ndarray:
+        """[2 * n, 2] points on the upper, then the lower lid edge at ``un`` [n] across."""
+        un = np.asarray(un, dtype=np.float64)
+        upper = self.vu + self.arch_u * un * un
+        lower = self.vl - self.arch_l * un * un
+        return np.concatenate(
+            [
+                self.c + np.outer(un, self.a[:, 0]) + np.outer(v, self.a[:, 1])
+                for v in (upper, lower)
+            ]
+        )
+
+
 @dataclass
 class _Frame:
     """One frame's pose and keypoints in pixels (p: with the expression, p0: without)."""
@@ -472,7 +520,7 @@ def _eye_corners(p0: np.ndarray, rot: np.ndarray, su: np.ndarray) -> np.ndarray:
     """[K, 4, 2] the corners of both eyes' whites (they stay with the head: the lids move
     between them), as _draw_eye places them."""
     out = []
-    for up, lo in ((rig.LID_UPPER_L, rig.LID_LOWER_L), (rig.LID_UPPER_R, rig.LID_LOWER_R)):
+    for up, lo in _EYES:
         axis = su[:, None] * (rot @ _FRAMES[up])[:, :2, 0] * EYE_RADII[0]  # the eye's u axis
         c = (p0[:, up] + p0[:, lo]) / 2.0
         out += [c - EYE_CORNER_U * axis, c + EYE_CORNER_U * axis]
@@ -490,6 +538,10 @@ _FRINGE_X = np.array([-0.16, -0.08, 0.0, 0.08, 0.16])
 _LIP_POINTS_UN = np.array(
     [-0.6, -0.3, 0.0, 0.3, 0.6]
 )  # across the mouth, where the lips' edges are pinned
+_LID_POINTS_UN = np.array([-0.5, 0.5])  # across an eye (besides its centre), where the lids are
+# the eyes' lid keypoints, (upper, lower) left then right, and those indices in drawing order
+_EYES = ((rig.LID_UPPER_L, rig.LID_LOWER_L), (rig.LID_UPPER_R, rig.LID_LOWER_R))
+_LID_KP = [k for eye in _EYES for k in eye]
 # the fringe's edge at its locks' tips
 _FRINGE_LOCAL = _head_surface(_FRINGE_X, HAIR_FRINGE_Y + HAIR_SWEEP * _FRINGE_X + HAIR_FRINGE_WAVE)
 
@@ -593,13 +645,16 @@ class DemoAvatar(Renderer):
         self._canvas = bg.copy()
 
     def keypoints_2d(self, motion: np.ndarray) -> np.ndarray:
-        """[K, 265] motion -> [K, 73, 2] pixel positions of the rig's 21 keypoints, where
+        """[K, 265] motion -> [K, 81, 2] pixel positions of the rig's 21 keypoints, where
         :meth:`render_batch` draws them (the chin and the jaw where the open jaw's stretch of
-        the lower face puts them: the drawing moves them with JAW's drop), 8 points on the
+        the lower face puts them: the drawing moves them with JAW's drop; the lid keypoints
+        where the drawn lid edges cross the eyes' centres), 8 points on the
         head's outline around the jaw line (stretched alike), the 4 corners of the eyes, 5 on
         the fringe's edge (they move with the head, not with the brows below them), 25 on
         the lips' outer and inner edges and the upper teeth's edge (so the lips and teeth
-        keep their size and only the mouth between them opens), and 10 points on the torso:
+        keep their size and only the mouth between them opens), 10 points on the torso,
+        and 8 on the lid edges (two across each lid, so the lids close as drawn and the eye
+        under them is not dragged along):
         the correspondence an in-between is warped by (the more of the drawing's own
         geometry it pins, the less the warp guesses)."""
         fr = layout.unpack(np.asarray(motion, dtype=np.float32).reshape(-1, layout.MOTION_DIM))
@@ -635,7 +690,21 @@ class DemoAvatar(Renderer):
             ]
         )
         body = self._body_points(fr.t, rot)
-        return np.concatenate([p, outline, corners, fringe, lips, body], axis=1)
+        lids = np.stack([self._lid_points(p[k], p0[k], rot[k], su[k]) for k in range(p.shape[0])])
+        p[:, _LID_KP] = lids[:, :4]  # the rig's lid keypoints where the lid edges are drawn
+        return np.concatenate([p, outline, corners, fringe, lips, body, lids[:, 4:]], axis=1)
+
+    @staticmethod
+    def _lid_points(p: np.ndarray, p0: np.ndarray, rot: np.ndarray, su: float) -> np.ndarray:
+        """[4 + 4 * n, 2] one frame's drawn lid edges: at the eyes' centres (the left eye's
+        upper and lower, then the right's, in :data:`_LID_KP`'s order), then at
+        :data:`_LID_POINTS_UN` across each eye (upper, lower; left, right)."""
+        centres, across = [], []
+        for up, lo in _EYES:
+            lids = _Lids.of(p, p0, su * (rot @ _FRAMES[up])[:2], up, lo)
+            centres.append(lids.points(np.zeros(1)))
+            across.append(lids.points(_LID_POINTS_UN))
+        return np.concatenate(centres + across)
 
     def _body_points(self, t: np.ndarray, rot: np.ndarray) -> np.ndarray:
         """[K, 10, 2] points on the collar and shoulders, which slide as _draw_body slides
@@ -712,8 +781,8 @@ class DemoAvatar(Renderer):
         self._draw_ears(f, head_box, head_cov)
         self._draw_cheeks(f)
         self._draw_nose(f)
-        self._draw_eye(f, rig.LID_UPPER_L, rig.LID_LOWER_L, -1.0)
-        self._draw_eye(f, rig.LID_UPPER_R, rig.LID_LOWER_R, 1.0)
+        for (up, lo), side in zip(_EYES, (-1.0, 1.0), strict=True):
+            self._draw_eye(f, up, lo, side)
         self._draw_brow(f, rig.BROW_L, -1.0)
         self._draw_brow(f, rig.BROW_R, 1.0)
         self._draw_mouth(f)
@@ -1076,24 +1145,10 @@ class DemoAvatar(Renderer):
     def _draw_eye(self, f: _Frame, up: int, lo: int, side: float) -> None:
         """White, iris, pupil and highlights, cut by the lids; lashes on the upper lid."""
         jac = f.jac(_FRAMES[up])
-        a = jac * np.array(EYE_RADII)
-        c = (f.p0[up] + f.p0[lo]) / 2.0
+        lids = _Lids.of(f.p, f.p0, jac, up, lo)
+        a, c, vu, vl, openness = lids.a, lids.c, lids.vu, lids.vl, lids.openness
+        arch_u, arch_l = lids.arch_u, lids.arch_l
         ainv = _inv2(a)
-
-        def v_of(p: np.ndarray) -> float:
-            return float(ainv[2] * (p[0] - c[0]) + ainv[3] * (p[1] - c[1]))
-
-        # Lid travel as a fraction of the rest gap, mapped onto the drawn eye.
-        gap0 = v_of(f.p0[lo]) - v_of(f.p0[up])
-        gap0 = gap0 if abs(gap0) > 1e-9 else 1e-9
-        vu = LID_UPPER_REST + (v_of(f.p[up]) - v_of(f.p0[up])) / gap0 * _LID_TRAVEL_UP
-        vl = LID_LOWER_REST + (v_of(f.p[lo]) - v_of(f.p0[lo])) / gap0 * _LID_TRAVEL_LO
-        vu, vl = max(vu, -1.1), min(vl, 1.1)
-        if vu > vl:
-            vu = vl = 0.5 * (vu + vl)
-        openness = min((vl - vu) / (LID_LOWER_REST - LID_UPPER_REST), 1.0)
-        arch_u = -0.16 + 0.44 * openness  # the lid edge arches; a shut lid curves down
-        arch_l = 0.20 - 0.02 * openness
         box = self._box(c[0], c[1], _norm(a[0]) * 1.3, _norm(a[1]) * 1.25)
         if box is None:
             return
