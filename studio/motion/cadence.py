@@ -100,7 +100,8 @@ class CadenceThresholds:
 
 @dataclass(frozen=True)
 class CadencePlan:
-    """Per-frame stride and the keyframes it implies."""
+    """Per-frame stride (what the speech and the head's speed allow) and the keyframes it
+    implies, with those the warp's bounds add (:func:`bridgeable_gaps`)."""
 
     strides: np.ndarray  # [N] int, 1..3
     keyframes: np.ndarray  # [K] int, sorted, first and last frame included
@@ -203,34 +204,38 @@ def lid_displacement(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.linalg.norm(gap_b - gap_a, axis=-1).max(axis=-1) * WARP_FRAME_PX
 
 
-def warp_stride_cap(
+def bridgeable_gaps(
     motion: np.ndarray, max_warp_px: float, max_lid_px: float = float("inf")
 ) -> np.ndarray:
-    """Largest stride per frame whose gap moves keypoints at most ``max_warp_px``
-    (:func:`warp_displacement`) and an eye's lid gap at most ``max_lid_px``
-    (:func:`lid_displacement`): beyond them a motion-compensated in-between tears, smears or
-    shows the iris through a closing lid, so the frame is rendered. Stride ``s`` is allowed
-    at a frame when every gap of ``s`` frames that contains it (ends included) stays within
-    the bounds."""
+    """[N, 4] bool: row ``i``, column ``d``: whether the gap from frame ``i`` to frame
+    ``i + d`` moves keypoints at most ``max_warp_px`` (:func:`warp_displacement`) and an eye's
+    lid gap at most ``max_lid_px`` (:func:`lid_displacement`); beyond them a
+    motion-compensated in-between tears, smears or shows the iris through a closing lid.
+    Column 0 is True; a gap past the last frame is False."""
     motion = np.asarray(motion, dtype=np.float32)
     n = motion.shape[0]
-    cap = np.ones(n, dtype=np.int64)
-    for s in STRIDES[1:]:
-        if n <= s:
-            break
-        a, b = motion[:-s], motion[s:]  # gap [k, k + s]
-        ok_gap = (warp_displacement(a, b) <= max_warp_px) & (lid_displacement(a, b) <= max_lid_px)
-        # frame j lies in gaps k = j - s .. j; a gap past either end of the clip is fine
-        padded = np.concatenate([np.ones(s, bool), ok_gap, np.ones(s, bool)])
-        windows = np.lib.stride_tricks.sliding_window_view(padded, s + 1)[:n]
-        cap[windows.all(axis=1)] = s
-    return cap
+    ok = np.zeros((n, STRIDES[-1] + 1), dtype=bool)
+    ok[:, 0] = True
+    for d in STRIDES:
+        if n > d:
+            a, b = motion[:-d], motion[d:]
+            within = warp_displacement(a, b) <= max_warp_px
+            ok[:-d, d] = within & (lid_displacement(a, b) <= max_lid_px)
+    return ok
 
 
-def next_keyframe(strides: np.ndarray, k: int) -> int:
+def _bridged(ok: np.ndarray, k: int, j: int) -> bool:
+    """Whether keyframes ``k`` and ``j`` can be warped across: the gap, and from ``k`` and to
+    ``j`` every frame inside it (so a blink between two open eyes is not skipped)."""
+    return bool(ok[k, j - k]) and all(ok[k, i - k] and ok[i, j - i] for i in range(k + 1, j))
+
+
+def next_keyframe(strides: np.ndarray, k: int, bridgeable: np.ndarray | None = None) -> int:
     """The keyframe after keyframe ``k`` (< the last frame): the gap is as long as every
-    frame inside it, both ends included, tolerates. Reads ``strides[k : k + strides[k] + 1]``,
-    so a stream can decide it as soon as those strides are known."""
+    frame inside it, both ends included, tolerates, and (given ``bridgeable``, rows aligned
+    with ``strides``: :func:`bridgeable_gaps`) as the warp can bridge. Reads
+    ``strides[k : k + strides[k] + 1]`` and those rows, so a stream can decide it as soon as
+    they are known."""
     n = len(strides)
     best = k + 1
     tolerance = strides[k]
@@ -238,12 +243,15 @@ def next_keyframe(strides: np.ndarray, k: int) -> int:
         tolerance = min(tolerance, strides[j])
         if j - k > tolerance:
             break
+        if j > k + 1 and bridgeable is not None and not _bridged(bridgeable, k, j):
+            break
         best = j
     return best
 
 
-def keyframes_for(strides: np.ndarray) -> np.ndarray:
-    """Greedy keyframes: each gap is as long as every frame inside it tolerates."""
+def keyframes_for(strides: np.ndarray, bridgeable: np.ndarray | None = None) -> np.ndarray:
+    """Greedy keyframes: each gap is as long as every frame inside it tolerates (and the
+    warp can bridge, given ``bridgeable``: :func:`next_keyframe`)."""
     s = np.asarray(strides, dtype=np.int64)
     n = s.size
     if n == 0:
@@ -251,7 +259,7 @@ def keyframes_for(strides: np.ndarray) -> np.ndarray:
     keys = [0]
     k = 0
     while k < n - 1:
-        k = next_keyframe(s, k)
+        k = next_keyframe(s, k, bridgeable)
         keys.append(k)
     return np.asarray(keys, dtype=np.int64)
 
@@ -273,9 +281,10 @@ def plan_cadence(
         strides = frame_strides(phon, th)
         if motion is not None:
             strides = np.minimum(strides, pose_stride_cap(motion, th.max_pose_gap_deg))
-            capped = np.minimum(strides, warp_stride_cap(motion, th.max_warp_px, th.max_lid_px))
-            forced = keyframes_for(capped).size - keyframes_for(strides).size
-            return CadencePlan(capped, keyframes_for(capped), max(int(forced), 0))
+            ok = bridgeable_gaps(motion, th.max_warp_px, th.max_lid_px)
+            keys = keyframes_for(strides, ok)
+            forced = keys.size - keyframes_for(strides).size
+            return CadencePlan(strides, keys, max(int(forced), 0))
     else:
         stride = int(mode)
         if stride not in STRIDES:

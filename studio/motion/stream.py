@@ -7,7 +7,8 @@ The same stages as the clip, composed for frames that arrive in pieces:
    at ``q + cue_ahead`` (the offline functions on a short truncated window), capped at the
    preset's longest stride.
 2. Keyframes: :func:`~studio.motion.cadence.next_keyframe` from the last keyframe once the
-   strides it reads are known; the gap is sampled by
+   strides and the motion rows it reads are known (the warp's bounds on each candidate gap,
+   :func:`~studio.motion.cadence.bridgeable_gaps`, as offline); the gap is sampled by
    :func:`~studio.motion.cadence.sample_motion` and weighted by
    :func:`~studio.motion.cadence.blend_weights`.
 3. Savitzky–Golay over the pose channels with the user's window and order, evaluated with
@@ -39,11 +40,11 @@ from studio.motion.cadence import (
     CadencePlan,
     CadenceThresholds,
     blend_weights,
+    bridgeable_gaps,
     frame_strides,
     next_keyframe,
     pose_stride_cap,
     sample_motion,
-    warp_stride_cap,
 )
 from studio.motion.kinematics import (
     SmoothingSettings,
@@ -375,10 +376,6 @@ class PostStream:
         radius = min(max(self.cue_ahead - 1, 0), 6)
         lo = max(0, q - radius - 1)
         cap = pose_stride_cap(self._raw.get(lo, last + 1), th.max_pose_gap_deg, radius)
-        s = min(s, int(cap[q - lo]))
-        # the warp bound over the gaps that end at q or before (later ones are not known yet)
-        lo = max(0, q - s)
-        cap = warp_stride_cap(self._raw.get(lo, last + 1), th.max_warp_px, th.max_lid_px)
         return min(s, int(cap[q - lo]))
 
     def _decide_keys(self) -> None:
@@ -395,7 +392,12 @@ class PostStream:
             if total is None and k + self.max_stride >= end:
                 break
             window = self._strides.get(k, min(k + self.max_stride + 1, end))
-            keys.append(k + next_keyframe(window, 0))
+            ok = None
+            if self.auto:
+                th = self.thresholds
+                rows = self._raw.get(k, k + window.size)
+                ok = bridgeable_gaps(rows, th.max_warp_px, th.max_lid_px)
+            keys.append(k + next_keyframe(window, 0, ok))
         if first >= 0 and len(keys) == 1:
             return
         lo = keys[0]

@@ -14,9 +14,10 @@ from studio.engines.demo.engine import DemoEngine, demo_audio_path
 from studio.motion.cadence import (
     CadenceThresholds,
     blend_weights,
+    bridgeable_gaps,
+    keyframes_for,
     lid_displacement,
     warp_displacement,
-    warp_stride_cap,
 )
 from studio.render.inbetween import motion_inbetween, motion_inbetweens
 from studio.render.pipeline import analyze, iter_frames
@@ -160,15 +161,21 @@ def test_demo_correspondence_puts_the_lids_where_they_are_drawn() -> None:
     np.testing.assert_array_equal(kp[1, rig.LID_UPPER_R], kp[0, rig.LID_UPPER_R])  # the right stays
 
 
+THREES = np.full(12, 3)  # strides that allow a gap of three frames everywhere
+
+
 def test_the_planner_renders_frames_the_warp_cannot_bridge() -> None:
     still = np.zeros((12, layout.MOTION_DIM), np.float32)
     assert np.all(warp_displacement(still[:-1], still[1:]) == 0.0)
-    assert np.all(warp_stride_cap(still, 8.0) == 3)
+    ok = bridgeable_gaps(still, 8.0)
+    assert ok[:-3].all() and not ok[-1, 1:].any()  # no gap past the last frame
+    assert keyframes_for(THREES, ok).tolist() == [0, 3, 6, 9, 11]
     moving = still.copy()
     lip = layout.EXP.start + layout.LIP_LOWER_KP * 3 + 1  # the lower lip's y
     moving[6:, lip] = 0.05  # a 12.8 px jump between frames 5 and 6 (512 frame)
-    cap = warp_stride_cap(moving, 8.0)
-    assert np.all(cap[5:7] == 1) and cap[0] == 3 and cap[-1] == 3
+    keys = keyframes_for(THREES, bridgeable_gaps(moving, 8.0))
+    assert keys.tolist() == [0, 3, 5, 6, 9, 11]  # nothing is blended across the jump
+    assert keyframes_for(THREES, bridgeable_gaps(moving, 16.0)).tolist() == [0, 3, 6, 9, 11]
     with pytest.raises(ValueError):
         CadenceThresholds(max_warp_px=0.0)
 
@@ -180,13 +187,18 @@ def test_the_planner_renders_a_blink_but_warps_eyes_that_move_together() -> None
     blink = still.copy()
     blink[6:, lid_y] = 0.012  # the upper lid drops 3.1 px between frames 5 and 6
     assert lid_displacement(blink[5:6], blink[6:7])[0] == pytest.approx(0.012 * 256, rel=1e-5)
-    assert np.all(warp_stride_cap(blink, 16.0) == 3)  # within the keypoint bound
-    cap = warp_stride_cap(blink, 16.0, max_lid_px=2.0)
-    assert np.all(cap[5:7] == 1) and cap[0] == 3 and cap[-1] == 3
+    assert keyframes_for(THREES, bridgeable_gaps(blink, 16.0)).tolist() == [0, 3, 6, 9, 11]
+    keys = keyframes_for(THREES, bridgeable_gaps(blink, 16.0, max_lid_px=2.0))
+    assert keys.tolist() == [0, 3, 5, 6, 9, 11]
+    # shut at frame 4 only: the gap 3..6 has open eyes at both ends, yet the blink is kept
+    shut = still.copy()
+    shut[4, lid_y] = 0.012
+    keys = keyframes_for(THREES, bridgeable_gaps(shut, 16.0, max_lid_px=2.0))
+    assert 4 in keys.tolist() and keys.tolist()[:3] == [0, 3, 4]
     both = still.copy()
     both[6:, [lid_y, layout.EXP.start + low * 3 + 1]] = 0.012  # the whole eye moves down
     assert np.all(lid_displacement(both[:-1], both[1:]) == 0.0)
-    assert np.all(warp_stride_cap(both, 16.0, max_lid_px=2.0) == 3)
+    assert bridgeable_gaps(both, 16.0, max_lid_px=2.0)[:-3].all()
     turned = still.copy()
     turned[6:, layout.YAW.start + 50] = 10.0  # the head turns: no lid opens or closes
     assert np.abs(layout.pose_degrees(turned[5:6]) - layout.pose_degrees(turned[6:7])).max() > 5
