@@ -456,8 +456,8 @@ class _Mouth:
 class _Lids:
     """One eye's drawn lids: its centre and axes, and where the lid edges cross the eye's
     vertical axis (eye radii; the rig's lid keypoints' travel mapped onto the drawing, so
-    that the rig's blink shuts the eye). :meth:`_Frame`'s drawing and the warp's
-    correspondence (:meth:`DemoAvatar.keypoints_2d`) both read the edges from here."""
+    that the rig's blink shuts the eye). The drawing (:meth:`DemoAvatar._draw_eye`) and the
+    warp's correspondence (:meth:`DemoAvatar.keypoints_2d`) both read the edges from here."""
 
     a: np.ndarray  # [2, 2] pixel images of the eye's u and v radii
     c: np.ndarray  # [2] the eye's centre
@@ -535,9 +535,8 @@ def _head_surface(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 _FRINGE_X = np.array([-0.16, -0.08, 0.0, 0.08, 0.16])
-_LIP_POINTS_UN = np.array(
-    [-0.6, -0.3, 0.0, 0.3, 0.6]
-)  # across the mouth, where the lips' edges are pinned
+# across the mouth, where the lips' edges are pinned
+_LIP_POINTS_UN = np.array([-0.6, -0.3, 0.0, 0.3, 0.6])
 _LID_POINTS_UN = np.array([-0.5, 0.5])  # across an eye (besides its centre), where the lids are
 # the eyes' lid keypoints, (upper, lower) left then right, and those indices in drawing order
 _EYES = ((rig.LID_UPPER_L, rig.LID_LOWER_L), (rig.LID_UPPER_R, rig.LID_LOWER_R))
@@ -648,15 +647,14 @@ class DemoAvatar(Renderer):
         """[K, 265] motion -> [K, 81, 2] pixel positions of the rig's 21 keypoints, where
         :meth:`render_batch` draws them (the chin and the jaw where the open jaw's stretch of
         the lower face puts them: the drawing moves them with JAW's drop; the lid keypoints
-        where the drawn lid edges cross the eyes' centres), 8 points on the
-        head's outline around the jaw line (stretched alike), the 4 corners of the eyes, 5 on
-        the fringe's edge (they move with the head, not with the brows below them), 25 on
-        the lips' outer and inner edges and the upper teeth's edge (so the lips and teeth
-        keep their size and only the mouth between them opens), 10 points on the torso,
-        and 8 on the lid edges (two across each lid, so the lids close as drawn and the eye
-        under them is not dragged along):
-        the correspondence an in-between is warped by (the more of the drawing's own
-        geometry it pins, the less the warp guesses)."""
+        where the drawn lid edges cross the eyes' centres), 8 points on the head's outline
+        around the jaw line (stretched alike), the 4 corners of the eyes, 5 on the fringe's
+        edge (they move with the head, not with the brows below them), 25 on the lips' outer
+        and inner edges and the upper teeth's edge (so the lips and teeth keep their size and
+        only the mouth between them opens), 10 points on the torso, and 8 on the lid edges
+        (two across each lid, so the lids close as drawn and the eye under them is not
+        dragged along): the correspondence an in-between is warped by (the more of the
+        drawing's own geometry it pins, the less the warp guesses)."""
         fr = layout.unpack(np.asarray(motion, dtype=np.float32).reshape(-1, layout.MOTION_DIM))
         kp = layout.transform_keypoints(
             rig.CANONICAL_KP, fr.pitch, fr.yaw, fr.roll, fr.t, fr.scale, fr.exp
