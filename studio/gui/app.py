@@ -40,13 +40,21 @@ def run(
     app.setApplicationName("Talking-head studio")
     app.setOrganizationName("talkinghead-studio")
     theme.apply(app)
-    restore_hook = install_excepthook(lambda: window)
-    window = MainWindow(audio=audio, avatar=avatar)
+    made: dict[str, MainWindow] = {}
+    restore_hook = install_excepthook(lambda: made.get("window"))
+    status = {"code": 0}
+    # before the window is made: its making may run Qt's events (a timer, a slot), and a
+    # signal handled there must not be lost to a loop that has not started yet
+    restore_signals = quit_on_signals(lambda: made.get("window"), app, status)
+    try:
+        window = made["window"] = MainWindow(audio=audio, avatar=avatar)
+    except BaseException:
+        restore_signals()
+        restore_hook()
+        raise
     if size is not None:
         window.resize(*size)
     window.show()
-    status = {"code": 0}
-    restore_signals = quit_on_signals(window, app, status)
     if screenshot:
         target = Path(screenshot)
 
@@ -69,7 +77,10 @@ def run(
         QTimer.singleShot(0, fail_if_shown)
         QTimer.singleShot(SCREENSHOT_TIMEOUT_MS, lambda: fail("no render finished in time"))
     try:
-        app.exec()
+        if status.get("stopping"):  # interrupted while the window was being made
+            window.close()
+        else:
+            app.exec()
     finally:
         restore_signals()
         restore_hook()
@@ -97,10 +108,13 @@ def _save(window: Any, target: Path, status: dict, app: Any, fail: Callable[[str
     app.quit()
 
 
-def quit_on_signals(window: Any, app: Any, status: dict) -> Callable[[], None]:
-    """While Qt's loop runs: SIGINT, SIGTERM and SIGHUP (unless ignored) close ``window``,
-    quit ``app`` and set ``status["code"]`` to 130, with one line on stderr. Returns the undo
-    (the previous handlers back, the timer stopped)."""
+def quit_on_signals(
+    window: Callable[[], Any], app: Any, status: dict
+) -> Callable[[], None]:
+    """From now on: SIGINT, SIGTERM and SIGHUP (unless ignored) close ``window()`` (when it is
+    made), quit ``app`` and set ``status["stopping"]`` and ``status["code"]`` to 130, with one
+    line on stderr (a caller that has not started Qt's loop yet checks ``stopping`` instead of
+    starting it). Returns the undo (the previous handlers back, the timer stopped)."""
     import signal
     import threading
 
@@ -115,7 +129,9 @@ def quit_on_signals(window: Any, app: Any, status: dict) -> Callable[[], None]:
         status["stopping"] = True
         status["code"] = EXIT_CANCELLED
         print("\nstudio gui: interrupted; closing the window", file=sys.stderr)
-        window.close()
+        made = window()
+        if made is not None:
+            made.close()
         app.quit()
 
     before: dict[int, Any] = {}
@@ -158,10 +174,7 @@ def install_excepthook(window: Callable[[], Any]) -> Callable[[], None]:
         first = (str(value).strip().splitlines() or [""])[0][:200]
         what = f"{kind.__name__}: {first}" if first else kind.__name__
         print(f"studio gui: internal error: {what} — {where}", file=sys.stderr)
-        try:
-            w = window()
-        except NameError:  # the window is not made yet
-            w = None
+        w = window()  # None while the window is not made yet
         if w is not None:
             w.show_error(
                 f"Something went wrong inside the studio ({what}); it keeps running. "

@@ -946,6 +946,35 @@ def test_ctrl_c_quits_the_gui(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+def test_ctrl_c_while_the_window_is_made_quits_the_gui(tmp_path):
+    """SIGINT handled in a Qt callback while the window is still being made (its making runs
+    Qt's events): the loop is never entered, one line, status 130, and no hang."""
+    import os
+
+    child = """if True:
+        import os, signal, sys
+        from PySide6.QtCore import QTimer
+        from PySide6.QtWidgets import QApplication
+        from studio.cli import main
+        from studio.gui import window
+        app = QApplication(sys.argv[:1])
+        made = window.MainWindow.__init__
+        def slow_init(self, *args, **kwargs):
+            made(self, *args, **kwargs)
+            QTimer.singleShot(0, lambda: os.kill(os.getpid(), signal.SIGINT))
+            QApplication.processEvents()
+        window.MainWindow.__init__ = slow_init
+        sys.exit(main(["gui"]))
+    """
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "STUDIO_CONFIG_DIR": str(tmp_path / "c")}
+    r = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert r.returncode == 130, r.stderr[-2000:]
+    assert "studio gui: interrupted; closing the window" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def test_a_screenshot_with_an_error_dialog_up_fails(tmp_path):
     """The window opens on the demo (its render finishes) with an avatar folder it refuses:
     not a success."""
