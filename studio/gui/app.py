@@ -108,9 +108,7 @@ def _save(window: Any, target: Path, status: dict, app: Any, fail: Callable[[str
     app.quit()
 
 
-def quit_on_signals(
-    window: Callable[[], Any], app: Any, status: dict
-) -> Callable[[], None]:
+def quit_on_signals(window: Callable[[], Any], app: Any, status: dict) -> Callable[[], None]:
     """From now on: SIGINT, SIGTERM and SIGHUP (unless ignored) close ``window()`` (when it is
     made), quit ``app`` and set ``status["stopping"]`` and ``status["code"]`` to 130, with one
     line on stderr (a caller that has not started Qt's loop yet checks ``stopping`` instead of
