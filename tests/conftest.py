@@ -12,6 +12,15 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 HOST_READS = ("item", "tolist", "cpu", "numpy")
 
 
+def sigint_as_from_a_terminal() -> None:
+    """``preexec_fn`` of a child a test interrupts with SIGINT: SIGINT back to its default,
+    since a runner started in the background (``cmd &`` without job control) passes it on
+    ignored, and the studio rightly keeps an inherited ignore (nohup)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _studio_cache(tmp_path_factory):
     """Every cache, lock and error log of the test session in a folder of its own, never in

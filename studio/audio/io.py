@@ -413,11 +413,16 @@ def _logged_length(log: str, frames: int, bits: float, channels: int) -> int:
     return frames * declared_bytes // present_bytes if present_bytes else frames
 
 
+# undecodable tags are skipped, not fatal (PyAV 19 dropped the option: a tag's UnicodeError is
+# then caught as the file's fault below)
+_OPEN_OPTIONS = {"metadata_errors": "ignore"} if int(av.__version__.split(".")[0]) < 19 else {}
+
+
 def _open_container(p: Path) -> tuple[av.container.InputContainer | None, str]:
     """The file opened by FFmpeg (which probes its contents), or None and FFmpeg's reason.
     ``file:`` keeps FFmpeg from reading a name as another protocol."""
     try:
-        return av.open("file:" + os.path.abspath(p), metadata_errors="ignore"), ""
+        return av.open("file:" + os.path.abspath(p), **_OPEN_OPTIONS), ""
     except (av.error.FFmpegError, OSError, ValueError, UnicodeError) as e:
         return None, _reason(e)
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from conftest import run_cli as _run
+from conftest import sigint_as_from_a_terminal
 
 from studio.cli import main
 from studio.engines.demo.engine import demo_audio_path
@@ -939,7 +940,12 @@ def test_ctrl_c_quits_the_gui(tmp_path):
     """
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "STUDIO_CONFIG_DIR": str(tmp_path / "c")}
     r = subprocess.run(
-        [sys.executable, "-c", child], capture_output=True, text=True, timeout=300, env=env
+        [sys.executable, "-c", child],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        preexec_fn=sigint_as_from_a_terminal,
     )
     assert r.returncode == 130, r.stderr[-2000:]
     assert "studio gui: interrupted; closing the window" in r.stderr
@@ -968,7 +974,12 @@ def test_ctrl_c_while_the_window_is_made_quits_the_gui(tmp_path):
     """
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "STUDIO_CONFIG_DIR": str(tmp_path / "c")}
     r = subprocess.run(
-        [sys.executable, "-c", child], capture_output=True, text=True, timeout=120, env=env
+        [sys.executable, "-c", child],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        preexec_fn=sigint_as_from_a_terminal,
     )
     assert r.returncode == 130, r.stderr[-2000:]
     assert "studio gui: interrupted; closing the window" in r.stderr

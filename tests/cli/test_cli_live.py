@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from conftest import run_cli as run
+from conftest import sigint_as_from_a_terminal
 
 from studio.layout import FPS, SAMPLE_RATE
 
@@ -113,7 +114,11 @@ def test_ctrl_c_keeps_a_finalised_recording(tmp_path):
         "ultrafast",
     ]
     proc = subprocess.Popen(
-        cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        cmd,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=sigint_as_from_a_terminal,
     )
     lines = []
     deadline = time.monotonic() + 90

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import sigint_as_from_a_terminal
 
 from studio.audio.io import audio_from_array, load_audio
 from studio.engines.demo.engine import DemoEngine, demo_audio_path
@@ -241,7 +242,11 @@ def test_studio_live_serve_reaches_a_browser(browser, tmp_path: Path) -> None:
         str(report),
     ]
     proc = subprocess.Popen(
-        cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        cmd,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=sigint_as_from_a_terminal,
     )
     try:
         url = None
