@@ -97,6 +97,27 @@ def test_compressed_formats(tmp_path, name, rate, kw, tol):
     assert 0.3 < float(np.max(np.abs(audio.samples))) <= 1.0
 
 
+def test_a_tag_that_is_not_utf8_does_not_refuse_the_file(tmp_path):
+    """An MP3 whose ID3 title says UTF-8 but holds Latin-1 bytes (old taggers): the sound
+    is what counts, the tag is not read strictly."""
+    import io
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp3") as f:
+        stream = f.add_stream("libmp3lame", rate=16000, layout="mono")
+        frame = av.AudioFrame.from_ndarray(tone(1.0, 16000).T, format="fltp", layout="mono")
+        frame.sample_rate = 16000
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            f.mux(packet)
+    body = b"\x03Caf\xe9 \xff\xfe"  # text encoding 3 (UTF-8), then bytes that are not
+    tit2 = b"TIT2" + struct.pack(">I", len(body)) + b"\x00\x00" + body
+    size = bytes((len(tit2) >> shift) & 127 for shift in (21, 14, 7, 0))  # syncsafe
+    path = tmp_path / "tagged.mp3"
+    path.write_bytes(b"ID3\x03\x00\x00" + size + tit2 + buf.getvalue())
+    audio = load_audio(path)
+    assert abs(audio.duration_s - 1.0) < 0.1 and np.abs(audio.samples).max() > 0.1
+
+
 def test_content_not_extension_decides(tmp_path):
     path = write(tmp_path / "speech.data", tone(1.0, 22050), 22050, format="WAV")
     assert load_audio(path).num_frames == FPS
