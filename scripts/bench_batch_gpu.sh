@@ -55,4 +55,5 @@ for mode in ${MODES:-plain compile}; do
   end=$(date +%s.%N)
   echo "$mode x $procs processes: exit $status, wall $(python3 -c "print(round($end - $start, 1))") s"
   grep -hE "^[0-9]+ done" "$out/$mode".*.log
+  grep -h "FAILED" "$out/$mode".*.log | cut -c1-400 | head -n 5  # each failed job, one line
 done

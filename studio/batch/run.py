@@ -216,16 +216,20 @@ class BatchProgress:
     audio_total_s: float
     say: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr))
     done: int = 0
-    audio_done_s: float = 0.0
+    audio_done_s: float = 0.0  # speech of the jobs run this time, failed ones included
+    rendered_s: float = 0.0  # speech of those that made a video
     started: float = field(default_factory=time.perf_counter)
 
     def job(self, rec: dict[str, Any], audio_s: float) -> None:
-        """Job ``rec`` ended (``audio_s`` of speech): its line, with the rate of the jobs run
-        so far and the time left (jobs skipped as done before count for neither)."""
+        """Job ``rec`` ended (``audio_s`` of speech): its line, with the rate of speech
+        rendered so far and the time the rest should take at it (jobs skipped as done before
+        count for neither; a failed one counts as gone from the rest, not as rendered)."""
         self.done += 1
         ran = rec["status"] == "done" or rec.get("was") is None
         if ran:
             self.audio_done_s += audio_s
+        if rec["status"] == "done":
+            self.rendered_s += audio_s
         elapsed = time.perf_counter() - self.started
         if rec["status"] == "done":
             what = f"done, {rec['duration_s']:.1f} s of speech in {rec['wall_s']:.1f} s"
@@ -236,8 +240,8 @@ class BatchProgress:
         else:
             what = f"FAILED: {rec['error']}"
         tail = ""
-        if ran and elapsed > 0 and self.audio_done_s > 0:
-            rate = self.audio_done_s / elapsed
+        if ran and elapsed > 0 and self.rendered_s > 0:
+            rate = self.rendered_s / elapsed
             left = max(self.audio_total_s - self.audio_done_s, 0.0)
             eta = f", ETA {clock(left / rate)}" if self.done < self.total else ""
             tail = f" ({rate:.1f}x real time so far{eta})"

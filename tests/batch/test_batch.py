@@ -349,3 +349,19 @@ def _jobs_file(folder: Path, lines: list[dict]) -> Path:
     path = folder / "more.jsonl"
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     return path
+
+
+def test_progress_rates_the_speech_rendered_not_the_jobs_that_failed():
+    """A failed job takes its speech off what is left, but the rate is of rendered speech:
+    a batch whose first jobs fail fast does not claim to run many times real time."""
+    from studio.batch.run import BatchProgress
+
+    lines: list[str] = []
+    p = BatchProgress(total=3, audio_total_s=30.0, say=lines.append)
+    p.started -= 2.0  # two seconds into the batch
+    p.job({"name": "a.mp4", "status": "failed", "error": "bad file"}, 10.0)
+    assert lines[-1] == "[1/3] a.mp4: FAILED: bad file"
+    p.job({"name": "b.mp4", "status": "done", "duration_s": 10.0, "wall_s": 1.0}, 10.0)
+    rate = float(lines[-1].split("(")[1].split("x real time")[0])
+    assert 4.0 < rate <= 5.0  # 10 s rendered in just over 2 s, not 20 s
+    assert lines[-1].endswith(", ETA 0:02)")  # the 10 s left at that rate
