@@ -225,13 +225,12 @@ class BatchProgress:
         rendered so far and the time the rest should take at it (jobs skipped as done before
         count for neither; a failed one counts as gone from the rest, not as rendered)."""
         self.done += 1
-        ran = rec["status"] == "done" or rec.get("was") is None
-        if ran:
-            self.audio_done_s += audio_s
-        if rec["status"] == "done":
-            self.rendered_s += audio_s
+        made = rec["status"] == "done"
+        ran = made or rec.get("was") is None
+        self.audio_done_s += audio_s if ran else 0.0
+        self.rendered_s += audio_s if made else 0.0
         elapsed = time.perf_counter() - self.started
-        if rec["status"] == "done":
+        if made:
             what = f"done, {rec['duration_s']:.1f} s of speech in {rec['wall_s']:.1f} s"
         elif rec.get("was") == "done":
             what = "skipped (done before)"

@@ -30,7 +30,6 @@ def run(
     size: tuple[int, int] | None = None,
 ) -> int:
     """Run the studio; with ``screenshot``, save the window after the first render and exit."""
-    from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
     from studio.gui import theme
@@ -48,35 +47,11 @@ def run(
     restore_signals = quit_on_signals(lambda: made.get("window"), app, status)
     try:
         window = made["window"] = MainWindow(audio=audio, avatar=avatar)
-    except BaseException:
-        restore_signals()
-        restore_hook()
-        raise
-    if size is not None:
-        window.resize(*size)
-    window.show()
-    if screenshot:
-        target = Path(screenshot)
-
-        def fail(message: str) -> None:
-            if status["code"] == 0:
-                print(f"studio gui: error: {message.splitlines()[0]}", file=sys.stderr)
-                status["code"] = EXIT_ERROR
-            app.quit()
-
-        def shoot(_stats: object = None) -> None:
-            QTimer.singleShot(300, lambda: _save(window, target, status, app, fail))
-
-        def fail_if_shown() -> None:  # a dialog opened while the window was being made
-            message = error_shown(window)
-            if message:
-                fail(message)
-
-        window.renderFinished.connect(shoot)
-        window.errorShown.connect(fail)
-        QTimer.singleShot(0, fail_if_shown)
-        QTimer.singleShot(SCREENSHOT_TIMEOUT_MS, lambda: fail("no render finished in time"))
-    try:
+        if size is not None:
+            window.resize(*size)
+        window.show()
+        if screenshot:
+            _screenshot_after_render(window, Path(screenshot), status, app)
         if status.get("stopping"):  # interrupted while the window was being made
             window.close()
         else:
@@ -85,6 +60,31 @@ def run(
         restore_signals()
         restore_hook()
     return status["code"]
+
+
+def _screenshot_after_render(window: Any, target: Path, status: dict, app: Any) -> None:
+    """Save ``window`` to ``target`` once its first render finishes, then quit; an error
+    dialog, or no render in time, fails instead (one line, ``status["code"]`` 2)."""
+    from PySide6.QtCore import QTimer
+
+    def fail(message: str) -> None:
+        if status["code"] == 0:
+            print(f"studio gui: error: {message.splitlines()[0]}", file=sys.stderr)
+            status["code"] = EXIT_ERROR
+        app.quit()
+
+    def shoot(_stats: object = None) -> None:
+        QTimer.singleShot(300, lambda: _save(window, target, status, app, fail))
+
+    def fail_if_shown() -> None:  # a dialog opened while the window was being made
+        message = error_shown(window)
+        if message:
+            fail(message)
+
+    window.renderFinished.connect(shoot)
+    window.errorShown.connect(fail)
+    QTimer.singleShot(0, fail_if_shown)
+    QTimer.singleShot(SCREENSHOT_TIMEOUT_MS, lambda: fail("no render finished in time"))
 
 
 def error_shown(window: Any) -> str | None:
