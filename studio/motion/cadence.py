@@ -45,7 +45,7 @@ class CadenceThresholds:
     """
 
     plosive_guard: int = _threshold(
-        1, 0, 12, "frames either side of a plosive burst or onset kept at stride 1", step=1
+        0, 0, 12, "frames either side of a plosive burst or onset kept at stride 1", step=1
     )
     fast_flux: float = _threshold(
         0.6, 0.01, 1.0, "spectral flux at or above which articulation counts as fast (stride 1)"
@@ -71,7 +71,7 @@ class CadenceThresholds:
     )
 
     max_warp_px: float = _threshold(
-        32.0,
+        26.0,
         1.0,
         64.0,
         "most keypoint displacement between two keyframes that an in-between is warped "

@@ -259,7 +259,8 @@ def apply_controls(
     motion: np.ndarray, controls: ControlTracks | None, fps: int = layout.FPS
 ) -> np.ndarray:
     """``motion`` [N, 265] directed by ``controls`` (module docstring); the rows themselves
-    when there are none."""
+    when there are none, and bit for bit where every track is at its neutral value (a keyed
+    move changes its own stretch, not the float rounding of the rest)."""
     if not controls or len(motion) == 0 or not any(controls.tracks.get(n) for n in POST_MOTION):
         return motion
     motion = np.asarray(motion, dtype=np.float32)
@@ -290,4 +291,6 @@ def apply_controls(
     out[:, layout.EXP] = exp.reshape(n, layout.EXP_DIM)
     limit = layout.POSE_LIMIT_DEG - 1.0
     layout.set_pose_degrees(out, np.clip(deg, -limit, limit))
+    neutral = np.logical_and.reduce([tr[name] == TRACKS[name][0] for name in POST_MOTION])
+    out[neutral] = motion[neutral]
     return out

@@ -34,7 +34,7 @@ def test_compose_side_by_side_and_split() -> None:
 def test_difference_says_what_changed() -> None:
     a, b = RenderSettings(), RenderSettings(smooth=False, cadence={"max_warp_px": 4.0})
     text = difference(a, None, b, ControlTracks.from_dict(NOD))
-    assert text == "smooth: on → off; cadence.max_warp_px: 32.0 → 4.0; tracks: none → pitch"
+    assert text == "smooth: on → off; cadence.max_warp_px: 26.0 → 4.0; tracks: none → pitch"
     assert difference(a, None, a, None) == "the same settings and tracks"
 
 

@@ -54,6 +54,7 @@ def test_a_nod_changes_the_pose_at_its_keys_and_nowhere_before(raw: np.ndarray) 
     assert d[int(5.3 * 25), 0] == pytest.approx(8.0, abs=0.2)  # the nod's peak, on pitch
     assert np.abs(d[:, 1:]).max() < 1e-3 and np.abs(d[141:]).max() < 1e-3
     assert np.array_equal(out[:, layout.EXP], raw[:, layout.EXP])  # the face untouched
+    assert np.array_equal(out[:125], raw[:125]) and np.array_equal(out[141:], raw[141:])  # bits
 
 
 def test_mouth_blink_eyes_and_fade(raw: np.ndarray) -> None:
