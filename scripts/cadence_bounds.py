@@ -1,8 +1,8 @@
 """Frames saved against in-between quality for pairs of cadence bounds (docs/benchmarks.md).
 
 python scripts/cadence_bounds.py [SPEECH.wav] — the demo engine at 512², seed 0: the motion made
-once, then per (max_warp_px, max_pose_gap_deg, max_lid_px) the plan and every in-between against
-a full render (studio.render.fidelity).
+once, then per (plosive_guard, max_warp_px, max_pose_gap_deg, max_lid_px) the plan and every
+in-between against a full render (studio.render.fidelity).
 """
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ from studio.settings import RenderSettings
 
 INF = 64.0  # the bound's top: nothing forced
 BOUNDS = (
-    (10, 2.0, INF),
-    (16, 2.0, 2.0),
-    (24, 2.0, 2.0),
-    (28, 2.0, 2.0),
-    (32, 2.0, 2.0),
-    (40, 3.0, 2.0),
-    (48, 5.0, INF),
+    (1, 32, 2.0, 2.0),
+    (1, 48, 5.0, INF),
+    (0, 20, 2.0, 2.0),
+    (0, 24, 2.0, 2.0),
+    (0, 26, 2.0, 2.0),
+    (0, 28, 2.0, 2.0),
+    (0, 32, 2.0, 2.0),
+    (0, 48, 5.0, INF),
 )
 
 
@@ -34,17 +35,21 @@ def main() -> None:
     engine = DemoEngine(base)
     audio = load_audio(path)
     phon, raw, _ = generate(engine, audio, 0)
-    print("warp_px pose_deg lid_px saved psnr_mean psnr_p5 psnr_worst", flush=True)
-    for warp, pose, lid in BOUNDS:
+    print("guard warp_px pose_deg lid_px saved psnr_mean psnr_p5 psnr_worst", flush=True)
+    for guard, warp, pose, lid in BOUNDS:
         cadence = dataclasses.replace(
-            base.cadence, max_warp_px=warp, max_pose_gap_deg=pose, max_lid_px=lid
+            base.cadence,
+            plosive_guard=guard,
+            max_warp_px=warp,
+            max_pose_gap_deg=pose,
+            max_lid_px=lid,
         )
         s = base.replace(cadence=cadence)
         result = postprocess(audio, phon, raw, s)
         f = inbetween_fidelity(result, engine.renderer(s), max_frames=None, warmup=False)
         p = f["psnr_db"]
         psnr = " ".join(f"{p[k]:.1f}" for k in ("mean", "p5", "worst"))
-        print(f"{warp} {pose} {lid} {f['frames_saved']:.3f} {psnr}", flush=True)
+        print(f"{guard} {warp} {pose} {lid} {f['frames_saved']:.3f} {psnr}", flush=True)
 
 
 if __name__ == "__main__":

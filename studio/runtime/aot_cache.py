@@ -14,10 +14,12 @@ reason is said; :func:`build` writes a new one atomically under the package's fi
 two processes build it once.
 
 Two things seen on an H100 (torch 2.11) shape the recipe. An operator without an AOTInductor
-C shim (``grid_sampler_3d``, in the warp network) runs through the package's proxy executor,
-and such a package crashed the process that loaded it (a segmentation fault, nothing to
-catch); so a build that needs the proxy executor is refused (:class:`NotPackageable`), and
-every new package is loaded and run once in a separate process before it is kept. And a
+C shim runs through the package's proxy executor, and such a package crashed the process that
+loaded it (a segmentation fault, nothing to catch); so a build that needs the proxy executor
+is refused (:class:`NotPackageable`), and every new package is loaded and run once in a
+separate process before it is kept. The warp network's 3-D grid sampling, the one such
+operator the render networks had, is exported as gathers instead
+(:mod:`studio.runtime.grid_gather`). And a
 package's runner cannot be captured into a CUDA graph ("operation not permitted when stream
 is capturing"), so its engine runs it as it is (its kernels are launched from C++).
 """
@@ -39,8 +41,9 @@ from torch import nn
 
 from studio.files import write_atomic
 from studio.runtime.engine_cache import file_sha256
+from studio.runtime.grid_gather import GatheredGridSample
 
-AOT_FORMAT = 2  # bump when the build recipe changes what a package contains
+AOT_FORMAT = 3  # bump when the build recipe changes what a package contains
 PROXY_EXECUTOR_SIGN = "missing a c-shim implementation"  # torch._inductor.ir's warning
 VERIFY_TIMEOUT_S = 600
 _log = logging.getLogger(__name__)
@@ -189,12 +192,24 @@ def _compile_package(exported: Any, path: Path, network: str) -> None:
 
 
 _VERIFY = """
-import sys, torch
+import faulthandler, sys, torch
+faulthandler.enable()
 runner = torch._inductor.aoti_load_package(sys.argv[1])
 runner(*torch.load(sys.argv[2]))
 if torch.cuda.is_available():
     torch.cuda.synchronize()
 """
+
+
+def _last_words(stderr: str) -> str:
+    """A failed child's last line; for a crash, the fatal error and the innermost frame
+    faulthandler printed (most recent call first)."""
+    lines = [line.strip() for line in stderr.strip().splitlines()] or ["no message"]
+    fatal = next((i for i, line in enumerate(lines) if line.startswith("Fatal Python")), None)
+    if fatal is None:
+        return lines[-1][:300]
+    frame = next((line for line in lines[fatal:] if line.startswith("File ")), "")
+    return f"{lines[fatal]} at {frame}"[:300]
 
 
 def _verify_elsewhere(path: Path, example: tuple[torch.Tensor, ...], network: str) -> None:
@@ -217,7 +232,7 @@ def _verify_elsewhere(path: Path, example: tuple[torch.Tensor, ...], network: st
     finally:
         inputs.unlink(missing_ok=True)
     if r.returncode != 0:
-        last = (r.stderr.strip().splitlines() or ["no message"])[-1][:300]
+        last = _last_words(r.stderr)
         raise RuntimeError(
             f"{network}: its package fails when a new process loads and runs it "
             f"(exit {r.returncode}: {last})"
@@ -243,7 +258,7 @@ def build(
             return package
         partial = package.with_name(f".{package.name}.{os.getpid()}.partial.pt2")
         try:
-            with torch.no_grad():
+            with torch.no_grad(), GatheredGridSample():
                 exported = torch.export.export(module, example)
                 _compile_package(exported, partial, key.network)
             _verify_elsewhere(partial, example, key.network)

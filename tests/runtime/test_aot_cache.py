@@ -139,12 +139,54 @@ def test_a_network_that_needs_the_proxy_executor_is_not_packaged(tmp_path: Path)
     assert runner is None and "failed to compile ahead of time before" in why
 
 
+class _Sampler(torch.nn.Module):
+    """The warp network's operation: a 3-D convolution, then trilinear grid sampling."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv3d(3, 3, 3, padding=1)
+
+    def forward(self, volume: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        features = self.conv(volume)
+        return torch.nn.functional.grid_sample(features, grid, align_corners=False)
+
+
+def test_3d_grid_sampling_goes_to_the_compiler_as_gathers(tmp_path: Path, monkeypatch) -> None:
+    """What build hands AOTInductor holds no grid_sampler_3d, which would need the proxy
+    executor on CUDA (the compile itself is stopped there: it is the C++ build's to test)."""
+    handed = []
+
+    def stop(exported, package_path):  # noqa: ANN001
+        handed.append({str(n.target) for n in exported.graph.nodes if n.op == "call_function"})
+        raise RuntimeError("stopped before the C++ compile")
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", stop)
+    torch.manual_seed(0)
+    net = _Sampler().eval()
+    example = (torch.randn(1, 3, 4, 6, 8), torch.rand(1, 4, 6, 8, 3) * 2.2 - 1.1)
+    key = aot_cache.AotKey.of("sampler", net, "fp32", "fp32", 1, torch.device("cpu"))
+    with pytest.raises(RuntimeError, match="stopped before"):
+        aot_cache.build(tmp_path, key, net, example)
+    (ops,) = handed
+    assert "aten.gather.default" in ops and not any("grid_sampler" in op for op in ops)
+
+
 def test_a_package_that_a_new_process_cannot_load_is_refused(tmp_path: Path) -> None:
     bad = tmp_path / "bad.pt2"
     bad.write_bytes(b"not a package")
     with pytest.raises(RuntimeError, match="fails when a new process loads and runs it"):
         aot_cache._verify_elsewhere(bad, (torch.randn(2),), "stitch_network")
     assert not list(tmp_path.glob("*.inputs.pt"))
+
+
+def test_a_crash_in_the_verifying_process_names_where_it_crashed() -> None:
+    stderr = (
+        "Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call first):"
+        '\n  File "<string>", line 5 in <module>\n\nExtension modules: torch\n'
+    )
+    said = aot_cache._last_words(stderr)
+    assert said == 'Fatal Python error: Segmentation fault at File "<string>", line 5 in <module>'
+    assert aot_cache._last_words("Traceback\nValueError: bad\n") == "ValueError: bad"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
