@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from studio.files import write_atomic
+from studio.paths import build_lock
 from studio.runtime.engine_cache import file_sha256
 from studio.runtime.grid_gather import GatheredGridSample
 
@@ -249,8 +250,6 @@ def build(
     under the package's build lock; a package another process finished meanwhile is kept).
     NotPackageable where it needs the proxy executor; RuntimeError where a new process cannot
     load and run it (neither is kept)."""
-    from studio.paths import build_lock
-
     package = package_file(cache_dir, key)
     package.parent.mkdir(parents=True, exist_ok=True)
     with build_lock(package, f"the compiled {key.network} (batch {key.batch})"):
@@ -270,9 +269,64 @@ def build(
     return package
 
 
+def _device_of(example: tuple[torch.Tensor, ...]) -> torch.device:
+    return next((t.device for t in example if isinstance(t, torch.Tensor)), torch.device("cpu"))
+
+
 def _failed_file(cache_dir: str | os.PathLike[str], key: AotKey) -> Path:
     package = package_file(cache_dir, key)
     return package.with_name(package.name + ".failed.json")
+
+
+class _Probe(nn.Module):
+    """The smallest package worth building: does this torch load packages at all?"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.linear(x))
+
+
+def packages_load_here(cache_dir: str | os.PathLike[str], device: torch.device) -> tuple[bool, str]:
+    """Whether a new process can load and run a package built here: found once per device
+    kind and torch (a tiny package built and verified, the answer kept in
+    ``<cache>/probe-<digest>.json``), before minutes go into the render networks' packages.
+    On the H100 and H200 machines with torch 2.11+cu130 every CUDA package, a single linear
+    layer's too, crashed the process loading it."""
+    name, cap, cuda = _device_facts(torch.device(device))
+    facts = {
+        "device_name": name,
+        "capability": cap,
+        "torch": torch.__version__,
+        "cuda": cuda,
+        "format": AOT_FORMAT,
+    }
+    digest = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+    answer = Path(cache_dir) / f"probe-{digest}.json"
+    answer.parent.mkdir(parents=True, exist_ok=True)
+    with build_lock(answer, "the compiled-package probe"):
+        try:
+            kept = json.loads(answer.read_text())
+            return bool(kept["ok"]), str(kept["why"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        with torch.random.fork_rng(devices=[]):  # the caller's random numbers stay its own
+            probe = _Probe().to(device).eval()
+            example = (torch.randn(4, 8).to(device),)
+        partial = answer.with_name(f".{answer.stem}.{os.getpid()}.pt2")
+        try:
+            with torch.no_grad():
+                _compile_package(torch.export.export(probe, example), partial, "probe")
+            _verify_elsewhere(partial, example, "a one-layer probe")
+            ok, why = True, "a probe package loads in a new process"
+        except Exception as e:  # noqa: BLE001 - any failure means: no packages here
+            ok, why = False, f"{type(e).__name__}: {e}"
+        finally:
+            partial.unlink(missing_ok=True)
+        write_atomic(answer, json.dumps({**facts, "ok": ok, "why": why[:2000]}, indent=1))
+    return ok, why
 
 
 def load_or_build(
@@ -291,6 +345,10 @@ def load_or_build(
     failed = _failed_file(cache_dir, key)
     if failed.is_file():
         return None, f"it failed to compile ahead of time before ({failed.name})"
+    if key.capability != "cpu":
+        loads, probed = packages_load_here(cache_dir, _device_of(example))
+        if not loads:
+            return None, f"this torch cannot load compiled packages here ({probed})"
     if why != "no compiled package yet":
         _log.warning("%s: compiling it again", why)
     try:

@@ -3,6 +3,7 @@ process, verified, rebuilt when corrupt or stale (CPU, a reduced stitch network)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -200,3 +201,33 @@ def test_a_package_engine_is_ready_without_a_graph_on_cuda(tmp_path: Path) -> No
     want = TorchEngine("stitch_network", net, "fp32", "cuda", batch=2).run(feed)
     got = e.run(feed)
     assert all(torch.allclose(want[k], got[k], atol=1e-4) for k in want)
+
+
+def test_whether_packages_load_here_is_found_once(tmp_path: Path, monkeypatch) -> None:
+    cpu = torch.device("cpu")
+    state = torch.random.get_rng_state()
+    assert aot_cache.packages_load_here(tmp_path, cpu) == (
+        True,
+        "a probe package loads in a new process",
+    )
+    assert torch.equal(torch.random.get_rng_state(), state)  # the caller's numbers untouched
+    (answer,) = tmp_path.glob("probe-*.json")
+    assert json.loads(answer.read_text())["ok"] is True and not list(tmp_path.glob("*.pt2"))
+
+    def no_build(*args, **kwargs):  # noqa: ANN002, ANN003
+        raise AssertionError("probed again")
+
+    monkeypatch.setattr(aot_cache, "_compile_package", no_build)
+    assert aot_cache.packages_load_here(tmp_path, cpu)[0] is True  # the kept answer
+
+    # where the probe failed, a GPU network is not compiled for minutes to crash the same way
+    answer.write_text(json.dumps({"ok": False, "why": "RuntimeError: exit -11"}))
+    net = _net()
+    example = net.example_inputs(2)
+    key = aot_cache.AotKey.of("stitch_network", net, "fp32", "fp32", 2, cpu)
+    gpu_key = dataclasses.replace(key, capability="9.0")
+    runner, why = aot_cache.load_or_build(tmp_path, gpu_key, net, example)
+    assert runner is None and why == (
+        "this torch cannot load compiled packages here (RuntimeError: exit -11)"
+    )
+    assert not list(tmp_path.glob("*.failed.json"))  # the network itself is not marked
