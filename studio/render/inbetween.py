@@ -41,20 +41,21 @@ def border_anchors(height: int, width: int, per_side: int = ANCHORS_PER_SIDE) ->
 
 
 def _tps_kernel(r2: torch.Tensor) -> torch.Tensor:
-    """U(r) = r^2 log r^2 (0 at r = 0)."""
-    return r2 * torch.log(r2.clamp_min(1e-12))
+    """U(r) = r^2 log r^2 (0 at r = 0), in one fused operation."""
+    return torch.xlogy(r2, r2)
 
 
 def tps_fit(ctrl: torch.Tensor, target: torch.Tensor, reg: float = TPS_REG) -> torch.Tensor:
-    """Thin-plate spline coefficients [..., M + 3, 2] mapping ``ctrl`` [..., M, 2] onto
-    ``target`` (batched over the leading dimensions, on their device, without a host sync)."""
+    """Thin-plate spline coefficients [..., M + 3, D] mapping ``ctrl`` [..., M, 2] onto
+    ``target`` [..., M, D] (several 2-D targets side by side share one solve; batched over the
+    leading dimensions, on their device, without a host sync)."""
     m = ctrl.shape[-2]
     opts = {"dtype": ctrl.dtype, "device": ctrl.device}
     k = _tps_kernel(torch.cdist(ctrl, ctrl).square()) + reg * torch.eye(m, **opts)
     p = torch.cat([torch.ones(*ctrl.shape[:-1], 1, **opts), ctrl], -1)
     a = torch.zeros(*ctrl.shape[:-2], m + 3, m + 3, **opts)
     a[..., :m, :m], a[..., :m, m:], a[..., m:, :m] = k, p, p.transpose(-1, -2)
-    rhs = torch.cat([target, torch.zeros(*target.shape[:-2], 3, 2, **opts)], -2)
+    rhs = torch.cat([target, torch.zeros(*target.shape[:-2], 3, target.shape[-1], **opts)], -2)
     return torch.linalg.solve_ex(a, rhs, check_errors=False)[0]  # regularised: never singular
 
 
@@ -69,17 +70,21 @@ def tps_apply(coef: torch.Tensor, ctrl: torch.Tensor, pts: torch.Tensor) -> torc
 def coarse_map(
     dst_kp: torch.Tensor, src_kp: torch.Tensor, height: int, width: int, step: int = GRID_STEP
 ) -> torch.Tensor:
-    """The backward map on the coarse grid: [..., 2, gh, gw] source (x, y) in pixels of the
-    nodes (x = 0, step, …, width), pulling keypoints ``dst_kp`` [..., K, 2] from ``src_kp``
-    (float64 tensors, on the device the maps are wanted on)."""
+    """The backward maps on the coarse grid: [..., S, 2, gh, gw] source (x, y) in pixels of
+    the nodes (x = 0, step, …, width), pulling keypoints ``dst_kp`` [..., K, 2] from each of
+    the S sources ``src_kp`` [..., S, K, 2] (float64 tensors, on the device the maps are
+    wanted on). The splines share their control points, the keypoints pulled, so one kernel
+    and one solve serve every source."""
     scale = float(max(height, width))
     border, nodes, shape, _ = _grid(height, width, step, dst_kp.device)
+    sources = src_kp.shape[-3]
     anchors = border.expand(*dst_kp.shape[:-2], *border.shape)
     ctrl = torch.cat([dst_kp, anchors], -2) / scale
-    target = torch.cat([src_kp, anchors], -2) / scale
+    pulled = torch.cat([src_kp, border.expand(*src_kp.shape[:-2], *border.shape)], -2)
+    target = pulled.transpose(-3, -2).flatten(-2) / scale  # [..., M, S * 2]
     coef = tps_fit(ctrl, target)
-    out = tps_apply(coef, ctrl, nodes.expand(*ctrl.shape[:-2], -1, 2)) * scale
-    return out.transpose(-1, -2).reshape(*ctrl.shape[:-2], 2, *shape)
+    out = tps_apply(coef, ctrl, nodes.expand(*ctrl.shape[:-2], -1, 2)) * scale  # [.., P, S*2]
+    return out.transpose(-1, -2).reshape(*ctrl.shape[:-2], sources, 2, *shape)
 
 
 @functools.lru_cache(maxsize=8)
@@ -155,7 +160,7 @@ def motion_inbetweens(
 
     dst = points(kp)
     src = torch.stack([points(prev_kp), points(next_kp)], 1)
-    maps = coarse_map(dst[:, None].expand_as(src), src, height, width, step)  # [B,2,2,gh,gw]
+    maps = coarse_map(dst, src, height, width, step)  # [B, 2, 2, gh, gw]
     confs = _confidence(maps, height, width)  # [B, 2, gh, gw]
     coarse = torch.cat([maps.flatten(1, 2), confs], 1).float()  # [B, 6, gh, gw]
     full = _to_full(coarse, height, width)  # [B, 6, H, W]
