@@ -195,7 +195,14 @@ def test_a_package_engine_is_ready_without_a_graph_on_cuda(tmp_path: Path) -> No
     net = _net().cuda()
     loads, _ = aot_cache.packages_load_here(tmp_path, torch.device("cuda"))
     e = TorchEngine(
-        "stitch_network", net, "fp32", "cuda", batch=2, compile=True, aot_dir=tmp_path
+        "stitch_network",
+        net,
+        "fp32",
+        "cuda",
+        batch=2,
+        compile=True,
+        aot_dir=tmp_path,
+        aot_build=True,
     )
     if loads:
         assert e.aot == "built" and e.capture() and not e.captured  # run as it is, not captured
