@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
 from PySide6.QtCore import QObject, QThread, Signal, SignalInstance, Slot
 
 from studio.audio.io import Audio, load_audio
@@ -38,8 +37,8 @@ from studio.render.engines import (
     open_prepared,
     prepare_engine,
 )
-from studio.render.fidelity import inbetween_psnr, sample_inbetweens
 from studio.render.pipeline import (
+    InbetweenSample,
     MotionResult,
     frame_shape,
     generate,
@@ -50,7 +49,6 @@ from studio.render.pipeline import (
 from studio.settings import RenderSettings
 
 PREVIEW_BATCH = 4  # keyframes per render call: small, so a cancel lands within ~50 ms
-PSNR_SAMPLE = 12  # in-betweens of a preview compared with full renders (the metrics panel)
 FRAME_CHUNK = 6  # frames per signal: keeps the GUI's event queue short while rendering
 T = TypeVar("T")
 
@@ -443,22 +441,20 @@ class RenderWorker(QObject):
             progress=lambda s, d, n: self.progress.emit(generation, s, d, n),
             stats=stats,
         )
-        sample = set(sample_inbetweens(result.plan, PSNR_SAMPLE).tolist())
-        made: dict[int, np.ndarray] = {}
+        measured = InbetweenSample(result, renderer)
         chunk: list = []
         start = 0
         for i, img in enumerate(frames):
             chunk.append(img)
-            if i in sample:
-                made[i] = img
+            measured.keep(i, img)
             if len(chunk) == FRAME_CHUNK:
                 self.framesReady.emit(generation, start, chunk)
                 start, chunk = start + len(chunk), []
         if chunk:
             self.framesReady.emit(generation, start, chunk)
-        if made and renderer.pixel_format == "rgb24":
-            # what cadence costs in picture: a few in-betweens against full renders
-            stats["inbetween_psnr"] = inbetween_psnr(result, renderer, made)
+        psnr = measured.psnr()  # what cadence costs in picture
+        if psnr is not None:
+            stats["inbetween_psnr"] = psnr
         return renderer
 
     def cancel_export(self) -> None:

@@ -109,6 +109,9 @@ def _pick(frames: np.ndarray, max_frames: int | None) -> np.ndarray:
     return frames[pos]
 
 
+PSNR_SAMPLE = 12  # in-betweens of a render or preview measured against full renders
+
+
 def sample_inbetweens(plan: CadencePlan, max_frames: int | None = None) -> np.ndarray:
     """The plan's in-between frames, or ``max_frames`` of them evenly spread."""
     _, _, w = blend_weights(plan)

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -280,10 +281,36 @@ def retimed(result: MotionResult, fps: int) -> MotionResult:
 
 def quality_of(result: MotionResult, engine: Engine) -> dict:
     """The clip's weight-free quality metrics (:func:`studio.motion.quality.quality_report`):
-    head dynamics, silent-lip stability, blinks, mouth-envelope correlation."""
+    head dynamics, silent-lip stability over the silences Silero VAD finds
+    (:func:`speech_silence`; ``silent_lips.silence_from`` says which), blinks,
+    mouth-envelope correlation."""
     from studio.motion.quality import quality_report
 
-    return quality_report(result.smoothed, engine.canonical_keypoints(), result.phon)
+    silence, source = speech_silence(result.audio, result.phon)
+    report = quality_report(result.smoothed, engine.canonical_keypoints(), result.phon, silence)
+    report["silent_lips"]["silence_from"] = source
+    return report
+
+
+_SILENCES: weakref.WeakKeyDictionary[Audio, tuple[np.ndarray, str]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def speech_silence(audio: Audio, phon: PhoneticFrames) -> tuple[np.ndarray, str]:
+    """The clip's silent frames and where they come from: Silero VAD (its model ships in its
+    wheel), found once per audio (a GUI re-measures every preview of the same speech); the
+    phonetics' own silence where the VAD cannot run (not installed)."""
+    from studio.motion.quality import vad_silence
+
+    known = _SILENCES.get(audio)
+    if known is None:
+        try:
+            known = (vad_silence(audio.samples), "silero-vad")
+        except RuntimeError:
+            known = (np.asarray(phon.silence, bool), "phonetics")
+        _SILENCES[audio] = known
+    return known
 
 
 def build_report(result: MotionResult, timings_ms: dict[str, float], rendered: bool) -> dict:
@@ -428,10 +455,13 @@ def render_video(
                 frames = iter_frames(
                     result, renderer, cancel=cancel, progress=progress, stats=stats, known=known
                 )
-            for img in frames:
+            measured = InbetweenSample(result, renderer, alpha)
+            for i, img in enumerate(frames):
+                measured.keep(i, img)
                 encoder.put(img)
             if cancel is not None and cancel():
                 raise Cancelled()
+            inbetween_psnr = measured.psnr()  # its full renders over the same backdrop
             encoder.finish()
     loop_s = time.perf_counter() - t0
     timings = dict(result.timings_ms)
@@ -458,4 +488,32 @@ def render_video(
     report["frame_size"] = [width, height]
     report["render_fps"] = round(result.num_frames / max(loop_s, 1e-9), 2)
     report["reused_frames"] = stats["reused_frames"]
+    if inbetween_psnr is not None:
+        report["inbetween_psnr"] = inbetween_psnr
     return report
+
+
+class InbetweenSample:
+    """A dozen of a clip's in-betweens kept as they are made, then measured against full
+    renders of their motion (:func:`studio.render.fidelity.inbetween_psnr`): what cadence
+    cost this clip in picture. Only RGB frames (not RGBA, not encoder planes) are kept."""
+
+    def __init__(self, result: MotionResult, renderer: Renderer, alpha: bool = False) -> None:
+        from studio.render.fidelity import PSNR_SAMPLE, sample_inbetweens
+
+        self.result, self.renderer = result, renderer
+        rgb = not alpha and renderer.pixel_format == "rgb24"
+        picked = sample_inbetweens(result.plan, PSNR_SAMPLE) if rgb else []
+        self.wanted = {int(i) for i in picked}
+        self.made: dict[int, np.ndarray] = {}
+
+    def keep(self, index: int, image: np.ndarray) -> None:
+        if index in self.wanted:
+            self.made[index] = np.array(image, copy=True)  # the renderer may reuse its buffer
+
+    def psnr(self) -> dict | None:
+        if not self.made:
+            return None
+        from studio.render.fidelity import inbetween_psnr
+
+        return inbetween_psnr(self.result, self.renderer, self.made)

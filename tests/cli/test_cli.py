@@ -1076,6 +1076,12 @@ def test_reports_carry_the_quality_metrics(demo_render):
     assert 0.0 <= q["silent_lips"]["deviation"] < 0.2 * q["silent_lips"]["speech_deviation"]
     assert q["blinks"]["count"] >= 2 and q["blinks"]["in_schedule"] == 1.0
     assert q["lip_sync"]["envelope_correlation"] > 0.3 and q["head"]["smoothness"] > 0
+    assert q["silent_lips"]["silence_from"] == "silero-vad"  # the speech's own silences
+    # what cadence cost this clip in picture: a dozen in-betweens against full renders
+    psnr, saved = report["inbetween_psnr"], report["frames"] - report["rendered_frames"]
+    assert psnr["measured"] == min(12, saved) and psnr["inbetweens"] == saved > 0
+    assert 35.0 < psnr["worst"] <= psnr["p5"] <= psnr["mean"] < 80.0
+    assert report["warp_forced_keyframes"] >= 0
 
 
 def test_a_signal_swallowed_where_it_landed_stops_the_work_at_the_next_report():

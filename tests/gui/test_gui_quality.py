@@ -101,8 +101,7 @@ def test_inbetween_marks_toggle_and_the_frame_label(window, qtbot):
 
 def test_the_preview_measures_its_inbetweens_against_full_renders(window, qtbot):
     from studio.gui.widgets.metrics import inbetween_psnr_text
-    from studio.gui.worker import PSNR_SAMPLE
-    from studio.render.fidelity import inbetween_psnr, sample_inbetweens
+    from studio.render.fidelity import PSNR_SAMPLE, inbetween_psnr, sample_inbetweens
 
     result = window.result
     picked = sample_inbetweens(result.plan, PSNR_SAMPLE)

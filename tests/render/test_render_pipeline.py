@@ -101,3 +101,18 @@ def test_cadence_bounds_the_gaps_of_an_avatar_that_moves_by_itself() -> None:
     assert sliding.plan.keyframes.size == sliding.num_frames
     # the source only bounds the plan: the motion itself stays the driving one
     np.testing.assert_array_equal(sliding.raw, still.raw)
+
+
+def test_silences_come_from_the_vad_once_per_audio_else_from_the_phonetics(monkeypatch):
+    import sys
+
+    from studio.render.pipeline import speech_silence
+
+    result = _speech_result("auto")
+    silence, source = speech_silence(result.audio, result.phon)
+    assert source == "silero-vad" and silence.shape == result.phon.silence.shape
+    assert speech_silence(result.audio, result.phon)[0] is silence  # found once
+    monkeypatch.setitem(sys.modules, "silero_vad", None)  # not installed
+    other = _speech_result("auto")
+    silence, source = speech_silence(other.audio, other.phon)
+    assert source == "phonetics" and np.array_equal(silence, other.phon.silence)
