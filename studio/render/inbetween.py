@@ -45,13 +45,21 @@ def _tps_kernel(r2: torch.Tensor) -> torch.Tensor:
     return torch.xlogy(r2, r2)
 
 
+def _squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|a_i - b_j|^2 [..., P, M] of points a [..., P, 2] and b [..., M, 2]: one matrix product
+    and two norms (no square root taken and squared again); rounding below zero clamped."""
+    cross = a @ b.transpose(-1, -2)
+    near = a.square().sum(-1, keepdim=True) + b.square().sum(-1)[..., None, :]
+    return (near - 2.0 * cross).clamp_min_(0.0)
+
+
 def tps_fit(ctrl: torch.Tensor, target: torch.Tensor, reg: float = TPS_REG) -> torch.Tensor:
     """Thin-plate spline coefficients [..., M + 3, D] mapping ``ctrl`` [..., M, 2] onto
     ``target`` [..., M, D] (several 2-D targets side by side share one solve; batched over the
     leading dimensions, on their device, without a host sync)."""
     m = ctrl.shape[-2]
     opts = {"dtype": ctrl.dtype, "device": ctrl.device}
-    k = _tps_kernel(torch.cdist(ctrl, ctrl).square()) + reg * torch.eye(m, **opts)
+    k = _tps_kernel(_squared_distances(ctrl, ctrl)) + reg * torch.eye(m, **opts)
     p = torch.cat([torch.ones(*ctrl.shape[:-1], 1, **opts), ctrl], -1)
     a = torch.zeros(*ctrl.shape[:-2], m + 3, m + 3, **opts)
     a[..., :m, :m], a[..., :m, m:], a[..., m:, :m] = k, p, p.transpose(-1, -2)
@@ -61,7 +69,7 @@ def tps_fit(ctrl: torch.Tensor, target: torch.Tensor, reg: float = TPS_REG) -> t
 
 def tps_apply(coef: torch.Tensor, ctrl: torch.Tensor, pts: torch.Tensor) -> torch.Tensor:
     """The spline of :func:`tps_fit` at ``pts`` [..., P, 2]."""
-    u = _tps_kernel(torch.cdist(pts, ctrl).square())
+    u = _tps_kernel(_squared_distances(pts, ctrl))
     p = torch.cat([torch.ones(*pts.shape[:-1], 1, dtype=pts.dtype, device=pts.device), pts], -1)
     m = ctrl.shape[-2]
     return u @ coef[..., :m, :] + p @ coef[..., m:, :]
