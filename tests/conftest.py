@@ -2,6 +2,7 @@
 
 import contextlib
 import gc
+import json
 import os
 import time
 
@@ -306,13 +307,16 @@ def _collect_windows_on_the_gui_thread(request):
 @pytest.fixture
 def window(qtbot, tmp_path, monkeypatch):
     """The studio window on the demo engine, shown offscreen, after its first render (its
-    settings kept in a folder of the test's own)."""
+    settings kept in a folder of the test's own, where it finds a size of 256 last used:
+    a quarter of the default's pixels to render, what every preview of the tests costs)."""
     monkeypatch.setenv("STUDIO_CONFIG_DIR", str(tmp_path / "config"))
     from PySide6.QtWidgets import QApplication
 
     from studio.gui import theme
-    from studio.gui.window import MainWindow
+    from studio.gui.window import MainWindow, app_settings
+    from studio.settings import RenderSettings
 
+    app_settings().setValue("settings/last", json.dumps(RenderSettings(size=256).to_dict()))
     theme.apply(QApplication.instance())
     w = MainWindow()
     qtbot.addWidget(w)

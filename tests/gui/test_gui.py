@@ -15,7 +15,8 @@ def test_opens_on_the_demo_and_frames_reach_the_viewer(window):
     assert window.result is not None and window.result.num_frames == len(window.frames)
     assert all(f is not None for f in window.frames)
     shown = window.viewer.frame
-    assert shown is not None and shown.shape == (512, 512, 3)
+    side = window.controls.settings().size  # the size last used (the fixture: 256)
+    assert shown is not None and shown.shape == (side, side, 3)
     assert any(shown is f for f in window.frames)
     assert "fps" in window.metrics.text("fps") and window.last_fps > 0
     assert "backend demo" in window.status_engine.text()
@@ -270,7 +271,9 @@ def test_export_asks_before_overwriting_and_reuses_the_preview(window, qtbot, tm
     assert window.open_export_dialog().path.text() == str(tmp_path / "talk_3.mp4")
     window.export_dialog.reject()
     cli = tmp_path / "cli.mp4"
-    assert main(["render", "--demo", "--out", str(cli), "--x264-preset", "veryfast"]) == 0
+    size = str(window.controls.settings().size)
+    argv = ["render", "--demo", "--out", str(cli), "--x264-preset", "veryfast", "--size", size]
+    assert main(argv) == 0
 
     def frames(path):
         with av.open(str(path)) as c:

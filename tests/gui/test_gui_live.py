@@ -55,7 +55,8 @@ def test_live_mode_shows_frames_while_the_file_plays_and_records_it(
     qtbot.waitUntil(lambda: panel.shown >= 3, timeout=SESSION_TIMEOUT_MS)
     qtbot.waitUntil(lambda: panel.figure("first_frame") != "–", timeout=SESSION_TIMEOUT_MS)
     assert panel.running and panel.status["audio_s"] < CLIP_S
-    assert panel.viewer.frame is not None and panel.viewer.frame.shape == (512, 512, 3)
+    side = window.controls.settings().size  # the size last used (the fixture: 256)
+    assert panel.viewer.frame is not None and panel.viewer.frame.shape == (side, side, 3)
     assert panel.figure("first_frame").endswith(" ms")
     assert int(panel.figure("shown")) >= 1
     with qtbot.waitSignal(panel.sessionFinished, timeout=SESSION_TIMEOUT_MS) as done:
@@ -70,7 +71,7 @@ def test_live_mode_shows_frames_while_the_file_plays_and_records_it(
     with av.open(str(out)) as c:
         assert c.streams.audio[0].codec_context.name == "aac"
         frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
-    assert len(frames) == report["frames"] and frames[0].shape == (512, 512, 3)
+    assert len(frames) == report["frames"] and frames[0].shape == (side, side, 3)
     # Back to Clip mode: as before.
     window.set_mode("clip")
     assert window.mode == "clip" and window.modes.currentWidget() is window.top_splitter
