@@ -560,6 +560,13 @@ def _raise_if_signalled() -> None:
         raise KeyboardInterrupt(f"signal {_SIGNALLED[0]}")
 
 
+def _inbetween_words(psnr: dict | None) -> str:
+    """", in-betweens M dB mean (p5 P) against full renders" where they were measured."""
+    if not psnr:
+        return ""
+    return f", in-betweens {psnr['mean']:.1f} dB mean (p5 {psnr['p5']:.1f}) against full renders"
+
+
 def _summary(report: dict) -> str:
     k = report["kinematics"]
     t = report["timings_ms"]
@@ -570,7 +577,8 @@ def _summary(report: dict) -> str:
     lines = [
         f"{report['frames']} frames ({report['duration_s']:.2f} s at {report['fps']} fps), "
         f"strides 1/2/3: {hist['1']}/{hist['2']}/{hist['3']}, "
-        f"rendered {report['rendered_frames']} ({100 * report['rendered_fraction']:.0f}%)",
+        f"rendered {report['rendered_frames']} ({100 * report['rendered_fraction']:.0f}%)"
+        + _inbetween_words(report.get("inbetween_psnr")),
         f"pose jerk {k['pose_jerk_mean_raw']:.2f} -> {k['pose_jerk_mean_smoothed']:.2f} rad/s³ "
         f"({change:+.1f}%), max accel {k['accel_max_smoothed']:.3f} <= "
         f"{k['accel_limit']:.3f} deg/frame², exp MAE {k['exp_mae']:.2g}",

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from scipy.ndimage import gaussian_filter
 
-from studio.engines.base import Renderer
+from studio.engines.base import Progress, Renderer
 from studio.motion.cadence import CadencePlan, blend_weights
 from studio.render.pipeline import MotionResult, iter_frames
 
@@ -118,14 +118,21 @@ def sample_inbetweens(plan: CadencePlan, max_frames: int | None = None) -> np.nd
     return _pick(np.flatnonzero(w > 0.0), max_frames)
 
 
+MEASURE_STAGE = "measuring in-betweens"  # the progress stage of their full renders
+
+
 def inbetween_psnr(
-    result: MotionResult, renderer: Renderer, made: Mapping[int, np.ndarray]
+    result: MotionResult,
+    renderer: Renderer,
+    made: Mapping[int, np.ndarray],
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """PSNR of in-betweens already made (``made``: frame -> image, e.g. the GUI preview's)
     against full renders of their smoothed motion rows: {mean, p5, worst} and how many
-    were measured (of how many in-betweens the clip has)."""
+    were measured (of how many in-betweens the clip has). ``progress`` hears of the full
+    renders (:data:`MEASURE_STAGE`, frames done, frames)."""
     frames = np.array(sorted(made), dtype=np.int64)
-    ref, _ = _reference(renderer, result, frames)
+    ref, _ = _reference(renderer, result, frames, progress)
     scores = np.array([psnr(made[int(f)], r) for f, r in zip(frames, ref, strict=True)])
     return {
         **summarize(scores),
@@ -135,7 +142,10 @@ def inbetween_psnr(
 
 
 def _reference(
-    renderer: Renderer, result: MotionResult, frames: np.ndarray
+    renderer: Renderer,
+    result: MotionResult,
+    frames: np.ndarray,
+    progress: Progress | None = None,
 ) -> tuple[np.ndarray, float]:
     """Full renders of the clip's ``frames`` (their smoothed rows, and their indices: a video
     avatar's source frame follows them) in the renderer's batches; (frames, seconds)."""
@@ -144,6 +154,8 @@ def _reference(
     for start in range(0, motion.shape[0], renderer.batch):
         part = slice(start, start + renderer.batch)
         out.append(np.asarray(renderer.render_batch(motion[part], frames[part])))
+        if progress is not None:
+            progress(MEASURE_STAGE, min(start + renderer.batch, len(frames)), len(frames))
     seconds = time.perf_counter() - t0
     return (np.concatenate(out) if out else np.empty((0,))), seconds
 

@@ -461,7 +461,7 @@ def render_video(
                 encoder.put(img)
             if cancel is not None and cancel():
                 raise Cancelled()
-            inbetween_psnr = measured.psnr()  # its full renders over the same backdrop
+            inbetween_psnr = measured.psnr(progress)  # full renders over the same backdrop
             encoder.finish()
     loop_s = time.perf_counter() - t0
     timings = dict(result.timings_ms)
@@ -511,9 +511,9 @@ class InbetweenSample:
         if index in self.wanted:
             self.made[index] = np.array(image, copy=True)  # the renderer may reuse its buffer
 
-    def psnr(self) -> dict | None:
+    def psnr(self, progress: Progress | None = None) -> dict | None:
         if not self.made:
             return None
         from studio.render.fidelity import inbetween_psnr
 
-        return inbetween_psnr(self.result, self.renderer, self.made)
+        return inbetween_psnr(self.result, self.renderer, self.made, progress)

@@ -12,7 +12,7 @@ import soundfile as sf
 from conftest import run_cli as _run
 from conftest import sigint_as_from_a_terminal
 
-from studio.cli import main
+from studio.cli import _summary, main
 from studio.engines.demo.engine import demo_audio_path
 
 
@@ -1082,6 +1082,7 @@ def test_reports_carry_the_quality_metrics(demo_render):
     assert psnr["measured"] == min(12, saved) and psnr["inbetweens"] == saved > 0
     assert 35.0 < psnr["worst"] <= psnr["p5"] <= psnr["mean"] < 80.0
     assert report["warp_forced_keyframes"] >= 0
+    assert f"in-betweens {psnr['mean']:.1f} dB mean (p5 {psnr['p5']:.1f})" in _summary(report)
 
 
 def test_a_signal_swallowed_where_it_landed_stops_the_work_at_the_next_report():

@@ -116,3 +116,25 @@ def test_silences_come_from_the_vad_once_per_audio_else_from_the_phonetics(monke
     other = _speech_result("auto")
     silence, source = speech_silence(other.audio, other.phon)
     assert source == "phonetics" and np.array_equal(silence, other.phon.silence)
+
+
+def test_a_render_measures_its_inbetweens_and_says_so(tmp_path) -> None:
+    from studio.render.fidelity import MEASURE_STAGE
+    from studio.render.pipeline import render_video
+
+    result = _speech_result("auto")
+    settings = RenderSettings(stride="auto", size=64, preset="ultrafast")
+    calls: list[tuple] = []
+    report = render_video(
+        result,
+        DemoEngine().renderer(settings),
+        str(tmp_path / "clip.mp4"),
+        settings,
+        progress=lambda *a: calls.append(a),
+    )
+    saved = result.num_frames - result.plan.keyframes.size
+    psnr = report["inbetween_psnr"]
+    assert saved > 0 and psnr["measured"] == min(12, saved) and psnr["inbetweens"] == saved
+    measuring = [c for c in calls if c[0] == MEASURE_STAGE]
+    assert measuring and measuring[-1] == (MEASURE_STAGE, psnr["measured"], psnr["measured"])
+    assert calls.index(measuring[0]) > max(i for i, c in enumerate(calls) if c[0] == "render")
