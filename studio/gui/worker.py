@@ -433,12 +433,16 @@ class RenderWorker(QObject):
     ) -> Any:
         """Render the preview frames, sent in chunks of FRAME_CHUNK; the renderer used."""
         renderer = self._renderer(engine, settings)
+
+        def said(stage: str, done: int, total: int) -> None:
+            self.progress.emit(generation, stage, done, total)
+
         frames = iter_frames(
             result,
             renderer,
             batch=PREVIEW_BATCH,
             cancel=lambda: self.cancellation.is_cancelled(generation),
-            progress=lambda s, d, n: self.progress.emit(generation, s, d, n),
+            progress=said,
             stats=stats,
         )
         measured = InbetweenSample(result, renderer)
@@ -452,8 +456,8 @@ class RenderWorker(QObject):
                 start, chunk = start + len(chunk), []
         if chunk:
             self.framesReady.emit(generation, start, chunk)
-        psnr = measured.psnr()  # what cadence costs in picture
-        if psnr is not None:
+        psnr = measured.psnr(said)
+        if psnr is not None:  # what cadence costs in picture
             stats["inbetween_psnr"] = psnr
         return renderer
 
