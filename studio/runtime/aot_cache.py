@@ -240,6 +240,17 @@ def _verify_elsewhere(path: Path, example: tuple[torch.Tensor, ...], network: st
         )
 
 
+def _package_verified(
+    module: nn.Module, example: tuple[torch.Tensor, ...], path: Path, network: str
+) -> None:
+    """Export ``module`` on ``example`` (3-D grid sampling as gathers), compile it into
+    ``path`` and load and run it in a new process: raises where any step fails."""
+    with torch.no_grad(), GatheredGridSample():
+        exported = torch.export.export(module, example)
+        _compile_package(exported, path, network)
+    _verify_elsewhere(path, example, network)
+
+
 def build(
     cache_dir: str | os.PathLike[str],
     key: AotKey,
@@ -257,10 +268,7 @@ def build(
             return package
         partial = package.with_name(f".{package.name}.{os.getpid()}.partial.pt2")
         try:
-            with torch.no_grad(), GatheredGridSample():
-                exported = torch.export.export(module, example)
-                _compile_package(exported, partial, key.network)
-            _verify_elsewhere(partial, example, key.network)
+            _package_verified(module, example, partial, key.network)
             sha = file_sha256(partial)
             os.replace(partial, package)
         finally:
@@ -317,9 +325,7 @@ def packages_load_here(cache_dir: str | os.PathLike[str], device: torch.device) 
             example = (torch.randn(4, 8).to(device),)
         partial = answer.with_name(f".{answer.stem}.{os.getpid()}.pt2")
         try:
-            with torch.no_grad():
-                _compile_package(torch.export.export(probe, example), partial, "probe")
-            _verify_elsewhere(partial, example, "a one-layer probe")
+            _package_verified(probe, example, partial, "a one-layer probe")
             ok, why = True, "a probe package loads in a new process"
         except Exception as e:  # noqa: BLE001 - any failure means: no packages here
             ok, why = False, f"{type(e).__name__}: {e}"
