@@ -82,6 +82,9 @@ class SpectralNormConv2d(nn.Module):
         Random u, v would give an arbitrary (possibly tiny or negative) sigma; converged ones keep
         a randomly initialised decoder numerically tame.
         """
+        self._cache = None
+        if self.weight_orig.is_meta:
+            return  # a skeleton (models._build): the checkpoint's tensors replace these
         nn.init.kaiming_uniform_(self.weight_orig, a=math.sqrt(5))
         if self.bias is not None:
             fan_in = self.weight_orig[0].numel()

@@ -27,8 +27,10 @@ Denoiser = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tens
 
 
 def cosine_betas(n_timestep: int = DIFFUSION_STEPS, s: float = COSINE_S) -> np.ndarray:
-    """Cosine-schedule betas in float64, clipped to [0, 0.999] (reference make_beta_schedule)."""
-    steps = torch.arange(n_timestep + 1, dtype=torch.float64) / n_timestep + s
+    """Cosine-schedule betas in float64, clipped to [0, 0.999] (reference make_beta_schedule).
+
+    Computed on the host whatever the default device (a meta skeleton's too)."""
+    steps = torch.arange(n_timestep + 1, dtype=torch.float64, device="cpu") / n_timestep + s
     alphas = torch.cos(steps / (1 + s) * np.pi / 2).pow(2)
     alphas = alphas / alphas[0]
     betas = 1 - alphas[1:] / alphas[:-1]
@@ -37,7 +39,7 @@ def cosine_betas(n_timestep: int = DIFFUSION_STEPS, s: float = COSINE_S) -> np.n
 
 def alphas_cumprod(n_timestep: int = DIFFUSION_STEPS) -> torch.Tensor:
     """Cumulative product of (1 - beta), computed in float32 after the cast, as the reference."""
-    betas = torch.tensor(cosine_betas(n_timestep), dtype=torch.float32)
+    betas = torch.tensor(cosine_betas(n_timestep), dtype=torch.float32, device="cpu")
     return torch.cumprod(1.0 - betas, dim=0)
 
 

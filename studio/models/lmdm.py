@@ -130,7 +130,10 @@ class RotaryEmbedding(nn.Module):
 
     @torch.no_grad()
     def refresh_tables(self) -> None:
-        """Recompute the cos/sin tables from ``freqs`` (in its dtype and on its device)."""
+        """Recompute the cos/sin tables from ``freqs`` (in its dtype and on its device); a
+        skeleton's (models._build) wait for the checkpoint's ``freqs``."""
+        if self.freqs.is_meta:
+            return
         pos = torch.arange(self.max_len, device=self.freqs.device, dtype=self.freqs.dtype)
         angles = (pos[:, None] * self.freqs[None, :]).repeat_interleave(2, dim=-1)
         self.cos = angles.cos()
@@ -275,7 +278,9 @@ class SinusoidalTimeEmbedding(nn.Module):
         super().__init__()
         half = dim // 2
         step = math.log(TIME_EMBED_BASE) / (half - 1)
-        self.register_buffer("freqs", torch.exp(torch.arange(half) * -step), persistent=False)
+        # a constant, made on the host even under a meta default device (see models._build)
+        freqs = torch.exp(torch.arange(half, device="cpu") * -step)
+        self.register_buffer("freqs", freqs, persistent=False)
 
     def forward(self, time_cond: Tensor) -> Tensor:
         """time_cond [B] (integer) -> [B, dim] float."""

@@ -225,6 +225,53 @@ def test_reduced_file_loads_strictly_with_forward_shapes(name: str, reduced_tree
         assert torch.equal(v, loaded[k])
 
 
+@pytest.mark.parametrize("name", NETWORK_NAMES)
+def test_a_loaded_network_is_the_one_built_for_real_and_draws_no_random_numbers(
+    name: str, reduced_tree: Path
+) -> None:
+    """Loading builds a meta skeleton and takes the file's tensors: no random init to pay for,
+    the caller's random stream untouched, and every buffer (the computed ones too) real."""
+    path = _pth(reduced_tree, name)
+    rng = torch.get_rng_state()
+    net = load_network(name, path)
+    assert torch.equal(torch.get_rng_state(), rng)
+    spec = network_spec(name)
+    stored = state_dict_from_container(name, torch.load(path, weights_only=True), path)
+    kwargs = dict(spec.reduced_kwargs)
+    if name == "lmdm":
+        kwargs["cond_dim"] = net.cond_dim
+    real = spec.cls(**kwargs)
+    real.load_state_dict(stored, strict=True)
+    real.eval()
+    ours = dict(net.named_buffers())
+    for key, value in real.named_buffers():  # non-persistent ones included
+        assert not ours[key].is_meta, key
+        assert torch.equal(ours[key], value), key
+    for key, value in real.named_parameters():
+        assert dict(net.named_parameters())[key].requires_grad == value.requires_grad
+    with torch.no_grad():
+        inputs = net.example_inputs(1)
+        for a, b in zip(_outputs(net(*inputs)), _outputs(real(*inputs)), strict=True):
+            assert torch.equal(a, b)
+
+
+def test_a_file_in_half_precision_or_with_strided_tensors_loads_as_the_module_holds_them(
+    tmp_path: Path,
+) -> None:
+    spec = network_spec("stitch_network")
+    source = random_network("stitch_network", reduced=True)
+    sd = source.state_dict()
+    first = next(k for k, v in sd.items() if v.dim() == 2)
+    sd = {k: v.half() for k, v in sd.items()}
+    sd[first] = sd[first].t().contiguous().t()  # same values, transposed strides
+    path = tmp_path / spec.checkpoint_file
+    torch.save(wrap_container("stitch_network", sd), path)
+    net = load_network("stitch_network", path)
+    for key, value in net.state_dict().items():
+        assert value.dtype == torch.float32 and value.is_contiguous(), key
+        assert torch.equal(value, sd[key].float()), key
+
+
 @pytest.mark.parametrize("name", FULL_FROM_TREE)
 def test_full_size_tree_loads_and_matches_the_manifest(name: str, full_tree: Path) -> None:
     manifest = _manifest()[name]
