@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from studio.errors import InputError, StudioError
+from studio.runtime.onnx_mapped import initializer_array, read_mapped
 from studio.runtime.onnx_torch_ops import CONVERTERS, Node, Unsupported, onnx_dtype
 
 __all__ = ["OnnxTorchGraph", "Port", "UnsupportedOnnxOp", "onnx_ports", "read_onnx"]
@@ -56,10 +57,17 @@ class Port:
 
 
 def read_onnx(path: str | os.PathLike[str]) -> Any:
-    """The ``onnx.ModelProto`` in ``path`` (external data included); InputError if unreadable."""
+    """The ``onnx.ModelProto`` in ``path``; InputError if unreadable.
+
+    Initializers stay in the file as external data (:mod:`studio.runtime.onnx_mapped`): the
+    planner maps them from there instead of parsing and copying gigabytes."""
     import onnx
 
     p = Path(path)
+    try:
+        return read_mapped(p)
+    except Exception:  # noqa: BLE001, S110 - a malformed file: onnx.load words what is wrong
+        pass
     try:
         return onnx.load(str(p))
     except Exception as e:  # protobuf and onnx raise several types for bad files
@@ -96,7 +104,8 @@ class OnnxTorchGraph(nn.Module):
 
     ``forward(*inputs)`` takes the runtime inputs in graph order and returns the outputs
     (the graph's, or only ``outputs``) as a tuple. ``output_shapes`` are static. ``batched``
-    maps a leading item axis over ``forward``.
+    maps a leading item axis over ``forward``. ``source`` is the model's file (in messages,
+    and its folder holds any external data, as :func:`read_onnx` leaves the weights).
     """
 
     def __init__(
@@ -181,8 +190,6 @@ class _Planner:
     """Walks the graph once: folds what the host knows, records the rest as steps."""
 
     def __init__(self, model: Any, source: str) -> None:
-        from onnx import numpy_helper
-
         self.model, self.source = model, source
         self.opset = next(
             (o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS), 1
@@ -192,8 +199,9 @@ class _Planner:
         self.steps: list[tuple[Any, tuple[str, ...], tuple[str, ...], bool]] = []
         if len(model.graph.sparse_initializer):
             raise UnsupportedOnnxOp(source, "sparse_initializer", "<graph>")
+        folder = Path(source).parent  # where external data lies (a path's, or the cwd)
         for init in model.graph.initializer:
-            self.known[init.name] = torch.from_numpy(numpy_helper.to_array(init).copy())
+            self.known[init.name] = torch.from_numpy(initializer_array(init, folder))
 
     def add_input(self, port: Port, shapes: Mapping[str, Sequence[int]]) -> Tensor:
         if port.name not in shapes:
