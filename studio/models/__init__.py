@@ -229,11 +229,13 @@ def _refused_global(message: str) -> str | None:
     return m.group(1) if m else None
 
 
-def load_checkpoint(path: str | os.PathLike[str]) -> Any:
+def load_checkpoint(path: str | os.PathLike[str], mmap: bool = False) -> Any:
     """``torch.load(path, map_location="cpu", weights_only=True)`` with clear InputErrors.
 
     Refuses (never retries unsafely) a file that references Python objects other than tensors
     and plain containers; reports missing, empty, truncated, Git LFS pointer and non-torch files.
+    ``mmap`` maps a zip-format file's tensors instead of reading them (for weights that are
+    copied to a GPU at once: no second copy in host memory).
     """
     p = Path(path).expanduser()
     if not p.exists():
@@ -252,7 +254,8 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Any:
             f"{p} is a Git LFS pointer, not the checkpoint: run `git lfs pull` in the checkout"
         )
     try:
-        return torch.load(p, map_location="cpu", weights_only=True)
+        mapped = mmap and head.startswith(_ZIP_MAGIC)
+        return torch.load(p, map_location="cpu", weights_only=True, mmap=mapped)
     except Exception as e:  # noqa: BLE001 - every failure inside torch.load is a bad file
         message = str(e)
         name = _refused_global(message) if "Weights only load failed" in message else None
@@ -469,7 +472,8 @@ def load_network(
     """
     spec = network_spec(name)
     path = Path(checkpoint_path).expanduser()
-    sd = state_dict_from_container(name, load_checkpoint(path), path)
+    on_cpu = torch.device(device).type == "cpu"  # a CPU module keeps no file mapped
+    sd = state_dict_from_container(name, load_checkpoint(path, mmap=not on_cpu), path)
     _check_finite(sd, spec.name, path)
     cond_dim = _lmdm_cond_dim(spec, sd, path) if name == "lmdm" else None
     if kwargs:

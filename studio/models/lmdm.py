@@ -121,7 +121,8 @@ class RotaryEmbedding(nn.Module):
         if dim % 2:
             raise ValueError(f"rotary width must be even, got {dim}")
         self.max_len = max_len
-        exponents = torch.arange(0, dim, 2).float() / dim
+        # host constants even under a meta default device (see models._build)
+        exponents = torch.arange(0, dim, 2, device="cpu").float() / dim
         self.register_buffer("freqs", 1.0 / (ROTARY_BASE**exponents))
         self.register_buffer("cos", torch.empty(max_len, dim), persistent=False)
         self.register_buffer("sin", torch.empty(max_len, dim), persistent=False)
@@ -130,10 +131,7 @@ class RotaryEmbedding(nn.Module):
 
     @torch.no_grad()
     def refresh_tables(self) -> None:
-        """Recompute the cos/sin tables from ``freqs`` (in its dtype and on its device); a
-        skeleton's (models._build) wait for the checkpoint's ``freqs``."""
-        if self.freqs.is_meta:
-            return
+        """Recompute the cos/sin tables from ``freqs`` (in its dtype and on its device)."""
         pos = torch.arange(self.max_len, device=self.freqs.device, dtype=self.freqs.dtype)
         angles = (pos[:, None] * self.freqs[None, :]).repeat_interleave(2, dim=-1)
         self.cos = angles.cos()
@@ -311,8 +309,12 @@ class LMDM(nn.Module):
         self.batch_guidance = True
 
         # Registration order fixes the state-dict order of the released file.
-        self.null_cond_embed = nn.Parameter(torch.randn(1, SEQ_FRAMES, d))
-        self.null_cond_hidden = nn.Parameter(torch.randn(1, d))
+        self.null_cond_embed = nn.Parameter(torch.empty(1, SEQ_FRAMES, d))
+        self.null_cond_hidden = nn.Parameter(torch.empty(1, d))
+        if not self.null_cond_embed.is_meta:  # a skeleton (models._build) draws nothing
+            with torch.no_grad():  # the same numbers torch.randn draws
+                self.null_cond_embed.normal_()
+                self.null_cond_hidden.normal_()
         self.rotary = RotaryEmbedding(d)
         self.time_mlp = nn.Sequential(SinusoidalTimeEmbedding(d), nn.Linear(d, 4 * d), nn.Mish())
         self.to_time_cond = nn.Sequential(nn.Linear(4 * d, d))

@@ -24,6 +24,7 @@ from studio.fixtures.random_tree import CFG_FILE, random_network, write_checkpoi
 from studio.models import (
     NETWORK_NAMES,
     REGISTRY,
+    load_checkpoint,
     load_network,
     network_spec,
     state_dict_from_container,
@@ -270,6 +271,17 @@ def test_a_file_in_half_precision_or_with_strided_tensors_loads_as_the_module_ho
     for key, value in net.state_dict().items():
         assert value.dtype == torch.float32 and value.is_contiguous(), key
         assert torch.equal(value, sd[key].float()), key
+
+
+@pytest.mark.parametrize("zipped", [True, False])
+def test_a_mapped_checkpoint_holds_what_a_read_one_does(tmp_path: Path, zipped: bool) -> None:
+    """mmap (weights bound for a GPU) maps a zip-format file; an old-format one is read."""
+    sd = random_network("stitch_network", reduced=True).state_dict()
+    path = tmp_path / "stitch.pth"
+    torch.save(sd, path, _use_new_zipfile_serialization=zipped)
+    read, mapped = load_checkpoint(path), load_checkpoint(path, mmap=True)
+    assert list(mapped) == list(read)
+    assert all(torch.equal(mapped[k], read[k]) for k in read)
 
 
 @pytest.mark.parametrize("name", FULL_FROM_TREE)
