@@ -2,7 +2,8 @@
 
 Suites live in their own modules (:mod:`studio.bench.lmdm`, :mod:`studio.bench.render`,
 :mod:`studio.bench.pipeline`: the clip end to end, :mod:`studio.bench.kinematics`,
-:mod:`studio.bench.streaming`: the live engine), each with
+:mod:`studio.bench.streaming`: the live engine, :mod:`studio.bench.warmstart`: new
+processes against the caches on disk, and a batch), each with
 ``main(argv) -> int`` that parses its own options (``--device --json --markdown --plots
 --repeats --warmup`` in common) and writes its JSON and Markdown. They share the timing
 helpers of :mod:`studio.bench.timing` (warm-up, CUDA events on a GPU, ``perf_counter`` on the
@@ -43,6 +44,7 @@ SUITES: dict[str, str] = {
     "pipeline": "studio.bench.pipeline",
     "kinematics": "studio.bench.kinematics",
     "streaming": "studio.bench.streaming",
+    "warmstart": "studio.bench.warmstart",
 }
 ALL = "all"
 ALL_HELP = {  # the common options, as --suite all reads them

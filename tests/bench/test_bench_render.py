@@ -233,7 +233,7 @@ def test_cli_lmdm_smoke(tmp_path):
 
 def test_suite_all_writes_one_json_and_one_markdown(tmp_path):
     """Dispatch by table; the render suite's own CLI run is the module fixture above."""
-    assert list(SUITES) == ["lmdm", "render", "pipeline", "kinematics", "streaming"]
+    assert list(SUITES) == ["lmdm", "render", "pipeline", "kinematics", "streaming", "warmstart"]
     js, md = tmp_path / "all.json", tmp_path / "all.md"
     argv = ["bench", "--suite", "all", "--suites", "lmdm,kinematics", "--device", "cpu"]
     argv += ["--repeats", "1", "--warmup", "0", "--reduced"]

@@ -1,0 +1,418 @@
+"""``studio bench --suite warmstart``: what a user's new process costs with the studio's
+caches on disk, and a batch's rate (issue 20's targets).
+
+Every row is a new ``python -m studio`` process, timed from its start to its exit, in the order
+a user meets them, all against one cache root (``--cache``, default a fresh folder: the first
+process finds nothing):
+
+- ``prebuild`` (with ``--compile``): ``studio compile --runtime torch`` on the empty cache,
+  the cold first build, reported on its own;
+- ``render N s``: ``studio render`` of each clip length (``--clips``, default 10 and 60 s),
+  each a new process finding what the earlier ones left on disk;
+- ``batch``: ``studio batch`` of ``--batch-jobs`` clips of ``--batch-seconds`` each, one
+  process and one warm engine; its real-time factor, and every output checked (it decodes,
+  with the frame count its record gives).
+
+Per row: wall time; where it went (the report's warm-up: engine open and engine build, and its
+stage timings; ``startup`` is the rest: interpreter, imports, reading the inputs, writing the
+report); the process's peak host memory (``wait4``) and, from a batch's report, its peak GPU
+memory. Inputs: the synthetic speech of :func:`studio.bench.pipeline.speech_clip`, a drawn
+face, and Ditto on ``--checkpoints`` or on a random-weight tree of the released layout
+(``--reduced``: narrow networks, for smoke runs), or the demo engine (``--engine demo``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from studio import layout
+from studio.bench import report
+from studio.bench.timing import git_commit, utc_now
+from studio.errors import StudioError
+
+ENGINES = ("ditto", "demo")
+TARGETS = {"render_60s_wall_s": 8.0, "render_10s_wall_s": 3.0, "batch_realtime": 15.0}
+HELP = {
+    "repeats": "unused (each row is one new process)",
+    "warmup": "unused (the rows are the warm-up)",
+}
+
+
+def _peak_mb(usage: Any) -> float:
+    return usage.ru_maxrss / 2**20 if sys.platform == "darwin" else usage.ru_maxrss / 1024
+
+
+def run_process(argv: Sequence[str], log: Path, timeout: float) -> dict[str, Any]:
+    """``python -m studio ARGV`` as a new process: exit status, wall seconds, peak host MB.
+
+    Its output goes to ``log``; past ``timeout`` seconds it is killed (exit status None)."""
+    cmd = [sys.executable, "-m", "studio", *argv]
+    with open(log, "w") as out:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        while True:  # wait4, not wait: the peak memory is this child's own
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            wall = time.perf_counter() - start
+            if pid:
+                break
+            if wall > timeout:
+                proc.send_signal(signal.SIGKILL)
+                _, status, usage = os.wait4(proc.pid, 0)
+                status = None
+                break
+            time.sleep(0.005)
+    proc.returncode = 0  # reaped above: keep Popen from waiting again
+    code = None if status is None else os.waitstatus_to_exitcode(status)
+    return {"exit": code, "wall_s": round(wall, 3), "peak_host_mb": round(_peak_mb(usage), 1)}
+
+
+def _last_line(log: Path) -> str:
+    lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def _render_row(run: dict[str, Any], rep: dict[str, Any]) -> dict[str, Any]:
+    """A render's row: the process's figures and where its wall time went."""
+    warm = rep.get("warmup_ms", {})
+    stages = rep.get("timings_ms", {})
+    accounted = stages.get("total", 0.0)  # the command's own clock: warm-up included
+    return {
+        **run,
+        "frames": rep.get("frames"),
+        "audio_s": rep.get("duration_s"),
+        "render_fps": rep.get("render_fps"),
+        "warmup_ms": warm,
+        "timings_ms": stages,
+        "startup_ms": round(max(run["wall_s"] * 1000.0 - accounted, 0.0), 1),
+    }
+
+
+def check_outputs(batch: dict[str, Any]) -> list[str]:
+    """What is wrong with a batch's outputs: each done job's file must decode, holding the
+    frame count of its record. Empty when every output is valid."""
+    import av
+
+    problems = []
+    for rec in batch["jobs"]:
+        if rec["status"] not in ("done", "skipped"):
+            problems.append(f"{rec['name']}: {rec['status']} ({rec.get('error', '')})")
+            continue
+        try:
+            with av.open(rec["output"]) as c:
+                frames = sum(1 for _ in c.decode(video=0))
+        except (av.FFmpegError, OSError) as e:
+            problems.append(f"{rec['name']}: {rec['output']} does not decode ({e})")
+            continue
+        if "frames" in rec and frames != rec["frames"]:
+            problems.append(f"{rec['name']}: {frames} frames decoded, {rec['frames']} recorded")
+    return problems
+
+
+def _inputs(
+    work: Path, engine: str, checkpoints: str | None, reduced: bool, hubert: str, seconds: list
+) -> tuple[list[str], dict[str, Any] | None, dict[float, Path]]:
+    """(the engine's options for the CLI, the HuBERT record, speech file per length)."""
+    import soundfile as sf
+
+    from studio.bench.pipeline import _face_png, speech_clip, write_inputs
+
+    speech = {}
+    for s in seconds:
+        clip = speech_clip(s, seed=int(s * 10))
+        speech[s] = work / f"speech_{s:g}s.wav"
+        sf.write(speech[s], clip.samples, layout.SAMPLE_RATE)
+    if engine == "demo":
+        return ["--demo"], None, speech
+    hub = None
+    if checkpoints is None:
+        hub = write_inputs(work / "ckpt", reduced, hubert)
+        checkpoints = str(work / "ckpt")
+    face = _face_png(work, 512, 512)
+    return ["--checkpoints", checkpoints, "--avatar", str(face)], hub, speech
+
+
+def run_warmstart_suite(
+    device: str | None = None,
+    engine: str = "ditto",
+    checkpoints: str | None = None,
+    reduced: bool = False,
+    hubert: str = "costlike",
+    clips: Sequence[float] = (10.0, 60.0),
+    compile: bool = True,
+    batch_jobs: int = 20,
+    batch_seconds: float = 60.0,
+    size: int = 512,
+    x264_preset: str = "veryfast",
+    cache: str | None = None,
+    timeout: float = 900.0,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Every row of the module docstring; a JSON-ready dict."""
+    say = progress or (lambda _line: None)
+    if engine not in ENGINES:
+        raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, not {engine}")
+    if not clips or min(clips) <= 0 or batch_jobs < 0 or batch_seconds <= 0:
+        raise ValueError("need clip lengths > 0, --batch-jobs >= 0 and --batch-seconds > 0")
+    compile = compile and engine == "ditto"
+    result: dict[str, Any] = {
+        "suite": "warmstart",
+        "facts": {**_facts(device), "date": utc_now(), "commit": git_commit()},
+        "config": {
+            "engine": engine,
+            "checkpoints": checkpoints,
+            "reduced": reduced,
+            "clips_s": list(clips),
+            "compile": compile,
+            "batch_jobs": batch_jobs,
+            "batch_seconds": batch_seconds,
+            "size": size,
+            "x264_preset": x264_preset,
+            "device": device,
+        },
+        "targets": TARGETS,
+        "rows": [],
+        "notes": [],
+    }
+    with tempfile.TemporaryDirectory(prefix="studio-bench-warmstart-") as tmp:
+        work = Path(tmp)
+        root = Path(cache) if cache else work / "cache"
+        say(f"[warmstart] writing the inputs ({engine})")
+        lengths = sorted({*clips, batch_seconds} if batch_jobs else set(clips))
+        engine_args, hub, speech = _inputs(work, engine, checkpoints, reduced, hubert, lengths)
+        result["hubert"] = hub
+        common = [*engine_args, "--cache-dir", str(root), "-q"]
+        if device:
+            common += ["--device", device]
+        look = ["--size", str(size), "--x264-preset", x264_preset]
+        if engine == "ditto":
+            look += ["--frame", "crop"]
+        if compile:
+            look.append("--compile")
+        if compile and not _cuda_here(device):
+            result["notes"].append("no prebuild row: compiled engines are built on a CUDA GPU")
+        elif compile:
+            say("[warmstart] prebuild: studio compile --runtime torch (cold)")
+            argv = _without_avatar(["compile", "--runtime", "torch", *common])
+            run = run_process(argv, work / "prebuild.log", timeout)
+            run.update(row="prebuild", last_line=_last_line(work / "prebuild.log"))
+            result["rows"].append(run)
+        for s in clips:
+            name = f"render {s:g} s"
+            say(f"[warmstart] {name}: a new process")
+            out, rep_path, log = work / f"r{s:g}.mp4", work / f"r{s:g}.json", work / f"r{s:g}.log"
+            argv = ["render", "--audio", str(speech[s]), *common, *look, "--out", str(out)]
+            run = run_process([*argv, "--report", str(rep_path)], log, timeout)
+            rep = json.loads(rep_path.read_text()) if rep_path.is_file() else {}
+            row = {"row": name, **_render_row(run, rep)}
+            if run["exit"] != 0:
+                row["last_line"] = _last_line(log)
+            target = TARGETS.get(f"render_{s:g}s_wall_s")
+            if target is not None:
+                row["target_s"], row["meets_target"] = target, run["wall_s"] <= target
+            result["rows"].append(row)
+            say(f"[warmstart] {name}: {run['wall_s']} s wall, exit {run['exit']}")
+        if batch_jobs:
+            result["rows"].append(
+                _batch_row(work, speech[batch_seconds], batch_jobs, common + look, timeout, say)
+            )
+    return result
+
+
+def _without_avatar(argv: list[str]) -> list[str]:
+    """``studio compile`` takes no avatar: ``argv`` without ``--avatar FILE``."""
+    if "--avatar" not in argv:
+        return argv
+    i = argv.index("--avatar")
+    return argv[:i] + argv[i + 2 :]
+
+
+def _batch_row(
+    work: Path,
+    speech: Path,
+    jobs: int,
+    options: list[str],
+    timeout: float,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    say(f"[warmstart] batch: {jobs} jobs in one new process")
+    listing = work / "jobs.jsonl"
+    listing.write_text(
+        "".join(
+            json.dumps({"audio": str(speech), "output": f"clip_{i:02d}.mp4"}) + "\n"
+            for i in range(jobs)
+        )
+    )
+    out_dir, log = work / "batch", work / "batch.log"
+    argv = ["batch", str(listing), "--out-dir", str(out_dir), *options]
+    run = run_process(argv, log, timeout)
+    row: dict[str, Any] = {"row": f"batch {jobs} x {speech.stem}", **run}
+    rep_path = out_dir / "batch_report.json"
+    if not rep_path.is_file():
+        row["last_line"] = _last_line(log)
+        return row
+    batch = json.loads(rep_path.read_text())
+    s = batch["summary"]
+    audio = s["audio_s"]
+    made = [r for r in batch["jobs"] if r["status"] == "done"]
+    row.update(
+        warmup_ms=_summed(r.get("warmup_ms", {}) for r in made),
+        timings_ms=_summed(r.get("timings_ms", {}) for r in made),
+        done=s["done"],
+        failed=s["failed"],
+        audio_s=audio,
+        frames=s["frames"],
+        realtime=round(audio / run["wall_s"], 2) if audio else None,
+        peak_gpu_mb=s.get("peak_gpu_mb"),
+        problems=check_outputs(batch),
+        target_x=TARGETS["batch_realtime"],
+    )
+    row["meets_target"] = bool(row["realtime"] and row["realtime"] >= TARGETS["batch_realtime"])
+    row["valid"] = not row["problems"] and s["done"] == jobs
+    say(f"[warmstart] batch: {row['realtime']}x real time, {len(row['problems'])} problems")
+    return row
+
+
+def _cuda_here(device: str | None) -> bool:
+    import torch
+
+    return device != "cpu" and torch.cuda.is_available()
+
+
+def _facts(device: str | None) -> dict[str, Any]:
+    import torch  # its versions only: CUDA is left for the rows' processes to start
+
+    return {
+        "name": _device_name(device),
+        "torch": torch.__version__,
+        "cuda_runtime": torch.version.cuda,
+    }
+
+
+def _summed(parts: Any) -> dict[str, float]:
+    """Per key, the sum over the jobs' timing dicts (ms)."""
+    total: dict[str, float] = {}
+    for part in parts:
+        for key, value in part.items():
+            total[key] = round(total.get(key, 0.0) + value, 2)
+    return total
+
+
+def _device_name(device: str | None) -> str:
+    """The GPU's name where one is used, else the CPU (without initialising CUDA here: the
+    rows' processes must find the GPU as a user's would)."""
+    if device != "cpu":
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=True,
+            )
+            if out.stdout.strip():
+                return out.stdout.strip().splitlines()[0]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    import platform
+
+    return f"{platform.machine()} CPU, {os.cpu_count()} cores"
+
+
+def to_markdown(result: dict[str, Any]) -> str:
+    f, c = result["facts"], result["config"]
+    lines = [
+        "## New processes against the caches on disk (warm starts and a batch)",
+        "",
+        report.measured_on(f),
+        "",
+        f"Engine {c['engine']}"
+        + (" (reduced tree)" if c["reduced"] else "")
+        + f", --compile {'on' if c['compile'] else 'off'}, {c['size']}² , x264 {c['x264_preset']}.",
+        "",
+    ]
+    rows = []
+    for r in result["rows"]:
+        warm = r.get("warmup_ms", {})
+        stages = r.get("timings_ms", {})
+        split = ", ".join(
+            f"{k} {v / 1000:.2f}"
+            for k, v in [("startup", r.get("startup_ms", 0)), *warm.items(), *stages.items()]
+            if k != "total" and v >= 5.0  # the stages worth a hundredth of a second
+        )
+        goal = ""
+        if "target_s" in r:
+            goal = f"≤ {r['target_s']:g} s: {'met' if r['meets_target'] else 'not met'}"
+        elif "target_x" in r:
+            goal = f"≥ {r['target_x']:g}x: {'met' if r['meets_target'] else 'not met'}"
+        rate = f"{r['realtime']}x real time" if r.get("realtime") else ""
+        if r.get("render_fps"):
+            rate = f"{r['render_fps']} fps"
+        rows.append(
+            [
+                r["row"],
+                "ok" if r["exit"] == 0 else f"exit {r['exit']}: {r.get('last_line', '')}",
+                f"{r['wall_s']:.2f} s",
+                rate,
+                f"{r['peak_host_mb']:.0f}"
+                + (f" / {r['peak_gpu_mb']:.0f}" if r.get("peak_gpu_mb") else ""),
+                split.replace("|", "/"),
+                goal,
+            ]
+        )
+    lines += report.table(
+        ["process", "result", "wall", "rate", "peak MB host / GPU", "where it went (s)", "target"],
+        rows,
+    )
+    for r in result["rows"]:
+        for p in r.get("problems", []):
+            lines.append(f"- {r['row']}: {p}")
+    return "\n".join(lines + report.markdown_tail(result))
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(v) for v in text.split(",") if v.strip())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = report.suite_parser(
+        "warmstart",
+        "New processes against the caches on disk: the cold prebuild, renders of each clip "
+        "length, and a batch in one process, each timed whole.",
+        HELP,
+        allow_abbrev=False,
+    )
+    p.add_argument("--engine", choices=ENGINES, default="ditto")
+    p.add_argument("--checkpoints", metavar="DIR", help="a real Ditto tree (default: random)")
+    p.add_argument("--reduced", action="store_true", help="narrow networks (smoke runs)")
+    p.add_argument("--hubert", choices=("costlike", "large", "standin"), default="costlike")
+    p.add_argument("--clips", default="10,60", help="clip lengths in seconds (default 10,60)")
+    p.add_argument("--no-compile", dest="compile", action="store_false", help="eager engines")
+    p.add_argument("--batch-jobs", type=int, default=20, help="jobs of the batch row (0: none)")
+    p.add_argument("--batch-seconds", type=float, default=60.0)
+    p.add_argument("--size", type=int, default=512)
+    p.add_argument("--x264-preset", default="veryfast")
+    p.add_argument("--cache", metavar="DIR", help="the cache root (default: a fresh one)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per process")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return report.run_main(
+        "warmstart", build_parser(), argv, _run, to_markdown, None, (StudioError, ValueError)
+    )
+
+
+def _run(args: argparse.Namespace, progress: Callable[[str], None]) -> dict[str, Any]:
+    return run_warmstart_suite(
+        **report.args_for(run_warmstart_suite, args, clips=_floats(args.clips), progress=progress)
+    )

@@ -1,0 +1,113 @@
+"""``studio bench --suite warmstart``: real new processes of the studio, timed whole."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import av
+import numpy as np
+
+from studio.bench.warmstart import check_outputs, run_process, to_markdown
+from studio.cli import main as cli_main
+
+
+def test_renders_and_a_batch_as_new_processes_with_their_figures(tmp_path: Path) -> None:
+    js, md = tmp_path / "w.json", tmp_path / "w.md"
+    argv = ["bench", "--suite", "warmstart", "--engine", "demo", "--clips", "0.6,1"]
+    argv += ["--batch-jobs", "2", "--batch-seconds", "0.6", "--size", "96", "--device", "cpu"]
+    argv += ["--x264-preset", "ultrafast", "--json", str(js), "--markdown", str(md)]
+    assert cli_main(argv) == 0
+    data = json.loads(js.read_text())
+    rows = {r["row"]: r for r in data["rows"]}
+    assert list(rows) == ["render 0.6 s", "render 1 s", "batch 2 x speech_0.6s"]
+    for name in ("render 0.6 s", "render 1 s"):
+        r = rows[name]
+        assert r["exit"] == 0 and r["wall_s"] > 0 and r["peak_host_mb"] > 50  # torch is in it
+        assert r["frames"] == round(float(name.split()[1]) * 25)
+        assert set(r["warmup_ms"]) == {"open_engine", "build_engines"}
+        # the interpreter and imports, before the engine opens: part of the wall, not all
+        assert 0 < r["startup_ms"] < r["wall_s"] * 1000.0
+        assert "target_s" not in r  # the targets are for 10 s and 60 s clips
+    batch = rows["batch 2 x speech_0.6s"]
+    assert batch["exit"] == 0 and batch["done"] == 2 and batch["failed"] == 0
+    assert batch["valid"] and batch["problems"] == []
+    assert batch["realtime"] == round(batch["audio_s"] / batch["wall_s"], 2)
+    assert batch["meets_target"] is (batch["realtime"] >= 15.0)
+    text = md.read_text()
+    assert text.startswith("## New processes against the caches on disk")
+    assert "| render 1 s | ok |" in text and "x real time" in text
+
+
+def test_a_batch_output_that_does_not_decode_or_lost_frames_is_named(tmp_path: Path) -> None:
+    good = tmp_path / "good.mp4"
+    with av.open(str(good), "w") as c:
+        s = c.add_stream("libx264", rate=25)
+        s.width = s.height = 32
+        s.pix_fmt = "yuv420p"
+        for _ in range(3):
+            frame = av.VideoFrame.from_ndarray(np.zeros((32, 32, 3), np.uint8), format="rgb24")
+            for p in s.encode(frame):
+                c.mux(p)
+        for p in s.encode(None):
+            c.mux(p)
+    bad = tmp_path / "bad.mp4"
+    bad.write_bytes(b"not a video")
+    jobs = [
+        {"name": "a", "status": "done", "output": str(good), "frames": 3},
+        {"name": "b", "status": "done", "output": str(good), "frames": 4},
+        {"name": "c", "status": "done", "output": str(bad), "frames": 3},
+        {"name": "d", "status": "failed", "error": "no face in x.png"},
+    ]
+    problems = check_outputs({"jobs": jobs})
+    assert [p.split(":")[0] for p in problems] == ["b", "c", "d"]
+    assert "3 frames decoded, 4 recorded" in problems[0]
+    assert "does not decode" in problems[1] and "no face in x.png" in problems[2]
+
+
+def test_a_process_past_its_time_is_killed_and_says_so(tmp_path: Path) -> None:
+    log = tmp_path / "gui.log"
+    run = run_process(["live", "--demo", "--help-nothing"], log, timeout=60)
+    assert run["exit"] == 2  # a bad option: argparse's status, the process's own
+    run = run_process(["render", "--demo", "--out", str(tmp_path / "x.mp4")], log, timeout=0.3)
+    assert run["exit"] is None and run["wall_s"] < 5
+    assert not (tmp_path / "x.mp4").exists()
+
+
+def test_the_table_shows_targets_and_failures() -> None:
+    result = {
+        "facts": {"name": "GPU", "torch": "2", "date": "d", "commit": "c"},
+        "config": {
+            "engine": "ditto",
+            "reduced": False,
+            "compile": True,
+            "size": 512,
+            "x264_preset": "veryfast",
+        },
+        "rows": [
+            {
+                "row": "prebuild",
+                "exit": 1,
+                "wall_s": 3.0,
+                "peak_host_mb": 900.0,
+                "last_line": "boom",
+            },
+            {
+                "row": "render 60 s",
+                "exit": 0,
+                "wall_s": 7.5,
+                "peak_host_mb": 2000.0,
+                "render_fps": 300.0,
+                "startup_ms": 2000.0,
+                "warmup_ms": {"open_engine": 1000.0},
+                "timings_ms": {"render": 4500.0, "total": 4500.0},
+                "target_s": 8.0,
+                "meets_target": True,
+            },
+        ],
+        "notes": [],
+    }
+    text = to_markdown(result)
+    assert "| prebuild | exit 1: boom | 3.00 s |" in text
+    assert "startup 2.00, open_engine 1.00, render 4.50" in text
+    assert "≤ 8 s: met" in text
