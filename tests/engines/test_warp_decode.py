@@ -60,6 +60,12 @@ def test_engines_of_the_least_recently_used_batch_sizes_are_freed(modules, one_t
         assert wd.engines(16)[name].adapter is first[name].adapter
     assert wd.batch_for(3, 32) == 4 and wd.batch_for(5, 32) == 8  # built rungs up to 2x reused
     assert wd.batch_for(17, 32) == 24  # no built rung near: the ladder's
+    for b in (4, 8):
+        del wd._engines[b]
+    assert wd.batch_for(3, 16) == 4  # 16 is more than twice 4: a rung of its own
+    wd.compiled = True  # (on a GPU) another compiled rung costs seconds: pad to a built one
+    assert wd.batch_for(3, 16) == 16 and wd.batch_for(1, 16) == 1
+    assert wd.batch_for(17, 32) == 24  # none built holds them: the ladder's
 
 
 @pytest.mark.parametrize("rewrite", [None, 8], ids=["as-is", "padded-split"])

@@ -225,9 +225,13 @@ class WarpDecodeEngines:
 
     def batch_for(self, frames: int, cap: int) -> int:
         """The engine batch for ``frames``: a built rung up to twice the ladder's, else the
-        ladder's (so preview and export batches share engines instead of evicting them)."""
+        ladder's (so preview and export batches share engines instead of evicting them).
+        Compiled engines take any built rung up to ``cap``: compiling another costs seconds
+        from the caches and a minute without, padding a clip's last batch a few milliseconds.
+        """
         want = static_batch(frames, cap)
-        built = [b for b in self._engines if want <= b <= 2 * want]
+        reach = max(cap, 2 * want) if self.compiled else 2 * want
+        built = [b for b in self._engines if want <= b <= reach]
         return min(built) if built else want
 
     def _module(self, name: str) -> nn.Module:
