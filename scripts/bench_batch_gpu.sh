@@ -8,7 +8,7 @@
 # concurrent `studio batch` processes on the one GPU (what N Ray actors on it would do).
 # Prints each run's summary line and leaves batch_report.json files under OUT_DIR. The tree's
 # weights are deterministic: with STUDIO_CACHE_DIR shared, compiled packages built for it by
-# scripts/bench_warm_gpu.sh are reused.
+# `scripts/bench_gpu.sh OUT warmstart` are reused.
 set -uo pipefail
 out=${1:?usage: scripts/bench_batch_gpu.sh OUT_DIR SPEECH.wav [CLIPS] [SECONDS]}
 speech=${2:?give a speech file}

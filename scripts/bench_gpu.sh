@@ -14,7 +14,8 @@
 # 10-minute session's memory) and the in-betweens' (cadence: PSNR against full renders and the
 # cost of an in-between against a keyframe, demo engine and the full-size Ditto renderer) run
 # when named (BENCH_AUDIO: a speech file the cadence step measures too).
-# Steps (lmdm render pipeline tests streaming) may be named after OUT_DIR to run only those: a device
+# `warmstart` (new processes against the caches on disk, and a batch) runs when named.
+# Steps (lmdm render pipeline tests streaming warmstart) may be named after OUT_DIR to run only those: a device
 # call lasts at most 10 minutes, so the session is two calls, e.g. `lmdm pipeline tests`
 # then `render`.
 set -uo pipefail
@@ -37,6 +38,16 @@ want render && run render 300 --suite render --device cuda --batches 32 --precis
 want streaming && run streaming 420 --suite streaming --device cuda --long-minutes 10
 want cadence && run cadence 400 --suite kinematics --device cuda --repeats 1 --warmup 0 \
   --cadence-engines demo,ditto --cadence-max-frames 40 ${BENCH_AUDIO:+--audio "$BENCH_AUDIO"}
+if want warmstart; then  # new processes against the caches on disk (issue 20's targets)
+  # an image that writes no .pyc makes each new process compile torch's source (7.7 s on an
+  # H200 machine); an installed studio has its bytecode, so compile it once here, as pip does
+  [ -n "${PYTHONDONTWRITEBYTECODE:-}" ] && python3 -m compileall -q -j 0 \
+    "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+    ${PYTHONPATH//:/ } >/dev/null 2>&1
+  # WARMSTART_ARGS: e.g. "--batch-jobs 0" for the renders alone (one device call lasts at most
+  # 10 minutes); the cache under OUT_DIR is kept, so a second call finds it warm
+  run warmstart 590 --suite warmstart --device cuda --cache "$out/cache" ${WARMSTART_ARGS:-}
+fi
 want pipeline && run pipeline 260 --suite pipeline --device cuda --compile --x264-preset veryfast --plots "$out"
 want tests || exit 0
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/engines/test_warp_decode.py \

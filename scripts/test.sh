@@ -19,6 +19,7 @@ fi
 .venv/bin/ruff check studio tests
 # the house plan: layers that only look down, Qt only under gui/ (pyproject [tool.importlinter])
 .venv/bin/lint-imports
-.venv/bin/python -m pytest -q "$@"
+# two workers (this machine's two cores), each module's tests on one worker (its fixtures made once)
+.venv/bin/python -m pytest -q -n 2 --dist loadscope "$@"
 # the built wheel, installed (not editable) in a fresh venv, renders the demo
 bash scripts/wheel_check.sh

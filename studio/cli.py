@@ -668,6 +668,9 @@ def cmd_render(args: argparse.Namespace) -> int:
         "open_engine": round((opened - t0) * 1000.0, 2),
         "build_engines": round((built - t1) * 1000.0, 2),
     }
+    from studio.runtime.base import peak_memory_mb
+
+    report["peak_memory_mb"] = peak_memory_mb()
     report["audio"] = audio.path
     report["settings"] = settings.to_dict()
     if controls:
@@ -910,6 +913,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     timings["total"] = (time.perf_counter() - started) * 1000.0
     report = build_report(result, timings, rendered=False)
     report["rendered_frames"] = int(result.plan.keyframes.size)
+    from studio.runtime.base import peak_memory_mb
+
+    report["peak_memory_mb"] = peak_memory_mb()
     report["audio"] = audio.path
     report["settings"] = settings.to_dict()
     report["quality"] = quality_of(result, engine)

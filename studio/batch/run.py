@@ -11,7 +11,6 @@ a rerun skips what is done. :func:`run_in_turn` is what a Ray actor runs as well
 
 from __future__ import annotations
 
-import resource
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -50,19 +49,6 @@ def engine_key(job: Job, options: EngineOptions) -> tuple:
 
     avatar = job.avatar if capabilities(job.settings.backend).takes_avatar else None
     return (job.settings.backend, avatar, options.checkpoints, options.device)
-
-
-def _peak_host_mb() -> float:
-    """This process's peak resident memory so far, MB."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
-
-
-def _peak_gpu_mb() -> float | None:
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
-        return None
-    return torch.cuda.max_memory_allocated() / 2**20
 
 
 def one_line(error: BaseException) -> str:
@@ -171,6 +157,7 @@ def render_job(
     record (status ``done`` or ``failed`` with the one-line error, frames, seconds of audio
     and of work, peak memory)."""
     from studio.render.pipeline import render_video
+    from studio.runtime.base import peak_memory_mb
 
     job, rec = done.job, done.rec
     t0 = done.t0 if done.turn is None else done.turn  # an analysis made ahead is not its time
@@ -190,6 +177,7 @@ def render_job(
         rec.update(status="failed", error=one_line(e), wall_s=time.perf_counter() - t0)
         return rec
     wall = time.perf_counter() - t0
+    peak = peak_memory_mb()
     rec.update(
         status="done",
         frames=report["frames"],
@@ -202,8 +190,8 @@ def render_job(
         },
         realtime=round(report["duration_s"] / wall, 2) if wall > 0 else None,
         timings_ms=report["timings_ms"],
-        peak_host_mb=round(_peak_host_mb(), 1),
-        peak_gpu_mb=None if _peak_gpu_mb() is None else round(_peak_gpu_mb(), 1),
+        peak_host_mb=peak["host"],
+        peak_gpu_mb=peak["gpu"],
     )
     return rec
 

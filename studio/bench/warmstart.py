@@ -93,6 +93,7 @@ def _render_row(run: dict[str, Any], rep: dict[str, Any]) -> dict[str, Any]:
         "render_fps": rep.get("render_fps"),
         "warmup_ms": warm,
         "timings_ms": stages,
+        "peak_gpu_mb": rep.get("peak_memory_mb", {}).get("gpu"),
         "startup_ms": round(max(run["wall_s"] * 1000.0 - accounted, 0.0), 1),
     }
 
@@ -186,6 +187,8 @@ def run_warmstart_suite(
     with tempfile.TemporaryDirectory(prefix="studio-bench-warmstart-") as tmp:
         work = Path(tmp)
         root = Path(cache) if cache else work / "cache"
+        cold = not root.is_dir() or not any(root.iterdir())
+        result["config"]["cache_was_empty"] = cold
         say(f"[warmstart] writing the inputs ({engine})")
         lengths = sorted({*clips, batch_seconds} if batch_jobs else set(clips))
         engine_args, hub, speech = _inputs(work, engine, checkpoints, reduced, hubert, lengths)
@@ -201,10 +204,11 @@ def run_warmstart_suite(
         if compile and not _cuda_here(device):
             result["notes"].append("no prebuild row: compiled engines are built on a CUDA GPU")
         elif compile:
-            say("[warmstart] prebuild: studio compile --runtime torch (cold)")
+            say("[warmstart] prebuild: studio compile --runtime torch")
             argv = _without_avatar(["compile", "--runtime", "torch", *common])
             run = run_process(argv, work / "prebuild.log", timeout)
-            run.update(row="prebuild", last_line=_last_line(work / "prebuild.log"))
+            label = "prebuild (empty cache)" if cold else "prebuild (cache kept)"
+            run.update(row=label, last_line=_last_line(work / "prebuild.log"))
             result["rows"].append(run)
         for s in clips:
             name = f"render {s:g} s"

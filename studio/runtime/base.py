@@ -19,6 +19,8 @@ each backend can run here is :mod:`studio.runtime.precision`;
 from __future__ import annotations
 
 import contextlib
+import resource
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -221,6 +223,17 @@ def release_cached_memory() -> None:
     """``torch.cuda.empty_cache()``, never in the middle of another thread's capture."""
     with GPU_LOCK:
         torch.cuda.empty_cache()
+
+
+def peak_memory_mb() -> dict[str, float | None]:
+    """This process's peak resident host memory and peak GPU memory allocated by torch so far,
+    MB (``gpu`` None where CUDA was never started)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    host = peak / 2**20 if sys.platform == "darwin" else peak / 1024
+    gpu = None
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        gpu = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return {"host": round(host, 1), "gpu": gpu}
 
 
 def capture_cuda_graph(

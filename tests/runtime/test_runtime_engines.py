@@ -454,21 +454,22 @@ def test_compiled_engines_get_room_in_dynamos_cache(nets, monkeypatch):
 
     cfg = torch._dynamo.config
     name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
-    monkeypatch.setattr(cfg, name, 8)
     compiled = []
     monkeypatch.setattr(torch, "compile", lambda m, **k: compiled.append(k) or m)  # no codegen
-    TorchEngine("stitch_network", nets["stitch_network"], "fp32", torch.device("cpu"))
-    assert getattr(cfg, name) == 8 and not compiled  # an eager engine changes nothing
-    for batch in (1, 2, 3):
-        TorchEngine(
-            "stitch_network",
-            nets["stitch_network"],
-            "fp32",
-            torch.device("cpu"),
-            batch=batch,
-            compile=True,
-        )
-    assert len(compiled) == 3 and getattr(cfg, name) >= 64
+    # the config's own patch: monkeypatch's undo deletes the option, hiding it from Dynamo
+    with cfg.patch({name: 8}):
+        TorchEngine("stitch_network", nets["stitch_network"], "fp32", torch.device("cpu"))
+        assert getattr(cfg, name) == 8 and not compiled  # an eager engine changes nothing
+        for batch in (1, 2, 3):
+            TorchEngine(
+                "stitch_network",
+                nets["stitch_network"],
+                "fp32",
+                torch.device("cpu"),
+                batch=batch,
+                compile=True,
+            )
+        assert len(compiled) == 3 and getattr(cfg, name) >= 64
 
 
 def _export_in_a_process(out_dir: str, barrier, results) -> None:
