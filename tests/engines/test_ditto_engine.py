@@ -490,6 +490,30 @@ def test_inbetweens_without_kept_crops_cross_fade(render_nets) -> None:
     assert np.array_equal(made[0], crossfade(a, b, 0.5))
 
 
+def test_a_live_sessions_inbetweens_are_warped_like_a_clips(render_nets) -> None:
+    """A live session prepares its first row only and renders its keyframes by index as they
+    come: their crops are kept and the in-between's keypoints are stitched from its rows, so
+    it is warped, as in a clip, not cross-faded."""
+    from studio.engines.base import crossfade
+    from studio.render.inbetween import motion_inbetweens
+
+    motion = _motion(4)
+    keys, rows, w = np.array([[0, 3, 1]]), motion[None, [0, 3, 1]], np.array([1 / 3])
+    clip = _renderer(render_nets, batch=2)
+    clip.prepare(motion)
+    a, b = clip.render_frames(np.array([0, 3]))
+    want = clip.inbetweens([a], [b], rows, w, motion_inbetweens, keys)[0]
+    live = _renderer(render_nets, batch=2)
+    live.prepare(motion[:1])
+    (la,) = live.render_batch(motion[[0]], np.array([0]))
+    (lb,) = live.render_batch(motion[[3]], np.array([3]))
+    # one row a call, not two: the float sums round a level off at most
+    assert np.abs(la.astype(int) - a).max() <= 1 and np.abs(lb.astype(int) - b).max() <= 1
+    made = live.inbetweens([la], [lb], rows, w, motion_inbetweens, keys)[0]
+    assert np.abs(made.astype(int) - want).max() <= 1
+    assert np.abs(made.astype(int) - crossfade(a, b, 1 / 3)).mean() > 0.05  # warped, not faded
+
+
 def test_kept_crops_follow_the_chunks(render_nets) -> None:
     from studio.engines.ditto.crops import KEPT_CHUNKS
 

@@ -178,3 +178,26 @@ def test_the_engines_renderers_share_one_device_copy_of_the_avatar(engine) -> No
     b = engine.with_settings(crop).renderer(crop)
     assert a.f_s.data_ptr() == b.f_s.data_ptr()
     assert all(a.source[k].data_ptr() == b.source[k].data_ptr() for k in a.source)
+
+
+def test_a_live_session_warps_its_inbetweens_on_the_kept_crops(engine) -> None:
+    """Live, the Ditto renderer keeps each keyframe's crop and warps the in-betweens on them
+    (its "inbetween" stage), as a clip does, instead of cross-fading them."""
+    from studio.motion.cadence import CadenceThresholds
+    from studio.render.stream import LiveSession, ReplayClock
+
+    # random weights move the face far: bounds wide open, so that some frames are warped
+    loose = CadenceThresholds(max_pose_gap_deg=20.0, max_warp_px=64.0, max_lid_px=64.0)
+    settings = RenderSettings(
+        backend="ditto", steps=2, frame="crop", size=256, stride=2, cadence=loose
+    )
+    session = LiveSession(engine, settings, "balanced", ReplayClock())
+    x = _speech(0.6)
+    frames = []
+    for start in range(0, len(x), 320):
+        session.clock.arrive(320)
+        frames += session.feed(x[start : start + 320])
+    frames += session.finish()
+    assert [f.index for f in frames] == list(range(15))
+    timings = session.renderer.timings_ms
+    assert timings.get("inbetween", 0.0) > 0.0

@@ -463,6 +463,15 @@ class DittoRenderer(Renderer):
             return self._stitch(self._motion[idx], frames)
         raise RuntimeError("render_frames() needs prepare(motion) first")
 
+    def _rows_keypoints(self, motion: np.ndarray, frames: np.ndarray) -> tuple[Tensor, Tensor]:
+        """x_s, x_d of ``frames``: the prepared clip's (on the device: no host sync), or
+        stitched from their ``motion`` rows [..., 265] where the prepared motion does not
+        reach them (a live session prepares its first row only)."""
+        prepared = self._x[0] if self._x is not None else self._motion
+        if prepared is not None and int(frames.max()) < len(prepared):
+            return self._keypoints(frames)
+        return self._stitch(self._upload(motion.reshape(-1, MOTION_DIM)), frames)
+
     def render_frames(self, frames: np.ndarray) -> np.ndarray:
         """Frames ``frames`` (indices into the prepared motion) -> [K, H, W, 3] uint8."""
         frames = np.asarray(frames)
@@ -471,12 +480,15 @@ class DittoRenderer(Renderer):
     def render_batch(self, motion: np.ndarray, frames: np.ndarray | None = None) -> np.ndarray:
         """[K, 265] motion rows -> [K, H, W, 3] uint8 (d0 from :meth:`prepare` or row 0).
         ``frames``: the rows' indices in the clip (a video avatar's source frames follow
-        them; without them, the rows count on from the last call's)."""
+        them, and their crops are kept for the in-betweens between them, as a live session's
+        keyframes need; without them, the rows count on from the last call's)."""
+        keep = frames is not None
         if frames is None:
             frames = self._next_row + np.arange(len(motion))
         frames = np.asarray(frames)
         self._next_row = int(frames.max()) + 1 if frames.size else self._next_row
-        return self._render(*self._stitch(self._upload(motion), frames), sources=frames)
+        x_s, x_d = self._stitch(self._upload(motion), frames)
+        return self._render(x_s, x_d, frames=frames if keep else None, sources=frames)
 
     def iter_render(self, chunks: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
         """:meth:`render_frames` of each chunk in turn, one batch ahead on a GPU.
@@ -646,11 +658,13 @@ class DittoRenderer(Renderer):
             prev, nxt = self.crops.get(keys[:, 0]), self.crops.get(keys[:, 1])
         if (prev is None or nxt is None) and self.video_frames is not None and keys is not None:
             # a video's background moves between keyframes: a cross-fade would show two
-            return list(self.render_batch(np.asarray(motion)[:, 2], np.asarray(keys)[:, 2]))
+            at = np.asarray(keys)[:, 2]
+            x_s, x_d = self._stitch(self._upload(np.asarray(motion)[:, 2]), at)
+            return list(self._render(x_s, x_d, sources=at))
         if prev is None or nxt is None:
             return super().inbetweens(prev_images, next_images, motion, w, None, keys)
         with self.clock.stage("inbetween"):
-            _, x_d = self._keypoints(keys.reshape(-1))  # on the device: no host sync
+            _, x_d = self._rows_keypoints(np.asarray(motion), keys.reshape(-1))
             kp = ((x_d[..., :2].double() + 1.0) * (CROP / 2.0)).unflatten(0, (len(keys), 3))
             made = self.warp_graphs(warp, prev, nxt, kp, w)
         if self._crop_is_frame():
