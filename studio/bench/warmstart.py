@@ -165,6 +165,8 @@ def run_warmstart_suite(
     if not clips or min(clips) <= 0 or batch_jobs < 0 or batch_seconds <= 0:
         raise ValueError("need clip lengths > 0, --batch-jobs >= 0 and --batch-seconds > 0")
     compile = compile and engine == "ditto"
+    if checkpoints is not None and not Path(checkpoints).is_dir():
+        raise ValueError(f"--checkpoints {checkpoints} is not a folder: give Ditto's checkpoints")
     result: dict[str, Any] = {
         "suite": "warmstart",
         "facts": {**_facts(device), "date": utc_now(), "commit": git_commit()},
@@ -384,7 +386,10 @@ def to_markdown(result: dict[str, Any]) -> str:
 
 
 def _floats(text: str) -> tuple[float, ...]:
-    return tuple(float(v) for v in text.split(",") if v.strip())
+    try:
+        return tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"--clips: {text!r} is not a list of seconds, e.g. 10,60") from None
 
 
 def build_parser() -> argparse.ArgumentParser:

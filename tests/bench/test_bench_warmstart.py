@@ -111,3 +111,14 @@ def test_the_table_shows_targets_and_failures() -> None:
     assert "| prebuild | exit 1: boom | 3.00 s |" in text
     assert "startup 2.00, open_engine 1.00, render 4.50" in text
     assert "≤ 8 s: met" in text
+
+
+def test_bad_options_are_one_line_before_any_process_runs(tmp_path: Path, capsys) -> None:
+    for argv, said in (
+        (["--checkpoints", str(tmp_path / "none")], "is not a folder"),
+        (["--clips", "abc"], "is not a list of seconds"),
+        (["--engine", "demo", "--clips", "0.2"], "too short"),
+    ):
+        assert cli_main(["bench", "--suite", "warmstart", *argv]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err
