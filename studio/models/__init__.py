@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,6 +230,16 @@ def _refused_global(message: str) -> str | None:
     return m.group(1) if m else None
 
 
+def _mappable(path: Path) -> bool:
+    """Whether ``path`` is a zip whose every entry is stored, as ``torch.save`` writes it:
+    a re-compressed archive loads when read but maps to garbage."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return all(i.compress_type == zipfile.ZIP_STORED for i in archive.infolist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
 def load_checkpoint(path: str | os.PathLike[str], mmap: bool = False) -> Any:
     """``torch.load(path, map_location="cpu", weights_only=True)`` with clear InputErrors.
 
@@ -254,8 +265,12 @@ def load_checkpoint(path: str | os.PathLike[str], mmap: bool = False) -> Any:
             f"{p} is a Git LFS pointer, not the checkpoint: run `git lfs pull` in the checkout"
         )
     try:
-        mapped = mmap and head.startswith(_ZIP_MAGIC)
-        return torch.load(p, map_location="cpu", weights_only=True, mmap=mapped)
+        if mmap and _mappable(p):
+            try:
+                return torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+            except Exception:  # noqa: BLE001, S110 - a file system that cannot map: read it
+                pass
+        return torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - every failure inside torch.load is a bad file
         message = str(e)
         name = _refused_global(message) if "Weights only load failed" in message else None

@@ -19,7 +19,6 @@ each backend can run here is :mod:`studio.runtime.precision`;
 from __future__ import annotations
 
 import contextlib
-import resource
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -228,6 +227,8 @@ def release_cached_memory() -> None:
 def peak_memory_mb() -> dict[str, float | None]:
     """This process's peak resident host memory and peak GPU memory allocated by torch so far,
     MB (``gpu`` None where CUDA was never started)."""
+    import resource  # POSIX only: imported where it is used
+
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     host = peak / 2**20 if sys.platform == "darwin" else peak / 1024
     gpu = None

@@ -6,8 +6,9 @@ parsing and copying in every new process, before torch copies the weights once m
 ``raw_data`` and noting where its bytes lie in the file. The result is a regular
 ``ModelProto`` whose big initializers are *external data* (ONNX's own convention: ``location``,
 ``offset``, ``length``) that points back into the file itself, so any ONNX tool reading
-external data would find them. :func:`initializer_array` gives an initializer's values, mapped
-from the file (no read until used) or, for embedded ones, as ``onnx.numpy_helper`` does.
+external data would find them. :class:`Initializers` gives initializers' values, mapped from
+the file (each file mapped once; no read until used) or, for embedded ones, as
+``onnx.numpy_helper`` does.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["initializer_array", "read_mapped"]
+__all__ = ["Initializers", "read_mapped"]
 
 # field numbers of onnx.proto
 _MODEL_GRAPH = 7
@@ -123,32 +124,55 @@ def read_mapped(path: str | os.PathLike[str]) -> Any:
     return model
 
 
-def initializer_array(tensor: Any, folder: str | os.PathLike[str]) -> np.ndarray:
-    """An initializer's values; external data is mapped (copy-on-write) from ``folder``'s file.
+class Initializers:
+    """Initializers' values (:meth:`array`); external data read from the files in ``folder``,
+    each file mapped once (copy-on-write) and shared by its tensors.
 
-    Mapped arrays are used in place where their offset suits their dtype, else copied."""
-    from onnx import TensorProto, helper, numpy_helper
+    ``mapped`` False copies every value out of its file (what a model kept on the CPU wants:
+    a mapped file rewritten in place would change its weights under it). ``folder`` None:
+    the model has no file, and external data is an error."""
 
-    if tensor.data_location != TensorProto.EXTERNAL:
-        return numpy_helper.to_array(tensor).copy()  # a writable copy of the message's bytes
-    info = {e.key: e.value for e in tensor.external_data}
-    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
-    plain = dtype.kind in "biuf" and tensor.data_type != TensorProto.BFLOAT16
-    location = Path(folder) / info["location"]
-    offset = int(info.get("offset", 0))
-    if not plain:  # bfloat16, float8, 4-bit...: numpy_helper knows their packing
-        copy = TensorProto()
-        copy.CopyFrom(tensor)
-        copy.data_location = TensorProto.DEFAULT
-        del copy.external_data[:]
-        with open(location, "rb") as f:
-            f.seek(offset)
-            copy.raw_data = f.read(int(info["length"])) if "length" in info else f.read()
-        return numpy_helper.to_array(copy).copy()
-    dtype = dtype.newbyteorder("<")  # ONNX stores raw data little-endian
-    count = int(np.prod(tensor.dims, dtype=np.int64))
-    if count == 0:
-        return np.zeros(tuple(tensor.dims), dtype)
-    values = np.memmap(location, np.uint8, mode="c", offset=offset, shape=count * dtype.itemsize)
-    array = values.view(dtype).reshape(tuple(tensor.dims))
-    return array if offset % dtype.itemsize == 0 else array.copy()
+    def __init__(self, folder: str | os.PathLike[str] | None, mapped: bool = True) -> None:
+        self.folder = None if folder is None else Path(folder)
+        self.mapped = mapped
+        self._files: dict[Path, np.ndarray] = {}
+
+    def _file(self, name: str) -> np.ndarray:
+        if self.folder is None:
+            raise ValueError(
+                f"an initializer's data is in '{name}', outside the model: give the model's "
+                "file as its source"
+            )
+        path = self.folder / name
+        if path not in self._files:
+            self._files[path] = np.memmap(path, np.uint8, mode="c")
+        return self._files[path]
+
+    def array(self, tensor: Any) -> np.ndarray:
+        """A writable array of ``tensor``'s values (a view of its mapped file where the
+        offset suits the dtype and ``mapped``, else a copy)."""
+        from onnx import TensorProto, helper, numpy_helper
+
+        if tensor.data_location != TensorProto.EXTERNAL:
+            return numpy_helper.to_array(tensor).copy()  # a writable copy of the message's bytes
+        info = {e.key: e.value for e in tensor.external_data}
+        data = self._file(info["location"])
+        offset = int(info.get("offset", 0))
+        end = offset + int(info["length"]) if "length" in info else data.size
+        raw = data[offset:end]
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+        if dtype.kind not in "biuf" or tensor.data_type == TensorProto.BFLOAT16:
+            # bfloat16, float8, 4-bit...: numpy_helper knows their packing
+            copy = TensorProto()
+            copy.CopyFrom(tensor)
+            copy.data_location = TensorProto.DEFAULT
+            del copy.external_data[:]
+            copy.raw_data = raw.tobytes()
+            return numpy_helper.to_array(copy).copy()
+        dtype = dtype.newbyteorder("<")  # ONNX stores raw data little-endian
+        count = int(np.prod(tensor.dims, dtype=np.int64))
+        if raw.size < count * dtype.itemsize:
+            raise ValueError(f"initializer '{tensor.name}' runs past the end of its data")
+        array = raw[: count * dtype.itemsize].view(dtype).reshape(tuple(tensor.dims))
+        keep = self.mapped and offset % dtype.itemsize == 0
+        return array if keep else np.array(array)

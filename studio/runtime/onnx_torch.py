@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from studio.errors import InputError, StudioError
-from studio.runtime.onnx_mapped import initializer_array, read_mapped
+from studio.runtime.onnx_mapped import Initializers, read_mapped
 from studio.runtime.onnx_torch_ops import CONVERTERS, Node, Unsupported, onnx_dtype
 
 __all__ = ["OnnxTorchGraph", "Port", "UnsupportedOnnxOp", "onnx_ports", "read_onnx"]
@@ -122,7 +122,8 @@ class OnnxTorchGraph(nn.Module):
         inputs, ports = onnx_ports(model)
         self.input_names = tuple(p.name for p in inputs)
         self.output_names = tuple(p.name for p in ports) if outputs is None else tuple(outputs)
-        plan = _Planner(model, source)
+        # weights bound for another device may stay mapped from the file until they move
+        plan = _Planner(model, source, mapped=self.device.type != "cpu")
         metas = {p.name: plan.add_input(p, input_shapes) for p in inputs}
         plan.run()
         self.input_shapes = tuple(tuple(m.shape) for m in metas.values())
@@ -189,7 +190,7 @@ class OnnxTorchGraph(nn.Module):
 class _Planner:
     """Walks the graph once: folds what the host knows, records the rest as steps."""
 
-    def __init__(self, model: Any, source: str) -> None:
+    def __init__(self, model: Any, source: str, mapped: bool = False) -> None:
         self.model, self.source = model, source
         self.opset = next(
             (o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS), 1
@@ -199,9 +200,13 @@ class _Planner:
         self.steps: list[tuple[Any, tuple[str, ...], tuple[str, ...], bool]] = []
         if len(model.graph.sparse_initializer):
             raise UnsupportedOnnxOp(source, "sparse_initializer", "<graph>")
-        folder = Path(source).parent  # where external data lies (a path's, or the cwd)
+        folder = Path(source).parent if Path(source).is_file() else None  # external data's
+        values = Initializers(folder, mapped)
         for init in model.graph.initializer:
-            self.known[init.name] = torch.from_numpy(initializer_array(init, folder))
+            try:
+                self.known[init.name] = torch.from_numpy(values.array(init))
+            except (OSError, ValueError) as e:
+                raise InputError(f"'{source}': {e}") from None
 
     def add_input(self, port: Port, shapes: Mapping[str, Sequence[int]]) -> Tensor:
         if port.name not in shapes:

@@ -65,6 +65,7 @@ def test_engines_of_the_least_recently_used_batch_sizes_are_freed(modules, one_t
     assert wd.batch_for(3, 16) == 4  # 16 is more than twice 4: a rung of its own
     wd.compiled = True  # (on a GPU) another compiled rung costs seconds: pad to a built one
     assert wd.batch_for(3, 16) == 16 and wd.batch_for(1, 16) == 1
+    assert wd.batch_for(3, 32) == 4  # under a quarter of the cap (a live call): its own rung
     assert wd.batch_for(17, 32) == 24  # none built holds them: the ladder's
 
 

@@ -273,12 +273,21 @@ def test_a_file_in_half_precision_or_with_strided_tensors_loads_as_the_module_ho
         assert torch.equal(value, sd[key].float()), key
 
 
-@pytest.mark.parametrize("zipped", [True, False])
-def test_a_mapped_checkpoint_holds_what_a_read_one_does(tmp_path: Path, zipped: bool) -> None:
-    """mmap (weights bound for a GPU) maps a zip-format file; an old-format one is read."""
+@pytest.mark.parametrize("form", ["zip", "legacy", "deflated zip"])
+def test_a_mapped_checkpoint_holds_what_a_read_one_does(tmp_path: Path, form: str) -> None:
+    """mmap (weights bound for a GPU) maps a zip-format file as torch.save writes it; an
+    old-format one, or a zip compressed again (which would map to garbage), is read."""
+    import zipfile
+
     sd = random_network("stitch_network", reduced=True).state_dict()
     path = tmp_path / "stitch.pth"
-    torch.save(sd, path, _use_new_zipfile_serialization=zipped)
+    torch.save(sd, path, _use_new_zipfile_serialization=form != "legacy")
+    if form == "deflated zip":
+        stored = tmp_path / "stored.pth"
+        path.rename(stored)
+        with zipfile.ZipFile(stored) as src, zipfile.ZipFile(path, "w") as dst:
+            for item in src.infolist():
+                dst.writestr(item.filename, src.read(item), zipfile.ZIP_DEFLATED)
     read, mapped = load_checkpoint(path), load_checkpoint(path, mmap=True)
     assert list(mapped) == list(read)
     assert all(torch.equal(mapped[k], read[k]) for k in read)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from studio.errors import InputError
-from studio.runtime.onnx_mapped import initializer_array, read_mapped
+from studio.runtime.onnx_mapped import Initializers, read_mapped
 from studio.runtime.onnx_torch import OnnxTorchGraph, read_onnx
 
 
@@ -62,9 +63,10 @@ def test_the_weights_stay_in_the_file_and_read_back_equal(tmp_path: Path) -> Non
     assert mapped.graph.node == loaded.graph.node
     assert mapped.graph.input == loaded.graph.input
     by_name = {t.name: t for t in mapped.graph.initializer}
+    reader = Initializers(tmp_path)
     assert [t.name for t in mapped.graph.initializer] == [t.name for t in loaded.graph.initializer]
     for name, want in values.items():
-        got = initializer_array(by_name[name], tmp_path)
+        got = reader.array(by_name[name])
         assert got.dtype == want.dtype and got.shape == want.shape, name
         assert np.array_equal(got, want), name
         got[...] = 0  # writable, and copy-on-write: the file keeps its bytes
@@ -102,3 +104,46 @@ def test_a_truncated_or_foreign_file_is_still_one_clear_error(tmp_path: Path, cu
     path.write_bytes(b"")
     with pytest.raises(ValueError, match="empty"):
         read_mapped(path)
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_file_is_mapped_once_for_all_its_weights_and_copies_leave_it_alone(
+    tmp_path: Path,
+) -> None:
+    rng = np.random.default_rng(1)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal(7 + i).astype(np.float32), f"w{i}")
+        for i in range(40)
+    ]
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        initializer=inits,
+    )
+    path = tmp_path / "many.onnx"
+    onnx.save(helper.make_model(graph), str(path))
+    model = read_mapped(path)
+    before = _fds()
+    mapped = Initializers(tmp_path)
+    views = [mapped.array(t) for t in model.graph.initializer]
+    assert _fds() - before <= 1  # one mapping of the file, not one per weight
+    copies = [Initializers(tmp_path, mapped=False).array(t) for t in model.graph.initializer]
+    for got, want in zip(copies, inits, strict=True):
+        assert np.array_equal(got, numpy_helper.to_array(want))
+    with open(path, "r+b") as f:  # the file rewritten in place under its readers
+        f.write(b"\0" * path.stat().st_size)
+    for got, want in zip(copies, inits, strict=True):
+        assert np.array_equal(got, numpy_helper.to_array(want))  # copies keep their values
+    del views
+
+
+def test_weights_outside_a_model_without_its_file_are_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "m.onnx"
+    _model(path, bf16=False)
+    with pytest.raises(InputError, match="outside the model: give the model's file"):
+        OnnxTorchGraph(read_onnx(path), {"x": (2, 3)}, "cpu")  # no source: no folder

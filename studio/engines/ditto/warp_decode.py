@@ -226,11 +226,14 @@ class WarpDecodeEngines:
     def batch_for(self, frames: int, cap: int) -> int:
         """The engine batch for ``frames``: a built rung up to twice the ladder's, else the
         ladder's (so preview and export batches share engines instead of evicting them).
-        Compiled engines take any built rung up to ``cap``: compiling another costs seconds
-        from the caches and a minute without, padding a clip's last batch a few milliseconds.
+        Compiled engines take any built rung up to ``cap`` for a quarter of it or more (a
+        clip's last batch): compiling another costs seconds from the caches and a minute
+        without, padding it a few milliseconds. Smaller calls (a live session's one or two
+        keyframes) keep rungs of their own: padded to the cap each would cost 10x.
         """
         want = static_batch(frames, cap)
-        reach = max(cap, 2 * want) if self.compiled else 2 * want
+        long = self.compiled and 4 * want >= cap
+        reach = max(cap, 2 * want) if long else 2 * want
         built = [b for b in self._engines if want <= b <= reach]
         return min(built) if built else want
 
