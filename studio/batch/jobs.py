@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,10 +75,11 @@ class Job:
             data.get("controls"),
         )
 
-    def fingerprint(self) -> str:
-        """What the output depends on (inputs by path, size and mtime; the settings): a
-        rerun skips a finished job only while this is unchanged."""
-        parts: list[Any] = [self.name, self.settings.to_dict()]
+    def fingerprint(self, engine: Sequence[Any] = ()) -> str:
+        """What the output depends on (inputs by path, size and mtime; the settings; what
+        ``engine`` says of the weights): a rerun skips a finished job only while this is
+        unchanged."""
+        parts: list[Any] = [self.name, self.settings.to_dict(), list(engine)]
         for path in (self.audio, self.avatar, self.controls):
             if path is None:
                 parts.append(None)
@@ -234,6 +236,8 @@ def read_jobs(
     """The jobs of a JSONL or CSV file, or of a folder of audio files (module docstring);
     ``base``: the settings a job starts from; ``avatar``: the photo of jobs naming none."""
     base = base or RenderSettings()
+    if avatar is not None:  # the command's: from where the command runs, not the jobs' folder
+        avatar = str(Path(avatar).expanduser().absolute())
     path = Path(source)
     if not path.exists():
         raise InputError(f"{path}: no such file or folder of jobs")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -88,6 +89,23 @@ def _quiet() -> None:
     ctx.print_on_execution_start = False
 
 
+def _reachable(address: str, timeout: float = 5.0) -> None:
+    """StudioError unless something answers at ``address``'s host:port (``auto``, and
+    addresses without a port, are left to Ray): Ray itself would retry for minutes."""
+    where = address.split("://", 1)[-1]
+    host, _, port = where.rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise StudioError(
+            f"--ray {address}: nothing answers at {host}:{port} ({e.strerror or e}); start "
+            "the cluster's head there (`ray start --head`), or leave the address out for a "
+            "local instance"
+        ) from None
+
+
 def _init(setup: RaySetup) -> bool:
     """Connect to the cluster (or start a local one); whether this call started it."""
     import ray
@@ -132,8 +150,11 @@ def _fit(setup: RaySetup) -> tuple[float, float]:
 
 
 def ray_runner(setup: RaySetup) -> Callable[..., Iterator[dict[str, Any]]]:
-    """A runner for :func:`~studio.batch.run.run_batch` that sends the jobs to Ray."""
+    """A runner for :func:`~studio.batch.run.run_batch` that sends the jobs to Ray (the
+    options checked and a cluster's address tried first: nothing is written before)."""
     setup.check()
+    if setup.address != LOCAL:
+        _reachable(setup.address)
 
     def run(
         todo: Sequence[Job],
@@ -161,8 +182,10 @@ def ray_runner(setup: RaySetup) -> Callable[..., Iterator[dict[str, Any]]]:
                 compute=ActorPoolStrategy(size=min(setup.actors, len(rows))),
                 num_gpus=gpus,
                 num_cpus=cpus,
+                max_restarts=0,  # a job's failure is its record; a lost actor ends the batch
             )
-            for batch in ds.iter_batches(batch_size=1, batch_format="numpy"):
+            # no prefetch: each record is kept (and the state saved) as soon as its job ends
+            for batch in ds.iter_batches(batch_size=1, batch_format="numpy", prefetch_batches=0):
                 for blob in batch["record"]:
                     yield json.loads(str(blob))
         finally:

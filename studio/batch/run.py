@@ -11,6 +11,7 @@ a rerun skips what is done. :func:`run_in_turn` is what a Ray actor runs as well
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -36,6 +37,22 @@ class EngineOptions:
     checkpoints: str | None = None
     device: str | None = None
     avatar_cache: str | None = None
+
+    def identity(self) -> list[Any]:
+        """What of these options a job's output depends on: the checkpoint folder and its
+        network files (path, size, time), so that other weights make the jobs anew."""
+        if self.checkpoints is None:
+            return []
+        root = Path(self.checkpoints).expanduser()
+        files = sorted(root.glob("ditto_*/**/*.*")) if root.is_dir() else []
+        facts: list[Any] = [str(root.resolve())]
+        for path in files:
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            facts.append([str(path.relative_to(root)), st.st_size, st.st_mtime_ns])
+        return facts
 
     def request(self, job: Job) -> EngineRequest:
         return EngineRequest(
@@ -119,7 +136,7 @@ def analyse_job(job: Job, out_dir: Path, cache: EngineCache, quiet: bool = False
     from studio.motion.controls import ControlTracks
     from studio.render.pipeline import analyze
 
-    done = Analysed(job, _record(job, out_dir), time.perf_counter())
+    done = Analysed(job, _record(job, out_dir, cache.options), time.perf_counter())
     try:
         done.first = engine_key(job, cache.options) not in cache.engines
         done.engine = cache.engine(job)
@@ -136,14 +153,14 @@ def analyse_job(job: Job, out_dir: Path, cache: EngineCache, quiet: bool = False
     return done
 
 
-def _record(job: Job, out_dir: Path) -> dict[str, Any]:
+def _record(job: Job, out_dir: Path, options: EngineOptions) -> dict[str, Any]:
     return {
         "name": job.name,
         "source": job.source,
         "audio": job.audio,
         "avatar": job.avatar,
         "output": str(out_dir / job.name),
-        "fingerprint": job.fingerprint(),
+        "fingerprint": job.fingerprint(options.identity()),
     }
 
 
@@ -174,7 +191,7 @@ def render_job(
     except (Cancelled, KeyboardInterrupt):
         raise
     except Exception as e:  # noqa: BLE001 - one job's failure is recorded, never fatal
-        rec.update(status="failed", error=one_line(e), wall_s=time.perf_counter() - t0)
+        rec.update(status="failed", error=one_line(e), wall_s=round(time.perf_counter() - t0, 3))
         return rec
     wall = time.perf_counter() - t0
     peak = peak_memory_mb()
@@ -254,14 +271,29 @@ def audio_seconds(job: Job) -> float:
         return 0.0
 
 
+def _sweep_partials(out: Path) -> None:
+    """Remove the partial outputs an interrupted batch left (``.NAME.partial-…``, files or
+    PNG folders): with the folder's lock held, no writer of this folder is alive."""
+    for stale in out.glob(".*.partial-*"):
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
+
+
 def plan(
-    jobs: Sequence[Job], state: BatchState, retry_failed: bool
+    jobs: Sequence[Job],
+    state: BatchState,
+    retry_failed: bool,
+    options: EngineOptions | None = None,
 ) -> tuple[list[Job], list[dict[str, Any]]]:
     """(jobs to run, records of jobs skipped): done ones are skipped; failed ones too unless
-    ``retry_failed`` (with their earlier error)."""
+    ``retry_failed`` (with their earlier error); either only while the job and the engine
+    ``options`` it is made with are unchanged."""
+    engine = (options or EngineOptions()).identity()
     todo, skipped = [], []
     for job in jobs:
-        fp = job.fingerprint()
+        fp = job.fingerprint(engine)
         if state.finished(job.name, fp):
             skipped.append({**state.jobs[job.name], "status": "skipped", "was": "done"})
         elif state.failed(job.name, fp) and not retry_failed:
@@ -293,7 +325,8 @@ def run_batch(
     out = Path(out_dir)
     started = time.perf_counter()
     with BatchState.open(out) as state:
-        todo, skipped = plan(jobs, state, retry_failed)
+        _sweep_partials(out)
+        todo, skipped = plan(jobs, state, retry_failed, options)
         seconds = {job.name: audio_seconds(job) for job in todo}  # skipped jobs: no reading
         bar = BatchProgress(len(jobs), sum(seconds.values()))
         if say is not None:
@@ -407,10 +440,16 @@ def batch_report(
             "wall_s": round(wall_s, 3),
             "realtime": round(audio / wall_s, 2) if wall_s > 0 and audio else None,
             "fps": round(sum(r.get("frames", 0) for r in made) / wall_s, 1) if wall_s > 0 else None,
-            "peak_host_mb": max((r.get("peak_host_mb") or 0 for r in made), default=None),
-            "peak_gpu_mb": max((r.get("peak_gpu_mb") or 0 for r in made), default=None),
+            "peak_host_mb": _most(r.get("peak_host_mb") for r in made),
+            "peak_gpu_mb": _most(r.get("peak_gpu_mb") for r in made),  # None: CUDA unused
         },
     }
+
+
+def _most(values: Iterable[float | None]) -> float | None:
+    """The largest of the values given (None where none is)."""
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
 
 
 def summary_table(report: dict[str, Any]) -> str:

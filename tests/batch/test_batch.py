@@ -45,7 +45,7 @@ def _frames(path: Path) -> list[np.ndarray]:
 # --- the list -------------------------------------------------------------------------
 
 
-def test_jobs_from_jsonl_csv_and_a_folder(clips: Path) -> None:
+def test_jobs_from_jsonl_csv_and_a_folder(clips: Path, monkeypatch) -> None:
     jobs = read_jobs(clips / "jobs.jsonl")
     assert [j.name for j in jobs] == ["a.mp4", "second.mp4", "bad.mp4", "missing.mp4"]
     assert jobs[1].settings.smooth_window == 9 and jobs[0].settings.smooth_window != 9
@@ -57,9 +57,14 @@ def test_jobs_from_jsonl_csv_and_a_folder(clips: Path) -> None:
     assert [j.name for j in csv_jobs] == ["x.mp4", "b.mp4"]
     assert csv_jobs[0].settings.cadence.max_warp_px == 12.0
     assert csv_jobs[1].settings.stride == "2" and csv_jobs[1].settings.size == SIZE
+    here = clips / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)  # the command's --avatar is where the command runs, as for render
     folder = read_jobs(clips, avatar="face.png")  # every audio file (bad.wav too: it fails later)
     assert [j.name for j in folder] == ["a.mp4", "b.mp4", "bad.mp4"]
-    assert all(j.avatar == str(clips / "face.png") for j in folder)
+    assert all(j.avatar == str(here / "face.png") for j in folder)
+    (clips / "own.jsonl").write_text(json.dumps({"audio": "a.wav", "avatar": "me.png"}) + "\n")
+    assert read_jobs(clips / "own.jsonl", avatar="face.png")[0].avatar == str(clips / "me.png")
 
 
 @pytest.mark.parametrize(
@@ -150,6 +155,35 @@ def test_a_changed_job_or_a_lost_output_runs_again(clips: Path) -> None:
     assert run_batch(changed, out, say=lambda _: None)["jobs"][0]["status"] == "done"
     state = BatchState(out)
     assert state.jobs["a.mp4"]["status"] == "done" and (out / STATE_FILE).is_file()
+
+
+def test_other_weights_make_the_jobs_again_and_stale_partial_files_go(clips: Path) -> None:
+    """A rerun skips a finished job only while the checkpoint folder's files are the same;
+    partial outputs an interrupted batch left are removed when the next one starts."""
+    from studio.batch.run import EngineOptions, plan
+
+    out = clips / "out"
+    jobs = read_jobs(clips / "jobs.jsonl")[:1]
+    (out / ".a.partial-1234abcd.mp4").parent.mkdir(parents=True)
+    (out / ".a.partial-1234abcd.mp4").write_bytes(b"half a video")
+    (out / ".x.png.partial-99").mkdir()
+    run_batch(jobs, out, say=lambda _: None)
+    assert not list(out.glob(".*partial*"))
+    one, two = clips / "ck1", clips / "ck2"
+    for root in (one, two):
+        (root / "ditto_pytorch" / "models").mkdir(parents=True)
+        (root / "ditto_pytorch" / "models" / "decoder.pth").write_bytes(root.name.encode())
+    with BatchState.open(out) as state:
+        assert plan(jobs, state, False)[0] == []  # as made: skipped
+        record = {
+            **state.jobs["a.mp4"],
+            "fingerprint": jobs[0].fingerprint(EngineOptions(str(one)).identity()),
+        }
+        state.record("a.mp4", record)
+        assert plan(jobs, state, False, EngineOptions(str(one)))[0] == []
+        assert plan(jobs, state, False, EngineOptions(str(two)))[0] == jobs  # other weights
+        (one / "ditto_pytorch" / "models" / "decoder.pth").write_bytes(b"retrained")
+        assert plan(jobs, state, False, EngineOptions(str(one)))[0] == jobs  # changed weights
 
 
 def test_a_batch_output_is_the_render_commands_video(clips: Path, capsys) -> None:

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-from conftest import demo_speech_piece  # noqa: E402
+from conftest import demo_speech_piece, run_cli  # noqa: E402
 from test_batch import SIZE, _frames  # noqa: E402
 
 from studio.batch.jobs import read_jobs  # noqa: E402
@@ -82,3 +82,21 @@ def test_more_actors_than_the_cluster_holds_is_a_clear_error(tmp_path: Path) -> 
     assert not (tmp_path / "o" / "a.mp4").exists()
     with pytest.raises(OptionError, match="--actors"):
         ray_runner(RaySetup(actors=0))
+
+
+def test_a_cluster_address_nothing_answers_at_is_one_line_before_any_file(tmp_path, capsys):
+    """Ray would retry an unreachable head for minutes: it is tried first, and the batch
+    writes nothing."""
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    demo_speech_piece(tmp_path, "a.wav", 0.0, 1.0)
+    out = tmp_path / "out"
+    code, _, err = run_cli(
+        ["batch", str(tmp_path), "--demo", "--out-dir", str(out), "--ray", f"127.0.0.1:{port}"],
+        capsys,
+    )
+    assert code == 2 and f"nothing answers at 127.0.0.1:{port}" in err
+    assert "Traceback" not in err and not out.exists()
