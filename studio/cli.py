@@ -703,6 +703,10 @@ def cmd_batch(args: argparse.Namespace) -> int:
         )
     elif (args.actors, args.gpus_per_actor, args.cpus_per_actor) != (1, None, 1.0):
         raise OptionError("--actors", "--actors and --*-per-actor need --ray")
+    if args.checkpoints:  # the whole batch's engine: a wrong folder is the command's error
+        from studio.models.checkpoints import discover
+
+        discover(args.checkpoints)
     jobs = read_jobs(args.jobs, settings, args.avatar)
     options = EngineOptions(args.checkpoints, args.device, args.avatar_cache)
     with _progress() as progress:

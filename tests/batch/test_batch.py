@@ -95,6 +95,10 @@ def test_the_cli_refuses_a_bad_list_before_any_work(clips: Path, capsys) -> None
     (clips / "file").write_text("x")
     code, _, err = run_cli(["batch", str(clips), "--out-dir", str(clips / "file")], capsys)
     assert code == 2 and "--out-dir" in err
+    argv = ["batch", str(clips), "--checkpoints", str(clips / "none"), "--out-dir"]
+    code, _, err = run_cli([*argv, str(clips / "o")], capsys)  # every job's engine: one line
+    assert code == 2 and "checkpoint folder" in err and "does not exist" in err
+    assert not (clips / "o").exists()
 
 
 # --- running ----------------------------------------------------------------------------
