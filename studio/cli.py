@@ -685,7 +685,13 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_batch(args: argparse.Namespace) -> int:
     from studio.batch.jobs import read_jobs
-    from studio.batch.run import REPORT_FILE, EngineOptions, run_batch, summary_table
+    from studio.batch.run import (
+        REPORT_FILE,
+        EngineOptions,
+        check_engines,
+        run_batch,
+        summary_table,
+    )
 
     if args.checkpoints and args.demo:
         raise OptionError("--demo", "cannot be combined with --checkpoints; pick one engine")
@@ -709,6 +715,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
         discover(args.checkpoints)
     jobs = read_jobs(args.jobs, settings, args.avatar)
     options = EngineOptions(args.checkpoints, args.device, args.avatar_cache)
+    for note in check_engines(jobs, options):  # as render checks its engine, once each
+        print(f"studio batch: note: {note}", file=sys.stderr)
     with _progress() as progress:
         try:
             report = run_batch(

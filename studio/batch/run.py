@@ -22,7 +22,7 @@ from typing import Any
 from studio.batch.jobs import Job
 from studio.batch.state import BatchState
 from studio.engines.base import EngineRequest, Progress
-from studio.errors import Cancelled, StudioError
+from studio.errors import Cancelled, OptionError, StudioError
 from studio.files import write_json
 
 REPORT_FILE = "batch_report.json"
@@ -66,6 +66,30 @@ def engine_key(job: Job, options: EngineOptions) -> tuple:
 
     avatar = job.avatar if capabilities(job.settings.backend).takes_avatar else None
     return (job.settings.backend, avatar, options.checkpoints, options.device)
+
+
+def check_engines(jobs: Sequence[Job], options: EngineOptions) -> list[str]:
+    """Each engine the jobs need, checked once before any work as ``studio render`` checks
+    its own: an option that cannot work for it (``--avatar`` with the demo engine, ...) is
+    the command's OptionError; a job's own files are its own failure, found when it runs.
+    Returns the notes on options the engines ignore, each once."""
+    from studio.render.engines import prepare_engine
+
+    notes: list[str] = []
+    seen: set[tuple] = set()
+    for job in jobs:
+        key = engine_key(job, options)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            prepared = prepare_engine(options.request(job))
+        except OptionError as e:
+            raise OptionError(e.option, f"{str(e).split(': ', 1)[-1]} (job {job.source})") from None
+        except StudioError:
+            continue  # a missing or unreadable file of this job: recorded when it runs
+        notes += [n for n in prepared.notes if n not in notes]
+    return notes
 
 
 def one_line(error: BaseException) -> str:

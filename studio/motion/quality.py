@@ -16,6 +16,7 @@ so they compare across avatars.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -267,14 +268,19 @@ def _blinks(eyes: np.ndarray, fraction: float = BLINK_FRACTION) -> Blinks:
 # --- voice activity (optional) -----------------------------------------------------------------
 
 
-def vad_silence(samples16k: np.ndarray, threshold: float = 0.5) -> np.ndarray:
-    """[frames] bool silence mask at 25 fps from Silero VAD (the ``silero-vad`` package, whose
-    wheel ships its model; it needs torch only, not torchaudio). Optional: the phonetics'
-    ``silence`` is the default. Raises RuntimeError when the package is missing."""
+_SILERO_LOCK = threading.Lock()
+
+
+def _silero() -> tuple[Any, Any]:
+    """silero_vad's ``get_speech_timestamps`` and ``load_silero_vad``. Its model module sets
+    torch to one thread, process-wide, when first imported: that call is held off while it
+    imports, so that a render on another thread keeps its thread count (and its float sums
+    their order). RuntimeError when the package is missing."""
     import torch
 
-    threads = torch.get_num_threads()  # importing silero_vad.model sets 1 thread process-wide
-    try:
+    with _SILERO_LOCK:
+        real = torch.set_num_threads
+        torch.set_num_threads = lambda _n: None
         try:
             from silero_vad import get_speech_timestamps, load_silero_vad
         except ImportError as exc:
@@ -282,11 +288,21 @@ def vad_silence(samples16k: np.ndarray, threshold: float = 0.5) -> np.ndarray:
                 "Silero VAD is not installed: pip install 'silero-vad==6.2.3' (torch only), "
                 "or use the phonetic silence mask"
             ) from exc
-        model = load_silero_vad()
-        audio = torch.from_numpy(np.ascontiguousarray(samples16k, np.float32))
-        spans = get_speech_timestamps(audio, model, threshold=threshold, sampling_rate=16000)
-    finally:
-        torch.set_num_threads(threads)
+        finally:
+            torch.set_num_threads = real
+    return get_speech_timestamps, load_silero_vad
+
+
+def vad_silence(samples16k: np.ndarray, threshold: float = 0.5) -> np.ndarray:
+    """[frames] bool silence mask at 25 fps from Silero VAD (the ``silero-vad`` package, whose
+    wheel ships its model; it needs torch only, not torchaudio). Optional: the phonetics'
+    ``silence`` is the default. Raises RuntimeError when the package is missing."""
+    import torch
+
+    get_speech_timestamps, load_silero_vad = _silero()
+    model = load_silero_vad()
+    audio = torch.from_numpy(np.ascontiguousarray(samples16k, np.float32))
+    spans = get_speech_timestamps(audio, model, threshold=threshold, sampling_rate=16000)
     silence = np.ones(frame_count(len(samples16k)), bool)
     for span in spans:
         a, b = (round(span[k] / layout.SAMPLES_PER_FRAME) for k in ("start", "end"))

@@ -255,3 +255,23 @@ def test_envelope_lag_finds_the_offset():
     lag, r = q.envelope_lag(late, level)
     assert lag == 2 and r > 0.99
     assert q.envelope_lag(level[3:], level[:-3])[0] == -3
+
+
+def test_the_vad_leaves_every_threads_torch_thread_count_alone():
+    """silero_vad sets torch to one thread process-wide when first imported; a render on
+    another thread would change its float sums under it. A new process checks it: no call
+    to torch.set_num_threads reaches torch while the VAD is imported and run."""
+    import subprocess
+
+    code = (
+        "import numpy as np, torch\n"
+        "torch.set_num_threads(2)\n"
+        "calls = []\n"
+        "real = torch.set_num_threads\n"
+        "torch.set_num_threads = lambda n: (calls.append(n), real(n))\n"
+        "from studio.motion.quality import vad_silence\n"
+        "vad_silence(np.zeros(16000, np.float32))\n"
+        "print(calls, torch.get_num_threads())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["[]", "2"]
