@@ -480,13 +480,14 @@ def summary_table(report: dict[str, Any]) -> str:
     """The report as a table for people: a row per job, then the totals."""
     rows = [("job", "status", "speech", "wall", "x real time", "error")]
     for r in report["jobs"]:
+        ran = r["status"] == "done"  # a skipped row's figures are an earlier run's
         rows.append(
             (
                 r["name"],
                 r["status"],
                 f"{r['duration_s']:.1f} s" if "duration_s" in r else "",
-                f"{r['wall_s']:.1f} s" if "wall_s" in r and r["status"] == "done" else "",
-                f"{r['realtime']:.1f}" if r.get("realtime") else "",
+                f"{r['wall_s']:.1f} s" if "wall_s" in r and ran else "",
+                f"{r['realtime']:.1f}" if r.get("realtime") and ran else "",
                 r.get("error", ""),
             )
         )

@@ -261,6 +261,7 @@ def test_the_cli_runs_a_batch_and_says_what_failed(clips: Path, capsys) -> None:
     (clips / "jobs.jsonl").write_text(json.dumps({"audio": "a.wav", "size": SIZE}) + "\n")
     code, stdout, _ = run_cli(["batch", str(clips / "jobs.jsonl"), "--out-dir", str(out)], capsys)
     assert code == 0 and "0 done, 1 skipped (done before), 0 failed of 1" in stdout
+    assert stdout.splitlines()[1].split() == ["a.mp4", "skipped", "1.2", "s"]  # no old rate
     argv = ["batch", str(clips / "jobs.jsonl"), "--out-dir", str(out), "--compile"]
     code, _, err = run_cli(argv, capsys)  # another setting: the job is made again
     assert code == 0 and err.count("note: --compile is ignored by the demo engine") == 1
