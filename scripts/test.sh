@@ -19,7 +19,9 @@ fi
 .venv/bin/ruff check studio tests
 # the house plan: layers that only look down, Qt only under gui/ (pyproject [tool.importlinter])
 .venv/bin/lint-imports
-# two workers (this machine's two cores), each module's tests on one worker (its fixtures made once)
-.venv/bin/python -m pytest -q -n 2 --dist loadscope "$@"
+# two workers (this machine's two cores), each module's tests on one worker (its fixtures made
+# once); then the real-time measurements (marked serial) alone. Exit 5: a selection with none.
+.venv/bin/python -m pytest -q -n 2 --dist loadscope -m "not serial" "$@" || [ $? -eq 5 ]
+.venv/bin/python -m pytest -q -m serial "$@" || [ $? -eq 5 ]
 # the built wheel, installed (not editable) in a fresh venv, renders the demo
 bash scripts/wheel_check.sh

@@ -24,6 +24,7 @@ from studio.settings import RenderSettings
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.serial,  # real-time A/V timing in a browser: measured on an otherwise idle CPU
     pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt install chromium)"),
 ]
 
