@@ -17,6 +17,7 @@ class OptionError(StudioError):
     def __init__(self, option: str, message: str) -> None:
         super().__init__(f"{option}: {message}")
         self.option = option
+        self.message = message
 
 
 class OutputError(StudioError):

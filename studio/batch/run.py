@@ -11,6 +11,7 @@ a rerun skips what is done. :func:`run_in_turn` is what a Ray actor runs as well
 
 from __future__ import annotations
 
+import functools
 import shutil
 import sys
 import time
@@ -38,9 +39,11 @@ class EngineOptions:
     device: str | None = None
     avatar_cache: str | None = None
 
+    @functools.cached_property
     def identity(self) -> list[Any]:
         """What of these options a job's output depends on: the checkpoint folder and its
-        network files (path, size, time), so that other weights make the jobs anew."""
+        network files (path, size, time), so that other weights make the jobs anew. Read
+        once per options (a batch's plan and each job's record)."""
         if self.checkpoints is None:
             return []
         root = Path(self.checkpoints).expanduser()
@@ -85,7 +88,7 @@ def check_engines(jobs: Sequence[Job], options: EngineOptions) -> list[str]:
         try:
             prepared = prepare_engine(options.request(job))
         except OptionError as e:
-            raise OptionError(e.option, f"{str(e).split(': ', 1)[-1]} (job {job.source})") from None
+            raise OptionError(e.option, f"{e.message} (job {job.source})") from None
         except StudioError:
             continue  # a missing or unreadable file of this job: recorded when it runs
         notes += [n for n in prepared.notes if n not in notes]
@@ -184,7 +187,7 @@ def _record(job: Job, out_dir: Path, options: EngineOptions) -> dict[str, Any]:
         "audio": job.audio,
         "avatar": job.avatar,
         "output": str(out_dir / job.name),
-        "fingerprint": job.fingerprint(options.identity()),
+        "fingerprint": job.fingerprint(options.identity),
     }
 
 
@@ -314,7 +317,7 @@ def plan(
     """(jobs to run, records of jobs skipped): done ones are skipped; failed ones too unless
     ``retry_failed`` (with their earlier error); either only while the job and the engine
     ``options`` it is made with are unchanged."""
-    engine = (options or EngineOptions()).identity()
+    engine = (options or EngineOptions()).identity
     todo, skipped = [], []
     for job in jobs:
         fp = job.fingerprint(engine)

@@ -48,10 +48,6 @@ HELP = {
 }
 
 
-def _peak_mb(usage: Any) -> float:
-    return usage.ru_maxrss / 2**20 if sys.platform == "darwin" else usage.ru_maxrss / 1024
-
-
 def run_process(argv: Sequence[str], log: Path, timeout: float) -> dict[str, Any]:
     """``python -m studio ARGV`` as a new process: exit status, wall seconds, peak host MB.
 
@@ -73,7 +69,9 @@ def run_process(argv: Sequence[str], log: Path, timeout: float) -> dict[str, Any
             time.sleep(0.005)
     proc.returncode = 0  # reaped above: keep Popen from waiting again
     code = None if status is None else os.waitstatus_to_exitcode(status)
-    return {"exit": code, "wall_s": round(wall, 3), "peak_host_mb": round(_peak_mb(usage), 1)}
+    from studio.runtime.base import maxrss_mb
+
+    return {"exit": code, "wall_s": round(wall, 3), "peak_host_mb": round(maxrss_mb(usage), 1)}
 
 
 def _last_line(log: Path) -> str:

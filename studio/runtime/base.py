@@ -224,13 +224,18 @@ def release_cached_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def maxrss_mb(usage: Any) -> float:
+    """A ``resource.struct_rusage``'s peak resident memory in MB (KiB on Linux, bytes on
+    macOS)."""
+    return usage.ru_maxrss / 2**20 if sys.platform == "darwin" else usage.ru_maxrss / 1024
+
+
 def peak_memory_mb() -> dict[str, float | None]:
     """This process's peak resident host memory and peak GPU memory allocated by torch so far,
     MB (``gpu`` None where CUDA was never started)."""
     import resource  # POSIX only: imported where it is used
 
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    host = peak / 2**20 if sys.platform == "darwin" else peak / 1024
+    host = maxrss_mb(resource.getrusage(resource.RUSAGE_SELF))
     gpu = None
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         gpu = round(torch.cuda.max_memory_allocated() / 2**20, 1)

@@ -186,7 +186,7 @@ def test_other_weights_make_the_jobs_again_and_stale_partial_files_go(clips: Pat
         assert plan(jobs, state, False)[0] == []  # as made: skipped
         record = {
             **state.jobs["a.mp4"],
-            "fingerprint": jobs[0].fingerprint(EngineOptions(str(one)).identity()),
+            "fingerprint": jobs[0].fingerprint(EngineOptions(str(one)).identity),
         }
         state.record("a.mp4", record)
         assert plan(jobs, state, False, EngineOptions(str(one)))[0] == []
