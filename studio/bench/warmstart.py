@@ -11,7 +11,9 @@ process finds nothing):
   each a new process finding what the earlier ones left on disk;
 - ``batch``: ``studio batch`` of ``--batch-jobs`` clips of ``--batch-seconds`` each, one
   process and one warm engine; its real-time factor, and every output checked (it decodes,
-  with the frame count its record gives).
+  with the frame count its record gives). ``--batch-runs`` names the ways to run it: ``local``
+  (the default), and ``ray:N`` for the same jobs through a local Ray instance with N actors
+  (each holding 1/N of the GPU where there is one).
 
 Per row: wall time; where it went (the report's warm-up: engine open and engine build, and its
 stage timings; ``startup`` is the rest: interpreter, imports, reading the inputs, writing the
@@ -150,6 +152,7 @@ def run_warmstart_suite(
     compile: bool = True,
     batch_jobs: int = 20,
     batch_seconds: float = 60.0,
+    batch_runs: Sequence[str] = ("local",),
     size: int = 512,
     x264_preset: str = "veryfast",
     cache: str | None = None,
@@ -160,8 +163,9 @@ def run_warmstart_suite(
     say = progress or (lambda _line: None)
     if engine not in ENGINES:
         raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, not {engine}")
-    if not clips or min(clips) <= 0 or batch_jobs < 0 or batch_seconds <= 0:
+    if (clips and min(clips) <= 0) or batch_jobs < 0 or batch_seconds <= 0:
         raise ValueError("need clip lengths > 0, --batch-jobs >= 0 and --batch-seconds > 0")
+    ray_actors = {run: _ray_actors(run) for run in batch_runs}
     compile = compile and engine == "ditto"
     if checkpoints is not None and not Path(checkpoints).is_dir():
         raise ValueError(f"--checkpoints {checkpoints} is not a folder: give Ditto's checkpoints")
@@ -176,6 +180,7 @@ def run_warmstart_suite(
             "compile": compile,
             "batch_jobs": batch_jobs,
             "batch_seconds": batch_seconds,
+            "batch_runs": list(batch_runs),
             "size": size,
             "x264_preset": x264_preset,
             "device": device,
@@ -225,11 +230,33 @@ def run_warmstart_suite(
                 row["target_s"], row["meets_target"] = target, run["wall_s"] <= target
             result["rows"].append(row)
             say(f"[warmstart] {name}: {run['wall_s']} s wall, exit {run['exit']}")
-        if batch_jobs:
+        for run_name, actors in ray_actors.items() if batch_jobs else ():
+            ray = [] if actors is None else ["--ray", "--actors", str(actors)]
+            if actors and _cuda_here(device):
+                ray += ["--gpus-per-actor", f"{1.0 / actors:g}"]
             result["rows"].append(
-                _batch_row(work, speech[batch_seconds], batch_jobs, common + look, timeout, say)
+                _batch_row(
+                    work,
+                    speech[batch_seconds],
+                    batch_jobs,
+                    common + look,
+                    timeout,
+                    say,
+                    run_name,
+                    ray,
+                )
             )
     return result
+
+
+def _ray_actors(run: str) -> int | None:
+    """A ``--batch-runs`` item's actors: None for ``local``, N for ``ray:N``."""
+    if run == "local":
+        return None
+    head, _, count = run.partition(":")
+    if head == "ray" and count.isdigit() and int(count) >= 1:
+        return int(count)
+    raise ValueError(f"--batch-runs: {run!r} is neither local nor ray:N (N actors, e.g. ray:2)")
 
 
 def _without_avatar(argv: list[str]) -> list[str]:
@@ -247,8 +274,10 @@ def _batch_row(
     options: list[str],
     timeout: float,
     say: Callable[[str], None],
+    run_name: str = "local",
+    ray: Sequence[str] = (),
 ) -> dict[str, Any]:
-    say(f"[warmstart] batch: {jobs} jobs in one new process")
+    say(f"[warmstart] batch ({run_name}): {jobs} jobs in one new process")
     listing = work / "jobs.jsonl"
     listing.write_text(
         "".join(
@@ -256,10 +285,11 @@ def _batch_row(
             for i in range(jobs)
         )
     )
-    out_dir, log = work / "batch", work / "batch.log"
-    argv = ["batch", str(listing), "--out-dir", str(out_dir), *options]
+    tag = run_name.replace(":", "")
+    out_dir, log = work / f"batch_{tag}", work / f"batch_{tag}.log"
+    argv = ["batch", str(listing), "--out-dir", str(out_dir), *options, *ray]
     run = run_process(argv, log, timeout)
-    row: dict[str, Any] = {"row": f"batch {jobs} x {speech.stem}", **run}
+    row: dict[str, Any] = {"row": f"batch {jobs} x {speech.stem} ({run_name})", **run}
     rep_path = out_dir / "batch_report.json"
     if not rep_path.is_file():
         row["last_line"] = _last_line(log)
@@ -282,7 +312,10 @@ def _batch_row(
     )
     row["meets_target"] = bool(row["realtime"] and row["realtime"] >= TARGETS["batch_realtime"])
     row["valid"] = not row["problems"] and s["done"] == jobs
-    say(f"[warmstart] batch: {row['realtime']}x real time, {len(row['problems'])} problems")
+    say(
+        f"[warmstart] batch ({run_name}): {row['realtime']}x real time, "
+        f"{len(row['problems'])} problems"
+    )
     return row
 
 
@@ -406,6 +439,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-compile", dest="compile", action="store_false", help="eager engines")
     p.add_argument("--batch-jobs", type=int, default=20, help="jobs of the batch row (0: none)")
     p.add_argument("--batch-seconds", type=float, default=60.0)
+    p.add_argument(
+        "--batch-runs",
+        default="local",
+        help="ways to run the batch, comma-separated: local, ray:N (N Ray actors; default local)",
+    )
     p.add_argument("--size", type=int, default=512)
     p.add_argument("--x264-preset", default="veryfast")
     p.add_argument("--cache", metavar="DIR", help="the cache root (default: a fresh one)")
@@ -421,5 +459,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace, progress: Callable[[str], None]) -> dict[str, Any]:
     return run_warmstart_suite(
-        **report.args_for(run_warmstart_suite, args, clips=_floats(args.clips), progress=progress)
+        **report.args_for(
+            run_warmstart_suite,
+            args,
+            clips=_floats(args.clips),
+            batch_runs=[r.strip() for r in args.batch_runs.split(",") if r.strip()],
+            progress=progress,
+        )
     )

@@ -16,11 +16,13 @@ def test_renders_and_a_batch_as_new_processes_with_their_figures(tmp_path: Path)
     js, md = tmp_path / "w.json", tmp_path / "w.md"
     argv = ["bench", "--suite", "warmstart", "--engine", "demo", "--clips", "0.6,1"]
     argv += ["--batch-jobs", "2", "--batch-seconds", "0.6", "--size", "96", "--device", "cpu"]
+    argv += ["--batch-runs", "local,ray:1"]  # the same jobs through a real local Ray instance
     argv += ["--x264-preset", "ultrafast", "--json", str(js), "--markdown", str(md)]
     assert cli_main(argv) == 0
     data = json.loads(js.read_text())
     rows = {r["row"]: r for r in data["rows"]}
-    assert list(rows) == ["render 0.6 s", "render 1 s", "batch 2 x speech_0.6s"]
+    batches = ["batch 2 x speech_0.6s (local)", "batch 2 x speech_0.6s (ray:1)"]
+    assert list(rows) == ["render 0.6 s", "render 1 s", *batches]
     for name in ("render 0.6 s", "render 1 s"):
         r = rows[name]
         assert r["exit"] == 0 and r["wall_s"] > 0 and r["peak_host_mb"] > 50  # torch is in it
@@ -29,11 +31,13 @@ def test_renders_and_a_batch_as_new_processes_with_their_figures(tmp_path: Path)
         # the interpreter and imports, before the engine opens: part of the wall, not all
         assert 0 < r["startup_ms"] < r["wall_s"] * 1000.0
         assert "target_s" not in r  # the targets are for 10 s and 60 s clips
-    batch = rows["batch 2 x speech_0.6s"]
-    assert batch["exit"] == 0 and batch["done"] == 2 and batch["failed"] == 0
-    assert batch["valid"] and batch["problems"] == []
-    assert batch["realtime"] == round(batch["audio_s"] / batch["wall_s"], 2)
-    assert batch["meets_target"] is (batch["realtime"] >= 15.0)
+    for name in batches:
+        batch = rows[name]
+        assert batch["exit"] == 0 and batch["done"] == 2 and batch["failed"] == 0, batch
+        assert batch["valid"] and batch["problems"] == []
+        assert batch["realtime"] == round(batch["audio_s"] / batch["wall_s"], 2)
+        assert batch["meets_target"] is (batch["realtime"] >= 15.0)
+    assert data["config"]["batch_runs"] == ["local", "ray:1"]
     text = md.read_text()
     assert text.startswith("## New processes against the caches on disk")
     assert "| render 1 s | ok |" in text and "x real time" in text
@@ -117,6 +121,7 @@ def test_bad_options_are_one_line_before_any_process_runs(tmp_path: Path, capsys
     for argv, said in (
         (["--checkpoints", str(tmp_path / "none")], "is not a folder"),
         (["--clips", "abc"], "is not a list of seconds"),
+        (["--batch-runs", "local,ray:x"], "is neither local nor ray:N"),
         (["--engine", "demo", "--clips", "0.2"], "too short"),
     ):
         assert cli_main(["bench", "--suite", "warmstart", *argv]) == 2
