@@ -12,6 +12,7 @@ a rerun skips what is done. :func:`run_in_turn` is what a Ray actor runs as well
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import sys
 import time
@@ -28,7 +29,9 @@ from studio.files import write_json
 
 REPORT_FILE = "batch_report.json"
 REPORT_FORMAT = "studio-batch-report/1"
-AHEAD = False  # analyse the next job beside this one's render (run_in_turn): not yet on
+# analyse the next job beside this one's render (run_in_turn): off until a GPU measurement
+# shows a gain; STUDIO_BATCH_AHEAD=1 turns it on (studio bench --suite warmstart --batch-runs ahead)
+AHEAD = os.environ.get("STUDIO_BATCH_AHEAD") == "1"
 
 
 @dataclass(frozen=True)
@@ -425,6 +428,8 @@ def run_in_turn(
                 on_start(job)
             done = pending.result() if pending else analyse_job(job, out, cache)
             done.turn = turn
+            if pending is not None:
+                done.rec["analysed_ahead"] = True  # its motion was made beside the last render
             nxt = jobs[i + 1] if i + 1 < len(jobs) else None
             key = None if nxt is None else engine_key(nxt, cache.options)
             pending = None

@@ -12,8 +12,9 @@ process finds nothing):
 - ``batch``: ``studio batch`` of ``--batch-jobs`` clips of ``--batch-seconds`` each, one
   process and one warm engine; its real-time factor, and every output checked (it decodes,
   with the frame count its record gives). ``--batch-runs`` names the ways to run it: ``local``
-  (the default), and ``ray:N`` for the same jobs through a local Ray instance with N actors
-  (each holding 1/N of the GPU where there is one).
+  (the default), ``ahead`` (local, the next job analysed beside each render:
+  ``STUDIO_BATCH_AHEAD=1``), and ``ray:N`` for the same jobs through a local Ray instance with
+  N actors (each holding 1/N of the GPU where there is one).
 
 Per row: wall time; where it went (the report's warm-up: engine open and engine build, and its
 stage timings; ``startup`` is the rest: interpreter, imports, reading the inputs, writing the
@@ -50,14 +51,23 @@ HELP = {
 }
 
 
-def run_process(argv: Sequence[str], log: Path, timeout: float) -> dict[str, Any]:
+def run_process(
+    argv: Sequence[str], log: Path, timeout: float, env: dict[str, str] | None = None
+) -> dict[str, Any]:
     """``python -m studio ARGV`` as a new process: exit status, wall seconds, peak host MB.
 
-    Its output goes to ``log``; past ``timeout`` seconds it is killed (exit status None)."""
+    Its output goes to ``log``; past ``timeout`` seconds it is killed (exit status None).
+    ``env``: variables set for it on top of this process's."""
     cmd = [sys.executable, "-m", "studio", *argv]
     with open(log, "w") as out:
         start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=None if env is None else {**os.environ, **env},
+        )
         while True:  # wait4, not wait: the peak memory is this child's own
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             wall = time.perf_counter() - start
@@ -250,13 +260,13 @@ def run_warmstart_suite(
 
 
 def _ray_actors(run: str) -> int | None:
-    """A ``--batch-runs`` item's actors: None for ``local``, N for ``ray:N``."""
-    if run == "local":
+    """A ``--batch-runs`` item's actors: None for ``local`` and ``ahead``, N for ``ray:N``."""
+    if run in ("local", "ahead"):
         return None
     head, _, count = run.partition(":")
     if head == "ray" and count.isdigit() and int(count) >= 1:
         return int(count)
-    raise ValueError(f"--batch-runs: {run!r} is neither local nor ray:N (N actors, e.g. ray:2)")
+    raise ValueError(f"--batch-runs: {run!r} is not local, ahead or ray:N (N actors, e.g. ray:2)")
 
 
 def _without_avatar(argv: list[str]) -> list[str]:
@@ -288,7 +298,8 @@ def _batch_row(
     tag = run_name.replace(":", "")
     out_dir, log = work / f"batch_{tag}", work / f"batch_{tag}.log"
     argv = ["batch", str(listing), "--out-dir", str(out_dir), *options, *ray]
-    run = run_process(argv, log, timeout)
+    env = {"STUDIO_BATCH_AHEAD": "1"} if run_name == "ahead" else None
+    run = run_process(argv, log, timeout, env)
     row: dict[str, Any] = {"row": f"batch {jobs} x {speech.stem} ({run_name})", **run}
     rep_path = out_dir / "batch_report.json"
     if not rep_path.is_file():
@@ -308,6 +319,7 @@ def _batch_row(
         realtime=round(audio / run["wall_s"], 2) if audio else None,
         peak_gpu_mb=s.get("peak_gpu_mb"),
         problems=check_outputs(batch),
+        analysed_ahead=sum(bool(r.get("analysed_ahead")) for r in batch["jobs"]),
         target_x=TARGETS["batch_realtime"],
     )
     row["meets_target"] = bool(row["realtime"] and row["realtime"] >= TARGETS["batch_realtime"])
@@ -442,7 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--batch-runs",
         default="local",
-        help="ways to run the batch, comma-separated: local, ray:N (N Ray actors; default local)",
+        help="ways to run the batch, comma-separated: local, ahead (the next job analysed "
+        "beside each render), ray:N (N Ray actors); default local",
     )
     p.add_argument("--size", type=int, default=512)
     p.add_argument("--x264-preset", default="veryfast")

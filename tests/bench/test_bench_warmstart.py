@@ -16,12 +16,13 @@ def test_renders_and_a_batch_as_new_processes_with_their_figures(tmp_path: Path)
     js, md = tmp_path / "w.json", tmp_path / "w.md"
     argv = ["bench", "--suite", "warmstart", "--engine", "demo", "--clips", "0.6,1"]
     argv += ["--batch-jobs", "2", "--batch-seconds", "0.6", "--size", "96", "--device", "cpu"]
-    argv += ["--batch-runs", "local,ray:1"]  # the same jobs through a real local Ray instance
+    # the same jobs analysed ahead, and through a real local Ray instance
+    argv += ["--batch-runs", "local,ahead,ray:1"]
     argv += ["--x264-preset", "ultrafast", "--json", str(js), "--markdown", str(md)]
     assert cli_main(argv) == 0
     data = json.loads(js.read_text())
     rows = {r["row"]: r for r in data["rows"]}
-    batches = ["batch 2 x speech_0.6s (local)", "batch 2 x speech_0.6s (ray:1)"]
+    batches = [f"batch 2 x speech_0.6s ({way})" for way in ("local", "ahead", "ray:1")]
     assert list(rows) == ["render 0.6 s", "render 1 s", *batches]
     for name in ("render 0.6 s", "render 1 s"):
         r = rows[name]
@@ -37,7 +38,9 @@ def test_renders_and_a_batch_as_new_processes_with_their_figures(tmp_path: Path)
         assert batch["valid"] and batch["problems"] == []
         assert batch["realtime"] == round(batch["audio_s"] / batch["wall_s"], 2)
         assert batch["meets_target"] is (batch["realtime"] >= 15.0)
-    assert data["config"]["batch_runs"] == ["local", "ray:1"]
+    assert data["config"]["batch_runs"] == ["local", "ahead", "ray:1"]
+    # ahead: the second job's motion was made while the first rendered (STUDIO_BATCH_AHEAD=1)
+    assert [rows[name]["analysed_ahead"] for name in batches] == [0, 1, 0]
     text = md.read_text()
     assert text.startswith("## New processes against the caches on disk")
     assert "| render 1 s | ok |" in text and "x real time" in text
@@ -121,7 +124,7 @@ def test_bad_options_are_one_line_before_any_process_runs(tmp_path: Path, capsys
     for argv, said in (
         (["--checkpoints", str(tmp_path / "none")], "is not a folder"),
         (["--clips", "abc"], "is not a list of seconds"),
-        (["--batch-runs", "local,ray:x"], "is neither local nor ray:N"),
+        (["--batch-runs", "local,ray:x"], "is not local, ahead or ray:N"),
         (["--engine", "demo", "--clips", "0.2"], "too short"),
     ):
         assert cli_main(["bench", "--suite", "warmstart", *argv]) == 2
