@@ -5,8 +5,9 @@ Every row is a new ``python -m studio`` process, timed from its start to its exi
 a user meets them, all against one cache root (``--cache``, default a fresh folder: the first
 process finds nothing):
 
-- ``prebuild`` (with ``--compile``): ``studio compile --runtime torch`` on the empty cache,
-  the cold first build, reported on its own;
+- ``prebuild`` (with ``--compile``; ``--no-prebuild`` leaves it out, for a cache already
+  filled): ``studio compile --runtime torch`` on the empty cache, the cold first build,
+  reported on its own;
 - ``render N s``: ``studio render`` of each clip length (``--clips``, default 10 and 60 s),
   each a new process finding what the earlier ones left on disk;
 - ``batch``: ``studio batch`` of ``--batch-jobs`` clips of ``--batch-seconds`` each, one
@@ -160,6 +161,7 @@ def run_warmstart_suite(
     hubert: str = "costlike",
     clips: Sequence[float] = (10.0, 60.0),
     compile: bool = True,
+    prebuild: bool = True,
     batch_jobs: int = 20,
     batch_seconds: float = 60.0,
     batch_runs: Sequence[str] = ("local",),
@@ -188,6 +190,7 @@ def run_warmstart_suite(
             "reduced": reduced,
             "clips_s": list(clips),
             "compile": compile,
+            "prebuild": prebuild,
             "batch_jobs": batch_jobs,
             "batch_seconds": batch_seconds,
             "batch_runs": list(batch_runs),
@@ -216,9 +219,9 @@ def run_warmstart_suite(
             look += ["--frame", "crop"]
         if compile:
             look.append("--compile")
-        if compile and not _cuda_here(device):
+        if compile and prebuild and not _cuda_here(device):
             result["notes"].append("no prebuild row: compiled engines are built on a CUDA GPU")
-        elif compile:
+        elif compile and prebuild:
             say("[warmstart] prebuild: studio compile --runtime torch")
             argv = _without_avatar(["compile", "--runtime", "torch", *common])
             run = run_process(argv, work / "prebuild.log", timeout)
@@ -449,6 +452,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hubert", choices=("costlike", "large", "standin"), default="costlike")
     p.add_argument("--clips", default="10,60", help="clip lengths in seconds (default 10,60)")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="eager engines")
+    p.add_argument(
+        "--no-prebuild",
+        dest="prebuild",
+        action="store_false",
+        help="no `studio compile` row (a cache filled before)",
+    )
     p.add_argument("--batch-jobs", type=int, default=20, help="jobs of the batch row (0: none)")
     p.add_argument("--batch-seconds", type=float, default=60.0)
     p.add_argument(
