@@ -138,3 +138,72 @@ def test_a_render_measures_its_inbetweens_and_says_so(tmp_path) -> None:
     measuring = [c for c in calls if c[0] == MEASURE_STAGE]
     assert measuring and measuring[-1] == (MEASURE_STAGE, psnr["measured"], psnr["measured"])
     assert calls.index(measuring[0]) > max(i for i, c in enumerate(calls) if c[0] == "render")
+
+
+class _SlowBuild(_Recorder):
+    """A renderer whose full batch takes a while to build (a GPU's compile, here a sleep):
+    it records each build's thread, batch and interval."""
+
+    def __init__(self, inner, batch: int, sure: bool) -> None:
+        super().__init__(inner, batch)
+        self.sure, self.builds = sure, []
+
+    def sure_batch(self, frames: int) -> int:
+        return self.batch if self.sure and frames >= 2 * self.batch else 0
+
+    def build_engines(self, frames: int, progress=None) -> None:
+        import threading
+        import time
+
+        t0 = time.perf_counter()
+        if frames == self.batch:
+            time.sleep(0.4)
+        self.builds.append((threading.current_thread().name, frames, t0, time.perf_counter()))
+
+
+def test_the_motion_is_made_beside_a_slow_build_and_is_the_same(monkeypatch) -> None:
+    import threading
+    import time
+
+    from studio.render import pipeline
+
+    t = np.arange(int(16000 * 2.4)) / 16000
+    speech = 0.3 * np.sin(2 * np.pi * 180 * t) * (np.sin(2 * np.pi * 3 * t) > 0)
+    audio = audio_from_array(speech.astype(np.float32), 16000)
+    settings = RenderSettings(stride="2", size=64)
+    made: list[tuple[str, float, float]] = []
+    plain = pipeline.analyze
+
+    def recorded(*args, **kwargs):
+        t0 = time.perf_counter()
+        out = plain(*args, **kwargs)
+        made.append((threading.current_thread().name, t0, time.perf_counter()))
+        return out
+
+    monkeypatch.setattr(pipeline, "analyze", recorded)
+    alone = plain(audio, settings, DemoEngine())
+    stages: list[str] = []
+    engine = DemoEngine()
+    engine.progress = lambda stage, *_: stages.append(stage)
+    runs = {}
+    for sure in (True, False):
+        made.clear()
+        renderer = _SlowBuild(DemoEngine().renderer(RenderSettings(size=64)), 16, sure)
+        result, built = pipeline.analyze_building(audio, settings, engine, renderer)
+        runs[sure] = (result, renderer.builds, list(made), built)
+    # 60 frames, about 30 keyframes at stride 2: the full batch of 16 built beside the motion
+    result, builds, made_at, built = runs[True]
+    n = int(alone.plan.keyframes.size)
+    assert alone.num_frames == 60 and 20 <= n <= 40
+    assert [(b[0], b[1]) for b in builds] == [("MainThread", 16), ("MainThread", n)]
+    assert len(made_at) == 1 and made_at[0][0].startswith("studio-analysis")
+    assert made_at[0][1] < builds[0][3] and builds[0][2] < made_at[0][2]  # at once
+    assert built >= 0.4
+    assert stages == []  # the engine's copy made the motion quietly: the build is shown
+    # without a batch worth building first: the motion first, then the keyframes' engines
+    result_seq, builds_seq, made_seq, _ = runs[False]
+    assert [(b[0], b[1]) for b in builds_seq] == [("MainThread", n)]
+    assert made_seq[0][0] == "MainThread" and made_seq[0][2] <= builds_seq[0][2]
+    for r in (result, result_seq):
+        assert np.array_equal(r.smoothed, alone.smoothed)
+        assert np.array_equal(r.plan.keyframes, alone.plan.keyframes)
