@@ -131,6 +131,14 @@ def int_list(text: str, lo: int, hi: int, what: str = "values") -> tuple[int, ..
     return values
 
 
+def float_list(text: str, option: str, example: str = "10,60") -> tuple[float, ...]:
+    """Parse "10,60" into a tuple of floats; ValueError naming ``option`` otherwise."""
+    try:
+        return tuple(float(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise ValueError(f"{option}: {text!r} is not a list of numbers, e.g. {example}") from None
+
+
 def check_output_targets(argv: Sequence[str]) -> None:
     """OutputError, before a suite runs, for a ``--json``/``--markdown`` target that could
     not be written afterwards: a folder, or under a folder that cannot take files (``-``,

@@ -483,10 +483,6 @@ def to_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _floats(text: str) -> tuple[float, ...]:
-    return tuple(float(v) for v in text.split(",") if v.strip())
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = report.suite_parser(
         "streaming",
@@ -524,8 +520,8 @@ def _run(args: argparse.Namespace, progress: Callable[[str], None]) -> dict[str,
             args,
             engines=report.name_list(args.engines),
             latencies=report.name_list(args.latencies),
-            ttff_seconds=_floats(args.ttff_seconds),
-            streams=tuple(int(v) for v in _floats(args.streams)),
+            ttff_seconds=report.float_list(args.ttff_seconds, "--ttff-seconds", "10,600"),
+            streams=tuple(int(v) for v in report.float_list(args.streams, "--streams", "1,2,4")),
             progress=progress,
         )
     )

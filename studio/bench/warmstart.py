@@ -431,13 +431,6 @@ def to_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines + report.markdown_tail(result))
 
 
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise ValueError(f"--clips: {text!r} is not a list of seconds, e.g. 10,60") from None
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = report.suite_parser(
         "warmstart",
@@ -484,8 +477,8 @@ def _run(args: argparse.Namespace, progress: Callable[[str], None]) -> dict[str,
         **report.args_for(
             run_warmstart_suite,
             args,
-            clips=_floats(args.clips),
-            batch_runs=[r.strip() for r in args.batch_runs.split(",") if r.strip()],
+            clips=report.float_list(args.clips, "--clips"),
+            batch_runs=report.name_list(args.batch_runs) or [],
             progress=progress,
         )
     )

@@ -123,10 +123,21 @@ def test_the_table_shows_targets_and_failures() -> None:
 def test_bad_options_are_one_line_before_any_process_runs(tmp_path: Path, capsys) -> None:
     for argv, said in (
         (["--checkpoints", str(tmp_path / "none")], "is not a folder"),
-        (["--clips", "abc"], "is not a list of seconds"),
+        (["--clips", "abc"], "is not a list of numbers"),
         (["--batch-runs", "local,ray:x"], "is not local, ahead or ray:N"),
         (["--engine", "demo", "--clips", "0.2"], "too short"),
     ):
         assert cli_main(["bench", "--suite", "warmstart", *argv]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err
+
+
+def test_a_list_option_that_is_not_numbers_is_named(capsys) -> None:
+    """The suites' lists of numbers share one parser: a bad item names its option."""
+    for argv, said in (
+        (["--suite", "streaming", "--streams", "1,two"], "--streams: '1,two' is not a list"),
+        (["--suite", "warmstart", "--clips", "ten"], "--clips: 'ten' is not a list"),
+    ):
+        assert cli_main(["bench", *argv]) == 2
         err = capsys.readouterr().err
         assert said in err and "Traceback" not in err
