@@ -481,3 +481,34 @@ def test_strict_mismatch_names_network_file_and_keys(reduced_tree: Path, tmp_pat
 
     with pytest.raises(InputError, match="cannot build decoder"):
         load_network("decoder", _pth(reduced_tree, "decoder"), no_such_argument=1)
+
+
+class _Tabled(torch.nn.Module):
+    """A network whose constructor computes a table it does not save (as LMDM's once did)."""
+
+    def __init__(self, width: int = 4) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(width, width)
+        self.register_buffer("table", torch.arange(width, dtype=torch.float32) * 2.0, False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x) + self.table
+
+
+def test_a_skeleton_left_with_meta_tensors_is_built_for_real() -> None:
+    """The meta skeleton cannot compute the table: the loader builds such a module for real,
+    so no tensor stays on the meta device and the file's weights are the ones loaded."""
+    from types import SimpleNamespace
+
+    from studio.models import _build, _load_into
+
+    spec = SimpleNamespace(cls=_Tabled)
+    sd = _Tabled().state_dict()
+    sd = {k: torch.randn_like(v) for k, v in sd.items()}
+    skeleton = _build(spec, {"width": 4})
+    assert skeleton.table.is_meta  # what the fallback is for
+    module = _load_into(spec, {"width": 4}, skeleton, sd)
+    assert not any(t.is_meta for t in (*module.parameters(), *module.buffers()))
+    assert torch.equal(module.table, torch.arange(4, dtype=torch.float32) * 2.0)
+    for k, v in sd.items():
+        assert torch.equal(module.state_dict()[k], v)
