@@ -242,7 +242,8 @@ def run_warmstart_suite(
             if target is not None:
                 row["target_s"], row["meets_target"] = target, run["wall_s"] <= target
             result["rows"].append(row)
-            say(f"[warmstart] {name}: {run['wall_s']} s wall, exit {run['exit']}")
+            went = where_it_went(row)
+            say(f"[warmstart] {name}: {run['wall_s']} s wall, exit {run['exit']} ({went})")
         for run_name, actors in ray_actors.items() if batch_jobs else ():
             ray = [] if actors is None else ["--ray", "--actors", str(actors)]
             if actors and _cuda_here(device):
@@ -328,8 +329,9 @@ def _batch_row(
     row["meets_target"] = bool(row["realtime"] and row["realtime"] >= TARGETS["batch_realtime"])
     row["valid"] = not row["problems"] and s["done"] == jobs
     say(
-        f"[warmstart] batch ({run_name}): {row['realtime']}x real time, "
-        f"{len(row['problems'])} problems"
+        f"[warmstart] batch ({run_name}): {row['realtime']}x real time, {row['wall_s']} s wall, "
+        f"{s['done']} done, {len(row['problems'])} problems, peak GPU {row['peak_gpu_mb']} MB "
+        f"({where_it_went(row)})"
     )
     return row
 
@@ -380,6 +382,16 @@ def _device_name(device: str | None) -> str:
     return f"{platform.machine()} CPU, {os.cpu_count()} cores"
 
 
+def where_it_went(row: dict[str, Any]) -> str:
+    """A row's seconds by part: startup, warm-up, then its stages (those of 5 ms or more)."""
+    parts = [
+        ("startup", row.get("startup_ms", 0)),
+        *row.get("warmup_ms", {}).items(),
+        *row.get("timings_ms", {}).items(),
+    ]
+    return ", ".join(f"{k} {v / 1000:.2f}" for k, v in parts if k != "total" and v >= 5.0)
+
+
 def to_markdown(result: dict[str, Any]) -> str:
     f, c = result["facts"], result["config"]
     lines = [
@@ -394,13 +406,7 @@ def to_markdown(result: dict[str, Any]) -> str:
     ]
     rows = []
     for r in result["rows"]:
-        warm = r.get("warmup_ms", {})
-        stages = r.get("timings_ms", {})
-        split = ", ".join(
-            f"{k} {v / 1000:.2f}"
-            for k, v in [("startup", r.get("startup_ms", 0)), *warm.items(), *stages.items()]
-            if k != "total" and v >= 5.0  # the stages worth a hundredth of a second
-        )
+        split = where_it_went(r)
         goal = ""
         if "target_s" in r:
             goal = f"≤ {r['target_s']:g} s: {'met' if r['meets_target'] else 'not met'}"
