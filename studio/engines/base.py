@@ -253,12 +253,6 @@ class Renderer:
         """Build what rendering ``frames`` keyframes needs before the first one (compile,
         export, capture), as a stage of its own; nothing to build by default."""
 
-    def sure_batch(self, frames: int) -> int:
-        """The engine batch that a clip of ``frames`` frames renders with whatever its
-        cadence, where building it is slow enough to do while the clip's motion is made
-        (:func:`studio.render.pipeline.analyze_building`); 0: nothing worth it (default)."""
-        return 0
-
     def describe(self) -> dict[str, Any]:
         """What renders: backend, device, precision, and for device engines runtime and
         memory (the GUI's status bar, reports)."""

@@ -134,51 +134,6 @@ def analyze(
     return postprocess(audio, phon, raw, settings, timings, controls, source)
 
 
-def analyze_building(
-    audio: Audio,
-    settings: RenderSettings,
-    engine: Engine,
-    renderer: Renderer,
-    controls: ControlTracks | None = None,
-    progress: Progress | None = None,
-) -> tuple[MotionResult, float]:
-    """:func:`analyze`, and the renderer's engines built for the clip's keyframes.
-
-    Where the renderer names a batch that the clip surely renders with
-    (:meth:`~studio.engines.base.Renderer.sure_batch`: a GPU's compile and graph capture,
-    seconds to minutes), those engines are built on this thread, reporting to ``progress``,
-    while the motion is made on a thread of its own (a copy of the engine that reports no
-    stages, its GPU work on a stream of its own); what the keyframes need besides is built
-    after. Returns the result and the seconds spent building."""
-    sure = renderer.sure_batch(audio.num_frames)
-    built = 0.0
-    if sure:
-        from concurrent.futures import ThreadPoolExecutor
-
-        quiet = engine.with_settings(settings)
-        quiet.progress = None  # the build's stage is the one shown meanwhile
-        with ThreadPoolExecutor(1, thread_name_prefix="studio-analysis") as pool:
-            making = pool.submit(_analyze_aside, audio, settings, quiet, controls)
-            t0 = time.perf_counter()
-            renderer.build_engines(sure, progress)
-            built = time.perf_counter() - t0
-            result = making.result()
-    else:
-        result = analyze(audio, settings, engine, controls)
-    t0 = time.perf_counter()
-    renderer.build_engines(int(result.plan.keyframes.size), progress)  # built ones: looked up
-    return result, built + time.perf_counter() - t0
-
-
-def _analyze_aside(
-    audio: Audio, settings: RenderSettings, engine: Engine, controls: ControlTracks | None
-) -> MotionResult:
-    from studio.runtime.base import own_stream
-
-    with own_stream():
-        return analyze(audio, settings, engine, controls)
-
-
 blend = crossfade  # the in-place cross-fade (a renderer without keypoints makes these)
 
 

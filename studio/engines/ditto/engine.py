@@ -693,13 +693,6 @@ class DittoRenderer(Renderer):
         """Accumulated stitching, warp_decode and putback time in ms."""
         return self.clock.ms()
 
-    def sure_batch(self, frames: int) -> int:
-        """On a GPU, :attr:`batch` for a clip of two batches' frames or more: its keyframes
-        (a third of its frames or more, at the longest stride) fill the ladder's batch, or
-        a tail that :meth:`WarpDecodeEngines.batch_for` pads to it. Elsewhere 0: engines
-        off a GPU capture and compile nothing."""
-        return self.batch if self.device.type == "cuda" and frames >= 2 * self.batch else 0
-
     def build_engines(self, frames: int, progress: Progress | None = None) -> None:
         """Build now the warp + decoder engines that rendering ``frames`` frames in batches of
         :attr:`batch` will use (ONNX export, torch.compile, CUDA graph capture: minutes on a
