@@ -177,7 +177,7 @@ def run_warmstart_suite(
         raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, not {engine}")
     if (clips and min(clips) <= 0) or batch_jobs < 0 or batch_seconds <= 0:
         raise ValueError("need clip lengths > 0, --batch-jobs >= 0 and --batch-seconds > 0")
-    ray_actors = {run: _ray_actors(run) for run in batch_runs}
+    ways = {run: _batch_way(run, _cuda_here(device)) for run in batch_runs}
     compile = compile and engine == "ditto"
     if checkpoints is not None and not Path(checkpoints).is_dir():
         raise ValueError(f"--checkpoints {checkpoints} is not a folder: give Ditto's checkpoints")
@@ -244,10 +244,7 @@ def run_warmstart_suite(
             result["rows"].append(row)
             went = where_it_went(row)
             say(f"[warmstart] {name}: {run['wall_s']} s wall, exit {run['exit']} ({went})")
-        for run_name, actors in ray_actors.items() if batch_jobs else ():
-            ray = [] if actors is None else ["--ray", "--actors", str(actors)]
-            if actors and _cuda_here(device):
-                ray += ["--gpus-per-actor", f"{1.0 / actors:g}"]
+        for run_name, way in ways.items() if batch_jobs else ():
             result["rows"].append(
                 _batch_row(
                     work,
@@ -257,19 +254,23 @@ def run_warmstart_suite(
                     timeout,
                     say,
                     run_name,
-                    ray,
+                    way,
                 )
             )
     return result
 
 
-def _ray_actors(run: str) -> int | None:
-    """A ``--batch-runs`` item's actors: None for ``local`` and ``ahead``, N for ``ray:N``."""
+def _batch_way(run: str, cuda: bool) -> tuple[list[str], dict[str, str] | None]:
+    """A ``--batch-runs`` item as the batch command's extra options and environment:
+    ``local`` none, ``ahead`` ``STUDIO_BATCH_AHEAD=1``, ``ray:N`` N actors (1/N GPU each on
+    a GPU)."""
     if run in ("local", "ahead"):
-        return None
+        return [], {"STUDIO_BATCH_AHEAD": "1"} if run == "ahead" else None
     head, _, count = run.partition(":")
     if head == "ray" and count.isdigit() and int(count) >= 1:
-        return int(count)
+        actors = int(count)
+        gpus = ["--gpus-per-actor", f"{1.0 / actors:g}"] if cuda else []
+        return ["--ray", "--actors", str(actors), *gpus], None
     raise ValueError(f"--batch-runs: {run!r} is not local, ahead or ray:N (N actors, e.g. ray:2)")
 
 
@@ -289,7 +290,7 @@ def _batch_row(
     timeout: float,
     say: Callable[[str], None],
     run_name: str = "local",
-    ray: Sequence[str] = (),
+    way: tuple[list[str], dict[str, str] | None] = ([], None),
 ) -> dict[str, Any]:
     say(f"[warmstart] batch ({run_name}): {jobs} jobs in one new process")
     listing = work / "jobs.jsonl"
@@ -301,8 +302,8 @@ def _batch_row(
     )
     tag = run_name.replace(":", "")
     out_dir, log = work / f"batch_{tag}", work / f"batch_{tag}.log"
-    argv = ["batch", str(listing), "--out-dir", str(out_dir), *options, *ray]
-    env = {"STUDIO_BATCH_AHEAD": "1"} if run_name == "ahead" else None
+    extra, env = way
+    argv = ["batch", str(listing), "--out-dir", str(out_dir), *options, *extra]
     run = run_process(argv, log, timeout, env)
     row: dict[str, Any] = {"row": f"batch {jobs} x {speech.stem} ({run_name})", **run}
     rep_path = out_dir / "batch_report.json"
