@@ -106,6 +106,8 @@ def _render_row(run: dict[str, Any], rep: dict[str, Any]) -> dict[str, Any]:
         "timings_ms": stages,
         "peak_gpu_mb": rep.get("peak_memory_mb", {}).get("gpu"),
         "startup_ms": round(max(run["wall_s"] * 1000.0 - accounted, 0.0), 1),
+        # how its compiled engines came: "loaded" / "built" packages, or why compiled in process
+        "compiled": rep.get("engine", {}).get("render", {}).get("compiled_packages"),
     }
 
 
@@ -384,13 +386,16 @@ def _device_name(device: str | None) -> str:
 
 
 def where_it_went(row: dict[str, Any]) -> str:
-    """A row's seconds by part: startup, warm-up, then its stages (those of 5 ms or more)."""
+    """A row's seconds by part: startup, warm-up, then its stages (those of 5 ms or more);
+    then how its compiled engines came, where it had some."""
     parts = [
         ("startup", row.get("startup_ms", 0)),
         *row.get("warmup_ms", {}).items(),
         *row.get("timings_ms", {}).items(),
     ]
-    return ", ".join(f"{k} {v / 1000:.2f}" for k, v in parts if k != "total" and v >= 5.0)
+    text = ", ".join(f"{k} {v / 1000:.2f}" for k, v in parts if k != "total" and v >= 5.0)
+    compiled = [c for c in row.get("compiled") or () if c != "off"]
+    return text + (f"; compiled engines: {', '.join(compiled)}" if compiled else "")
 
 
 def to_markdown(result: dict[str, Any]) -> str:

@@ -32,6 +32,7 @@ def test_renders_and_a_batch_as_new_processes_with_their_figures(tmp_path: Path)
         # the interpreter and imports, before the engine opens: part of the wall, not all
         assert 0 < r["startup_ms"] < r["wall_s"] * 1000.0
         assert "target_s" not in r  # the targets are for 10 s and 60 s clips
+        assert r["compiled"] is None  # the demo engine compiles nothing
     for name in batches:
         batch = rows[name]
         assert batch["exit"] == 0 and batch["done"] == 2 and batch["failed"] == 0, batch
@@ -110,13 +111,14 @@ def test_the_table_shows_targets_and_failures() -> None:
                 "timings_ms": {"render": 4500.0, "total": 4500.0},
                 "target_s": 8.0,
                 "meets_target": True,
+                "compiled": ["loaded", "off"],
             },
         ],
         "notes": [],
     }
     text = to_markdown(result)
     assert "| prebuild | exit 1: boom | 3.00 s |" in text
-    assert "startup 2.00, open_engine 1.00, render 4.50" in text
+    assert "startup 2.00, open_engine 1.00, render 4.50; compiled engines: loaded |" in text
     assert "≤ 8 s: met" in text
 
 
