@@ -93,10 +93,24 @@ def _last_line(log: Path) -> str:
 
 
 def _render_row(run: dict[str, Any], rep: dict[str, Any]) -> dict[str, Any]:
-    """A render's row: the process's figures and where its wall time went."""
+    """A render's row: the process's figures and where its wall time went: ``startup_ms``
+    (interpreter and imports before the command), the command's warm-up and stages,
+    ``report_ms`` (after the frames: quality measures and the report) and ``exit_ms`` (after
+    the report: the interpreter's and CUDA's teardown). A report without the process's own
+    clock (``process_ms``) leaves all but the stages in ``startup_ms``."""
     warm = rep.get("warmup_ms", {})
     stages = rep.get("timings_ms", {})
     accounted = stages.get("total", 0.0)  # the command's own clock: warm-up included
+    wall = run["wall_s"] * 1000.0
+    proc = rep.get("process_ms", {})
+    before, to_report = proc.get("before_command"), proc.get("to_report")
+    parts = {"startup_ms": round(max(wall - accounted, 0.0), 1)}
+    if before is not None and to_report is not None:
+        parts = {
+            "startup_ms": before,
+            "report_ms": round(max(to_report - accounted, 0.0), 1),
+            "exit_ms": round(max(wall - before - to_report, 0.0), 1),
+        }
     return {
         **run,
         "frames": rep.get("frames"),
@@ -105,7 +119,7 @@ def _render_row(run: dict[str, Any], rep: dict[str, Any]) -> dict[str, Any]:
         "warmup_ms": warm,
         "timings_ms": stages,
         "peak_gpu_mb": rep.get("peak_memory_mb", {}).get("gpu"),
-        "startup_ms": round(max(run["wall_s"] * 1000.0 - accounted, 0.0), 1),
+        **parts,
         # how its compiled engines came: "loaded" / "built" packages, or why compiled in process
         "compiled": rep.get("engine", {}).get("render", {}).get("compiled_packages"),
     }
@@ -386,12 +400,14 @@ def _device_name(device: str | None) -> str:
 
 
 def where_it_went(row: dict[str, Any]) -> str:
-    """A row's seconds by part: startup, warm-up, then its stages (those of 5 ms or more);
-    then how its compiled engines came, where it had some."""
+    """A row's seconds by part: startup, warm-up, its stages, the report and the exit (those
+    of 5 ms or more); then how its compiled engines came, where it had some."""
     parts = [
         ("startup", row.get("startup_ms", 0)),
         *row.get("warmup_ms", {}).items(),
         *row.get("timings_ms", {}).items(),
+        ("report", row.get("report_ms", 0)),
+        ("exit", row.get("exit_ms", 0)),
     ]
     text = ", ".join(f"{k} {v / 1000:.2f}" for k, v in parts if k != "total" and v >= 5.0)
     compiled = [c for c in row.get("compiled") or () if c != "off"]

@@ -31,6 +31,10 @@ def test_renders_and_a_batch_as_new_processes_with_their_figures(tmp_path: Path)
         assert set(r["warmup_ms"]) == {"open_engine", "build_engines"}
         # the interpreter and imports, before the engine opens: part of the wall, not all
         assert 0 < r["startup_ms"] < r["wall_s"] * 1000.0
+        # the wall is the start, the command's total, its report, and the exit (10 ms steps)
+        parts = r["startup_ms"] + r["timings_ms"]["total"] + r["report_ms"] + r["exit_ms"]
+        assert r["report_ms"] > 0 and r["exit_ms"] >= 0
+        assert abs(parts - r["wall_s"] * 1000.0) < 50.0, (parts, r["wall_s"])
         assert "target_s" not in r  # the targets are for 10 s and 60 s clips
         assert r["compiled"] is None  # the demo engine compiles nothing
     for name in batches:
@@ -109,6 +113,8 @@ def test_the_table_shows_targets_and_failures() -> None:
                 "startup_ms": 2000.0,
                 "warmup_ms": {"open_engine": 1000.0},
                 "timings_ms": {"render": 4500.0, "total": 4500.0},
+                "report_ms": 300.0,
+                "exit_ms": 700.0,
                 "target_s": 8.0,
                 "meets_target": True,
                 "compiled": ["loaded", "off"],
@@ -118,7 +124,8 @@ def test_the_table_shows_targets_and_failures() -> None:
     }
     text = to_markdown(result)
     assert "| prebuild | exit 1: boom | 3.00 s |" in text
-    assert "startup 2.00, open_engine 1.00, render 4.50; compiled engines: loaded |" in text
+    text_split = "startup 2.00, open_engine 1.00, render 4.50, report 0.30, exit 0.70"
+    assert f"{text_split}; compiled engines: loaded |" in text
     assert "≤ 8 s: met" in text
 
 

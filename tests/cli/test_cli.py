@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -1103,3 +1104,56 @@ def test_a_signal_swallowed_where_it_landed_stops_the_work_at_the_next_report():
     finally:
         cli._SIGNALLED.clear()
         progress.close(finished=False)
+
+
+_WITNESS = """
+import atexit, os
+_log = os.environ["WITNESS_LOG"]
+def _say(word):
+    with open(_log, "a") as f:
+        f.write(word + "\\n")
+atexit.register(_say, "exit handlers ran")
+class _AtTeardown:
+    def __del__(self, write=os.write, fd=os.open(_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)):
+        write(fd, b"teardown ran\\n")  # what it needs held: open() may be gone by then
+_kept = _AtTeardown()  # freed only when the interpreter tears its modules down
+"""
+
+
+@pytest.mark.parametrize("command", ["render", "doctor"])
+def test_a_render_process_ends_without_the_interpreters_teardown(tmp_path, command):
+    """`studio render` as the process: its outputs and stdout whole, the exit handlers run,
+    the interpreter's teardown (half a second with torch) skipped; `studio doctor` ends as
+    any Python process does."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(_WITNESS)
+    log = tmp_path / "witness.txt"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")]),
+        "WITNESS_LOG": str(log),
+    }
+    audio = tmp_path / "a.wav"
+    sf.write(audio, (0.1 * np.sin(np.arange(16000) / 5.0)).astype(np.float32), 16000)
+    argv = {
+        "render": ["render", "--demo", "--audio", str(audio), "--size", "64"]
+        + ["--out", str(tmp_path / "o.mp4"), "--report", "-", "-q"],
+        "doctor": ["doctor"],
+    }[command]
+    run = subprocess.run(
+        [sys.executable, "-m", "studio", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    said = log.read_text().splitlines()
+    if command == "render":
+        assert said == ["exit handlers ran"]  # not "teardown ran"
+        report = json.loads(run.stdout)  # the whole report reached the pipe
+        assert report["frames"] == 25 and report["output"] == str(tmp_path / "o.mp4")
+        with av.open(str(tmp_path / "o.mp4")) as c:
+            assert sum(1 for _ in c.decode(video=0)) == 25
+    else:
+        assert said == ["exit handlers ran", "teardown ran"]
