@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import sys
 import time
@@ -68,8 +69,6 @@ def quiet(on: bool = True) -> Iterator[None]:
 def process_age_s() -> float | None:
     """Seconds since this process began (interpreter start and imports included), from the
     kernel's record of it (Linux ``/proc``, 10 ms steps); None where there is none."""
-    import os
-
     try:
         with open("/proc/self/stat") as f:  # the start time, in ticks after boot: field 22
             started = int(f.read().rsplit(")", 1)[1].split()[19])

@@ -21,11 +21,11 @@ def _repeatable_heap() -> None:
     different about once in a hundred encodes where other threads are busy and audio is
     muxed (the planes handed to it identical, its packets not; up to ~15 levels in some
     pixels). Tests compare the frames of separate encodes, so that memory must not vary."""
-    os.environ.setdefault("MALLOC_PERTURB_", str(HEAP_FILL))
+    fill = int(os.environ.setdefault("MALLOC_PERTURB_", str(HEAP_FILL)))  # one byte for all
     try:
         import ctypes
 
-        ctypes.CDLL(None).mallopt(M_PERTURB, HEAP_FILL)
+        ctypes.CDLL(None).mallopt(M_PERTURB, fill)
     except (OSError, AttributeError):  # not glibc: its malloc has no such switch
         pass
 

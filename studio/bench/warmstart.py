@@ -104,8 +104,9 @@ def _render_row(run: dict[str, Any], rep: dict[str, Any]) -> dict[str, Any]:
     wall = run["wall_s"] * 1000.0
     proc = rep.get("process_ms", {})
     before, to_report = proc.get("before_command"), proc.get("to_report")
-    parts = {"startup_ms": round(max(wall - accounted, 0.0), 1)}
-    if before is not None and to_report is not None:
+    if before is None or to_report is None:
+        parts = {"startup_ms": round(max(wall - accounted, 0.0), 1)}
+    else:
         parts = {
             "startup_ms": before,
             "report_ms": round(max(to_report - accounted, 0.0), 1),
@@ -193,7 +194,8 @@ def run_warmstart_suite(
         raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, not {engine}")
     if (clips and min(clips) <= 0) or batch_jobs < 0 or batch_seconds <= 0:
         raise ValueError("need clip lengths > 0, --batch-jobs >= 0 and --batch-seconds > 0")
-    ways = {run: _batch_way(run, _cuda_here(device)) for run in batch_runs}
+    cuda = _cuda_here(device)
+    ways = {run: _batch_way(run, cuda) for run in batch_runs}
     compile = compile and engine == "ditto"
     if checkpoints is not None and not Path(checkpoints).is_dir():
         raise ValueError(f"--checkpoints {checkpoints} is not a folder: give Ditto's checkpoints")
@@ -235,7 +237,7 @@ def run_warmstart_suite(
             look += ["--frame", "crop"]
         if compile:
             look.append("--compile")
-        if compile and prebuild and not _cuda_here(device):
+        if compile and prebuild and not cuda:
             result["notes"].append("no prebuild row: compiled engines are built on a CUDA GPU")
         elif compile and prebuild:
             say("[warmstart] prebuild: studio compile --runtime torch")
