@@ -149,8 +149,9 @@ class Initializers:
         return self._files[path]
 
     def array(self, tensor: Any) -> np.ndarray:
-        """A writable array of ``tensor``'s values (a view of its mapped file where the
-        offset suits the dtype and ``mapped``, else a copy)."""
+        """A writable array of ``tensor``'s values: with ``mapped`` a view of its file, also
+        at an offset its dtype does not divide (torch takes the unaligned view, and a weight
+        bound for a GPU is copied once, by the move), else a copy."""
         from onnx import TensorProto, helper, numpy_helper
 
         if tensor.data_location != TensorProto.EXTERNAL:
@@ -174,5 +175,4 @@ class Initializers:
         if raw.size < count * dtype.itemsize:
             raise ValueError(f"initializer '{tensor.name}' runs past the end of its data")
         array = raw[: count * dtype.itemsize].view(dtype).reshape(tuple(tensor.dims))
-        keep = self.mapped and offset % dtype.itemsize == 0
-        return array if keep else np.array(array)
+        return array if self.mapped else np.array(array)

@@ -147,3 +147,30 @@ def test_weights_outside_a_model_without_its_file_are_a_clear_error(tmp_path: Pa
     _model(path, bf16=False)
     with pytest.raises(InputError, match="outside the model: give the model's file"):
         OnnxTorchGraph(read_onnx(path), {"x": (2, 3)}, "cpu")  # no source: no folder
+
+
+def test_weights_at_offsets_their_dtype_does_not_divide_stay_mapped_and_compute(
+    tmp_path: Path,
+) -> None:
+    """A GPU-bound weight is moved once, from the file: one at an odd offset is not copied on
+    the host first (torch takes an unaligned view), and torch computes the same with it."""
+    rng = np.random.default_rng(2)
+    weights = [rng.standard_normal(3 + i).astype(np.float32) for i in range(12)]
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        initializer=[numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(weights)],
+    )
+    path = tmp_path / "odd.onnx"
+    onnx.save(helper.make_model(graph), str(path))
+    model = read_mapped(path)
+    values = Initializers(tmp_path)
+    views = [values.array(t) for t in model.graph.initializer]
+    assert not all(v.flags.aligned for v in views)  # the case this test is about
+    whole = values._file(path.name)
+    for view, want in zip(views, weights, strict=True):
+        assert np.shares_memory(view, whole)  # a view of the mapped file, aligned or not
+        got = torch.from_numpy(view)
+        assert torch.equal(got * 2 + 1, torch.from_numpy(want) * 2 + 1)
