@@ -11,7 +11,12 @@ import torch.nn.functional as F
 from conftest import SMALL_WARP_MAPS, small_warp_network
 
 from studio.engines.ditto import warp_decode
-from studio.engines.ditto.warp_decode import MAX_BATCH_SIZES, WarpDecodeEngines, static_batch
+from studio.engines.ditto.warp_decode import (
+    MAX_BATCH_SIZES,
+    WarpDecodeEngines,
+    prebuild_rungs,
+    static_batch,
+)
 from studio.fixtures.random_tree import random_network
 
 needs_cuda = pytest.mark.skipif(
@@ -67,6 +72,23 @@ def test_engines_of_the_least_recently_used_batch_sizes_are_freed(modules, one_t
     assert wd.batch_for(3, 16) == 16 and wd.batch_for(1, 16) == 1
     assert wd.batch_for(3, 32) == 4  # under a quarter of the cap (a live call): its own rung
     assert wd.batch_for(17, 32) == 24  # none built holds them: the ladder's
+
+
+@pytest.mark.parametrize("cap", [32, 20, 48, 128, 4, 1])
+def test_the_prebuild_builds_the_render_batch_first_and_only_rungs_a_render_picks(
+    modules, cap
+) -> None:
+    """`studio compile --runtime torch` builds what renders then pick, the clip's batch first
+    (a prebuild stopped early has built that one): no render of 1..cap frames compiles
+    another rung, and no prebuilt rung goes unused."""
+    rungs = prebuild_rungs(cap)
+    assert rungs[0] == cap and len(set(rungs)) == len(rungs)
+    wd = WarpDecodeEngines(*modules, "auto", torch.device("cpu"))
+    wd.compiled = True  # (as on a GPU with --compile)
+    wd._engines = {r: {} for r in rungs}  # as if built: batch_for only looks them up
+    picked = {wd.batch_for(n, cap) for n in range(1, cap + 1)}
+    assert picked == set(rungs)
+    assert prebuild_rungs(32) == [32, 1, 2, 4]  # not 8, 16 and 24: tails of 8+ pad to 32
 
 
 @pytest.mark.parametrize("rewrite", [None, 8], ids=["as-is", "padded-split"])

@@ -1,9 +1,11 @@
 """`studio compile --runtime torch`: build the compiled render engines before any render.
 
 ``--compile`` renders run warp + decoder from AOTInductor packages kept in the cache
-(:mod:`studio.runtime.aot_cache`); a first render builds the packages its batches need. This
-builds them ahead, for every rung of the batch ladder up to the render batch, so that the
-first render of a new machine or of new checkpoints starts as fast as a later one.
+(:mod:`studio.runtime.aot_cache`), or where this torch cannot load packages, compiled in process
+from Inductor's and Triton's caches; a first render builds what its batches need. This builds
+them ahead, the render batch first (what every clip uses), then the small rungs of short
+calls, so that the first render of a new machine or of new checkpoints starts as fast as a
+later one, and a prebuild stopped early has built the engines that matter most.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 from studio.engines.base import Progress
 from studio.engines.ditto.engine import load_networks, plan_memory, render_dtype
-from studio.engines.ditto.warp_decode import ladder_upto
+from studio.engines.ditto.warp_decode import prebuild_rungs
 from studio.errors import OptionError
 from studio.models.checkpoints import discover
 from studio.runtime.base import resolve_device
@@ -27,8 +29,8 @@ def prebuild(
     device: str | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Build (or find, verified) the packages of warp + decoder for ``settings``'
-    precision and every ladder rung up to its render batch; a summary."""
+    """Build (or find, verified) the compiled warp + decoder for ``settings``' precision and
+    the rungs renders of its batch use (:func:`prebuild_rungs`); a summary."""
     found = discover(checkpoints)  # the folder first: errors in the order a user fixes them
     dev = resolve_device(device)
     if dev.type != "cuda":
@@ -40,7 +42,7 @@ def prebuild(
     nets = load_networks(found, dev)
     plan = plan_memory(settings.memory, settings.batch, dev, render_dtype(settings.precision, dev))
     engines = nets.warp_decode(settings.precision, True, "torch")
-    rungs = ladder_upto(plan.batch)
+    rungs = prebuild_rungs(plan.batch)
     for i, batch in enumerate(rungs):
         if progress is not None:
             progress(f"{STAGE}: batch {batch}", i, len(rungs))

@@ -40,6 +40,7 @@ __all__ = [
     "MAX_BATCH_SIZES",
     "RENDER_NETWORKS",
     "WarpDecodeEngines",
+    "prebuild_rungs",
     "render_precisions",
     "static_batch",
 ]
@@ -51,9 +52,12 @@ _LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 AOT_DEFAULT = "compiled/aot under the cache root"  # aot_dir's default (None: no packages)
 
 
-def ladder_upto(batch: int) -> list[int]:
-    """The ladder's rungs a renderer of ``batch`` may use (its batch and the smaller ones)."""
-    return [r for r in _LADDER if r < batch] + [int(batch)]
+def prebuild_rungs(batch: int) -> list[int]:
+    """The compiled rungs a renderer of ``batch`` uses, in the order to build them ahead: its
+    batch first (every call of a quarter of it or more pads to it: :meth:`WarpDecodeEngines.
+    batch_for`), then the ladder's rungs of shorter calls (a live session's keyframes). The
+    rungs in between are never picked once the batch is built."""
+    return [int(batch)] + [r for r in _LADDER if 4 * r < batch]
 
 
 def static_batch(frames: int, cap: int) -> int:
