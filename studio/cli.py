@@ -640,7 +640,7 @@ def _engine_report(engine) -> dict:
 def cmd_render(args: argparse.Namespace) -> int:
     from studio.export.video import check_alpha_output, check_output_path
     from studio.progress import process_age_s
-    from studio.render.pipeline import analyze, quality_of, render_video
+    from studio.render.pipeline import analyze, quality_of, start_video
 
     started, before = time.perf_counter(), process_age_s()  # before: interpreter and imports
     _open_project(args)
@@ -662,9 +662,9 @@ def cmd_render(args: argparse.Namespace) -> int:
         t1 = time.perf_counter()
         renderer.build_engines(int(result.plan.keyframes.size), progress)
         built = time.perf_counter()
-        report = render_video(
+        report = start_video(
             result, renderer, str(out), settings, progress=progress, started=started
-        )
+        ).finish()
     report["warmup_ms"] = {
         "open_engine": round((opened - t0) * 1000.0, 2),
         "build_engines": round((built - t1) * 1000.0, 2),

@@ -3,10 +3,11 @@
 Jobs are grouped by what opens an engine (the engine, its avatar); each group opens its
 engine once and every job of it renders with ``engine.with_settings`` (the same networks and
 avatar) and a renderer kept while its settings allow. A job's output is written atomically
-(:func:`studio.render.pipeline.render_video`); whatever goes wrong with one job (a missing or
-corrupt file, an avatar without a face, an engine error) is recorded as its one-line error
-and the batch goes on. :class:`~studio.batch.state.BatchState` is updated after every job, so
-a rerun skips what is done. :func:`run_in_turn` is what a Ray actor runs as well.
+(:func:`studio.render.pipeline.start_video`, its file finished beside the next job's
+render); whatever goes wrong with one job (a missing or corrupt file, an avatar without a
+face, an engine error) is recorded as its one-line error and the batch goes on.
+:class:`~studio.batch.state.BatchState` is updated after every job, so a rerun skips what is
+done. :func:`run_in_turn` is what a Ray actor runs as well.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -194,36 +196,63 @@ def _record(job: Job, out_dir: Path, options: EngineOptions) -> dict[str, Any]:
     }
 
 
-def render_job(
+@dataclass
+class InFlight:
+    """A job rendered whole whose file its encoder is still writing (``video``), or one that
+    failed on the way (``rec`` filled in already)."""
+
+    done: Analysed
+    t0: float
+    built: float = 0.0
+    video: Any = None  # studio.render.pipeline.EncodingVideo
+
+
+def start_job(
     done: Analysed,
     cache: EngineCache,
     progress: Progress | None = None,
     cancel: Callable[[], bool] | None = None,
-) -> dict[str, Any]:
-    """The second half of a job: its frames rendered and encoded into its output; its
-    record (status ``done`` or ``failed`` with the one-line error, frames, seconds of audio
-    and of work, peak memory)."""
-    from studio.render.pipeline import render_video
-    from studio.runtime.base import peak_memory_mb
+) -> InFlight:
+    """The second half of a job up to its last frame: engines built, every frame rendered and
+    handed to the job's encoder (:func:`studio.render.pipeline.start_video`). A job's own
+    error is recorded in its record; Cancelled and KeyboardInterrupt go through."""
+    from studio.render.pipeline import start_video
 
     job, rec = done.job, done.rec
-    t0 = done.t0 if done.turn is None else done.turn  # an analysis made ahead is not its time
+    flight = InFlight(done, done.t0 if done.turn is None else done.turn)  # not the time ahead
     try:
         if done.error is not None:
             raise done.error
         renderer = cache.renderer(job, done.engine)
         t1 = time.perf_counter()
         renderer.build_engines(int(done.result.plan.keyframes.size), progress)
-        built = time.perf_counter() - t1
-        report = render_video(
+        flight.built = time.perf_counter() - t1
+        flight.video = start_video(
             done.result, renderer, rec["output"], job.settings, cancel=cancel, progress=progress
         )
     except (Cancelled, KeyboardInterrupt):
         raise
     except Exception as e:  # noqa: BLE001 - one job's failure is recorded, never fatal
-        rec.update(status="failed", error=one_line(e), wall_s=round(time.perf_counter() - t0, 3))
-        return rec
-    wall = time.perf_counter() - t0
+        _failed(flight, e)
+    return flight
+
+
+def finish_job(flight: InFlight, aside: bool = False) -> dict[str, Any]:
+    """The job's file written (its encoder's tail; ``aside``: beside the next job's render);
+    its record: status ``done`` or ``failed`` with the one-line error, frames, seconds of
+    audio and of work, peak memory."""
+    from studio.runtime.base import peak_memory_mb
+
+    done, rec = flight.done, flight.done.rec
+    if flight.video is None:
+        return rec  # failed before its file
+    try:
+        report = flight.video.finish(aside)
+    except (Cancelled, KeyboardInterrupt):
+        raise
+    except Exception as e:  # noqa: BLE001 - one job's failure is recorded, never fatal
+        return _failed(flight, e)
+    wall = time.perf_counter() - flight.t0
     peak = peak_memory_mb()
     rec.update(
         status="done",
@@ -233,13 +262,20 @@ def render_job(
         wall_s=round(wall, 3),
         warmup_ms={
             "open_engine": round((done.opened - done.t0) * 1000.0, 2) if done.first else 0.0,
-            "build_engines": round(built * 1000.0, 2),
+            "build_engines": round(flight.built * 1000.0, 2),
         },
         realtime=round(report["duration_s"] / wall, 2) if wall > 0 else None,
         timings_ms=report["timings_ms"],
         peak_host_mb=peak["host"],
         peak_gpu_mb=peak["gpu"],
     )
+    return rec
+
+
+def _failed(flight: InFlight, error: BaseException) -> dict[str, Any]:
+    rec = flight.done.rec
+    wall = round(time.perf_counter() - flight.t0, 3)
+    rec.update(status="failed", error=one_line(error), wall_s=wall)
     return rec
 
 
@@ -367,15 +403,17 @@ def run_batch(
             bar.job(rec, seconds.get(rec["name"], 0.0))
             if on_job is not None:
                 on_job(rec)
-        run = runner or _run_here
+        run = (runner or _run_here)(todo, out, options, progress, cancel, on_start)
         try:
-            for rec in run(todo, out, options, progress, cancel, on_start):
+            for rec in run:
                 records[rec["name"]] = rec
                 state.record(rec["name"], {k: v for k, v in rec.items() if k != "was"})
                 bar.job(rec, seconds.get(rec["name"], 0.0))
                 if on_job is not None:
                     on_job(rec)
         finally:
+            if hasattr(run, "close"):  # a job rendered but not recorded is not kept either
+                run.close()
             report = batch_report(jobs, records, time.perf_counter() - started)
             write_json(out / REPORT_FILE, report)
     return report
@@ -408,39 +446,68 @@ def run_in_turn(
     on_start: Callable[[Job], None] | None = None,
     ahead: bool = False,
 ) -> Iterable[dict[str, Any]]:
-    """Each job's record, one job after another. With ``ahead``, while a job renders the
-    next one is analysed beside it (audio features and motion on a thread of its own, its
-    GPU work on a stream of its own) when its engine is open already, so the GPU goes from
-    one clip's frames to the next's without waiting for the motion model; a job whose engine
-    is not open yet opens it here, at its turn. What is process-wide is serialised: CUDA
-    graph captures and cache releases (:data:`~studio.runtime.base.GPU_LOCK`), the TF32 and
-    cuDNN flags (:class:`~studio.runtime.base.SharedFlags`); the analysis thread reports no
-    stages and keeps one stream. Off by default (:data:`AHEAD`) until measured on a GPU."""
+    """Each job's record, in the jobs' order, one job rendered after another. A job's encoder
+    finishes its file on a thread of its own while the next job renders, so the GPU does not
+    wait for x264's last frames: a record comes when the next job's frames are rendered (or
+    at the end). Cancelled or KeyboardInterrupt: the files already rendered are finished and
+    their records given first; the batch's consumer gone, they are discarded.
+
+    With ``ahead``, while a job renders the next one is analysed beside it (audio features
+    and motion on a thread of its own, its GPU work on a stream of its own) when its engine
+    is open already, so the GPU goes from one clip's frames to the next's without waiting for
+    the motion model; a job whose engine is not open yet opens it here, at its turn. What is
+    process-wide is serialised: CUDA graph captures and cache releases
+    (:data:`~studio.runtime.base.GPU_LOCK`), the TF32 and cuDNN flags
+    (:class:`~studio.runtime.base.SharedFlags`); the analysis thread reports no stages and
+    keeps one stream. Off by default (:data:`AHEAD`) until measured on a GPU."""
     from concurrent.futures import Future, ThreadPoolExecutor
 
-    with ThreadPoolExecutor(1, thread_name_prefix="studio-analysis") as pool:
+    with (
+        ThreadPoolExecutor(1, thread_name_prefix="studio-analysis") as pool,
+        ThreadPoolExecutor(1, thread_name_prefix="studio-encode-tail") as tails,
+    ):
         pending: Future[Analysed] | None = None
-        for i, job in enumerate(jobs):
-            if cancel is not None and cancel():
-                raise Cancelled()
-            turn = time.perf_counter()
-            if on_start is not None:
-                on_start(job)
-            done = pending.result() if pending else analyse_job(job, out, cache)
-            done.turn = turn
-            if pending is not None:
-                done.rec["analysed_ahead"] = True  # its motion was made beside the last render
-            nxt = jobs[i + 1] if i + 1 < len(jobs) else None
-            key = None if nxt is None else engine_key(nxt, cache.options)
-            pending = None
-            if ahead and key in cache.engines:  # its engine is open: analyse it beside
-                pending = pool.submit(_analyse_aside, nxt, out, cache)
-            try:
-                yield render_job(done, cache, progress, cancel)
-            except BaseException:
+        unrecorded: deque[tuple[Future[dict[str, Any]], InFlight]] = deque()  # files finishing
+
+        def records(keep: int) -> Iterator[dict[str, Any]]:
+            """The records of the files finished, oldest first, until ``keep`` are left."""
+            while len(unrecorded) > keep:
+                rec = unrecorded[0][0].result()
+                unrecorded.popleft()
+                yield rec
+
+        try:
+            for i, job in enumerate(jobs):
+                if cancel is not None and cancel():
+                    raise Cancelled()
+                turn = time.perf_counter()
+                if on_start is not None:
+                    on_start(job)
+                done = pending.result() if pending else analyse_job(job, out, cache)
+                done.turn = turn
                 if pending is not None:
-                    pending.cancel()
-                raise
+                    done.rec["analysed_ahead"] = True  # its motion was made beside the last render
+                nxt = jobs[i + 1] if i + 1 < len(jobs) else None
+                key = None if nxt is None else engine_key(nxt, cache.options)
+                pending = None
+                if ahead and key in cache.engines:  # its engine is open: analyse it beside
+                    pending = pool.submit(_analyse_aside, nxt, out, cache)
+                flight = start_job(done, cache, progress, cancel)
+                unrecorded.append((tails.submit(finish_job, flight, True), flight))
+                yield from records(keep=1)  # the last job's, finished beside this render
+        except (Cancelled, KeyboardInterrupt):
+            if pending is not None:
+                pending.cancel()
+            yield from records(keep=0)  # rendered whole: their files and records are kept
+            raise
+        except BaseException:  # the consumer closed us (GeneratorExit), or an error
+            if pending is not None:
+                pending.cancel()
+            for _, flight in unrecorded:  # records that cannot be kept: nor can their files
+                if flight.video is not None:
+                    flight.video.abort()
+            raise
+        yield from records(keep=0)
 
 
 def _analyse_aside(job: Job, out: Path, cache: EngineCache) -> Analysed:

@@ -2,7 +2,7 @@
 
 Each timed pass is what ``studio render --checkpoints`` does, through the same functions:
 :func:`studio.render.pipeline.analyze` (phonetics, HuBERT, LMDM, cadence, smoothing) on a
-:class:`studio.engines.ditto.engine.DittoEngine`, then :func:`studio.render.pipeline.render_video`
+:class:`studio.engines.ditto.engine.DittoEngine`, then :func:`studio.render.pipeline.start_video`
 with the engine's renderer (stitching, warp + decode, paste-back, encoding to a real MP4 in
 a temporary folder). Settings: stride 1 (every frame rendered), ``--steps`` DDIM steps,
 ``--precision`` (auto). Two variants: ``crop`` (the 512² render itself) and ``full``
@@ -71,7 +71,7 @@ DEFAULT_SOURCE = (1280, 720)  # width, height of the drawn face image for --fram
 HUBERT_FILE = "ditto_pytorch/aux_models/hubert_streaming_fix_kv.onnx"
 REAL_HUBERT_MB = 1200  # a HuBERT-large ONNX in fp32 is ~1.26 GB; far smaller is a stand-in
 
-# Every stage render_video/analyze report, in pipeline order; "other" is the rest of the wall
+# Every stage start_video/analyze report, in pipeline order; "other" is the rest of the wall
 # time (renderer set-up, opening and closing the MP4, host copies between stages).
 STAGES = (
     "features",
@@ -226,13 +226,13 @@ def _face_png(folder: Path, width: int, height: int) -> Path:
 
 
 def _pass(engine: Any, audio: Any, settings: Any, out_path: Path) -> dict[str, Any]:
-    """One end-to-end pass (analyze + render_video to ``out_path``): its stage timings in ms."""
-    from studio.render.pipeline import analyze, render_video
+    """One end-to-end pass (analyze + start_video to ``out_path``): its stage timings in ms."""
+    from studio.render.pipeline import analyze, start_video
 
     started = time.perf_counter()
     result = analyze(audio, settings, engine)
     renderer = engine.renderer(settings)
-    report = render_video(result, renderer, str(out_path), settings, started=started)
+    report = start_video(result, renderer, str(out_path), settings, started=started).finish()
     t = {k: float(v) for k, v in report["timings_ms"].items()}
     t["other"] = max(0.0, t["total"] - sum(t.get(s, 0.0) for s in SERIAL if s != "other"))
     return {

@@ -44,7 +44,7 @@ from studio.render.pipeline import (
     generate,
     iter_frames,
     postprocess,
-    render_video,
+    start_video,
 )
 from studio.settings import RenderSettings
 
@@ -484,7 +484,7 @@ class RenderWorker(QObject):
             job.result.controls,
             job.engine.source_motion(job.result.audio.num_frames, job.settings),
         )
-        return render_video(
+        return start_video(
             result,
             self._renderer(job.engine, job.settings),
             job.path,
@@ -492,7 +492,7 @@ class RenderWorker(QObject):
             cancel=self._export_cancel.is_set,
             progress=lambda s, d, n: self.progress.emit(gen, "export", d, n),
             known=job.known,
-        )
+        ).finish()
 
 
 def start_in_thread(worker: QObject, name: str) -> QThread:

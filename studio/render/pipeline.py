@@ -16,7 +16,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -399,7 +399,7 @@ def _encoder_planes(renderer: Renderer, writer: Writer) -> Iterator[None]:
         renderer.pixel_format = before
 
 
-def render_video(
+def start_video(
     result: MotionResult,
     renderer: Renderer,
     out_path: str,
@@ -408,8 +408,11 @@ def render_video(
     progress: Progress | None = None,
     started: float | None = None,
     known: Sequence[np.ndarray | None] | None = None,
-) -> dict:
-    """Render every frame and write the video (or PNG sequence) atomically; returns the report.
+) -> EncodingVideo:
+    """Render every frame into the video's (or PNG sequence's) encoder; ``.finish()`` on what
+    this returns writes the file atomically and gives the report. The renderer is free again
+    when this returns, so a batch renders its next clip while x264 ends this one. On an
+    exception nothing is written.
 
     ``started`` is the perf_counter() value the job began at (for the total); ``known``
     frames (see :func:`iter_frames`) are encoded as they are, not rendered again. The
@@ -431,20 +434,23 @@ def render_video(
     split_before = renderer.timings_ms
     t0 = time.perf_counter()
     height, width = frame_shape(renderer)
-    with open_writer(
-        out_path,
-        width,
-        height,
-        audio=result.audio,
-        crf=settings.crf,
-        preset=settings.preset,
-        fps=fps,
-        codec=settings.codec,
-        alpha=alpha,
-        hardware=settings.hw_encode,
-    ) as writer:
+    with contextlib.ExitStack() as files:  # the writer and its encoder: discarded on an error
+        writer = files.enter_context(
+            open_writer(
+                out_path,
+                width,
+                height,
+                audio=result.audio,
+                crf=settings.crf,
+                preset=settings.preset,
+                fps=fps,
+                codec=settings.codec,
+                alpha=alpha,
+                hardware=settings.hw_encode,
+            )
+        )
+        encoder = files.enter_context(EncoderThread(writer))
         with (
-            EncoderThread(writer) as encoder,
             _encoder_planes(renderer, writer),
             drawn_over(renderer, settings.backdrop),
             _at_frame_rate(renderer, fps),
@@ -462,35 +468,76 @@ def render_video(
             if cancel is not None and cancel():
                 raise Cancelled()
             inbetween_psnr = measured.psnr(progress)  # full renders over the same backdrop
-            encoder.finish()
-    loop_s = time.perf_counter() - t0
-    timings = dict(result.timings_ms)
-    split = {k: v - split_before.get(k, 0.0) for k, v in renderer.timings_ms.items()}
-    if split:  # the renderer's stages (device time, overlapping the host), and the blending
-        timings.update(split)  # this clip's: a renderer kept from clip to clip accumulates
-        timings["blend"] = stats["blend_s"] * 1000.0
-    else:
-        timings["render"] = stats["render_s"] * 1000.0
-    # The encoder runs beside the render loop: "encode" is its own busy time, "encode_wait"
-    # the part of it the loop waited for (what encoding added to the wall time).
-    timings["encode"] = writer.encode_seconds * 1000.0
-    timings["encode_wait"] = encoder.wait_s * 1000.0
-    timings["total"] = _ms(started)
-    report = build_report(result, timings, rendered=True)
-    report["fps"], report["codec"] = fps, writer.codec
-    report["encoder"] = getattr(writer, "encoder", writer.codec)
-    if getattr(writer, "note", ""):
-        report["notes"] = [*report.get("notes", []), writer.note]
-    report["background"] = settings.background
-    # a PNG sequence is its folder
-    report["output"] = str(out_path) if writer.codec != "png" else f"{writer.path}{os.sep}"
-    report["size"] = renderer.size
-    report["frame_size"] = [width, height]
-    report["render_fps"] = round(result.num_frames / max(loop_s, 1e-9), 2)
-    report["reused_frames"] = stats["reused_frames"]
-    if inbetween_psnr is not None:
-        report["inbetween_psnr"] = inbetween_psnr
-    return report
+        timings = dict(result.timings_ms)
+        split = {k: v - split_before.get(k, 0.0) for k, v in renderer.timings_ms.items()}
+        if split:  # the renderer's stages (device time, overlapping the host), and the blending
+            timings.update(split)  # this clip's: a renderer kept from clip to clip accumulates
+            timings["blend"] = stats["blend_s"] * 1000.0
+        else:
+            timings["render"] = stats["render_s"] * 1000.0
+        facts = {
+            "fps": fps,
+            # a PNG sequence is its folder
+            "output": str(out_path) if writer.codec != "png" else f"{writer.path}{os.sep}",
+            "background": settings.background,
+            "size": renderer.size,
+            "frame_size": [width, height],
+            "reused_frames": stats["reused_frames"],
+        }
+        if inbetween_psnr is not None:
+            facts["inbetween_psnr"] = inbetween_psnr
+        video = EncodingVideo(result, writer, encoder, timings, facts, started, t0)
+        video.files = files.pop_all()  # the file stays open past this block
+    return video
+
+
+@dataclass
+class EncodingVideo:
+    """A clip whose frames are all with its encoder (:func:`start_video`): :meth:`finish`
+    waits for the encoder, writes the file and returns the report; :meth:`abort` discards it.
+    Either may run on another thread than the render's."""
+
+    result: MotionResult
+    writer: Writer
+    encoder: Any  # studio.export.encoder_thread.EncoderThread
+    timings: dict[str, float]  # the clip's stages, without the encoder's
+    facts: dict[str, Any]  # the report's fields known when the last frame was rendered
+    started: float  # when the job began (perf_counter)
+    render_start: float  # when its first frame was asked for
+    rendered_at: float = field(default_factory=time.perf_counter)  # the last frame queued
+    files: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+    def finish(self, aside: bool = False) -> dict:
+        """Wait for the encoder, commit the file; the report. ``aside``: this runs beside
+        the next clip's render, so its wait is ``encode_tail`` and the frame rate is the
+        render's alone; else both count as before (``encode_wait``, the loop's wall)."""
+        loop_wait = self.encoder.wait_s
+        with self.files:  # commits on a normal exit; the encoder's error discards the file
+            self.encoder.finish()
+        writer = self.writer
+        timings = dict(self.timings)
+        # The encoder runs beside the render loop: "encode" is its own busy time, "encode_wait"
+        # the part of it the loop waited for (what encoding added to the wall time).
+        timings["encode"] = writer.encode_seconds * 1000.0
+        timings["encode_wait"] = (loop_wait if aside else self.encoder.wait_s) * 1000.0
+        if aside:
+            timings["encode_tail"] = (self.encoder.wait_s - loop_wait) * 1000.0
+        timings["total"] = _ms(self.started)
+        report = build_report(self.result, timings, rendered=True)
+        report["codec"] = writer.codec
+        report["encoder"] = getattr(writer, "encoder", writer.codec)
+        if getattr(writer, "note", ""):
+            report["notes"] = [*report.get("notes", []), writer.note]
+        report.update(self.facts)
+        loop_end = self.rendered_at if aside else time.perf_counter()
+        loop_s = max(loop_end - self.render_start, 1e-9)
+        report["render_fps"] = round(self.result.num_frames / loop_s, 2)
+        return report
+
+    def abort(self) -> None:
+        """Discard the file now, from any thread (a batch stopped before this clip's record
+        could be kept): a :meth:`finish` under way or still to come raises Cancelled."""
+        self.writer.abort()
 
 
 class InbetweenSample:

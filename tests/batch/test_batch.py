@@ -218,21 +218,27 @@ def test_a_batch_output_is_the_render_commands_video(clips: Path, capsys) -> Non
     )
 
 
-def test_a_stopped_batch_keeps_its_finished_jobs(clips: Path) -> None:
+@pytest.mark.parametrize("stop", ["cancel", "ctrl-c"])
+def test_a_stopped_batch_keeps_its_finished_jobs(clips: Path, stop: str) -> None:
     from studio.errors import Cancelled
 
     out = clips / "out"
     jobs = read_jobs(clips / "jobs.jsonl")[:2]
     seen: list[str] = []
+    started: list[str] = []
 
-    def cancel() -> bool:  # stop while the second job renders
-        return len(seen) >= 1
+    def cancel() -> bool:  # stop while the second job renders (the first one's file is
+        if len(started) >= 2 and stop == "ctrl-c":  # finished beside it: kept, recorded)
+            raise KeyboardInterrupt
+        return len(started) >= 2
 
-    with pytest.raises(Cancelled):
-        run_batch(jobs, out, say=seen.append, cancel=cancel)
+    with pytest.raises(Cancelled if stop == "cancel" else KeyboardInterrupt):
+        run_batch(jobs, out, say=seen.append, cancel=cancel, on_start=started.append)
     assert (out / "a.mp4").is_file() and not (out / "second.mp4").exists()
+    assert not [p.name for p in out.iterdir() if ".partial" in p.name]
     report = json.loads((out / REPORT_FILE).read_text())
     assert [r["status"] for r in report["jobs"]] == ["done", "pending"]
+    assert len(_frames(out / "a.mp4")) == report["jobs"][0]["frames"]
     assert [r["status"] for r in run_batch(jobs, out, say=seen.append)["jobs"]] == [
         "skipped",
         "done",
@@ -270,7 +276,7 @@ def test_the_cli_runs_a_batch_and_says_what_failed(clips: Path, capsys) -> None:
 def test_each_jobs_stage_timings_are_its_own(clips: Path) -> None:
     """A renderer kept from job to job accumulates its stage clock: the report takes the
     difference (Ditto's split; the demo renderer's is the pipeline's own)."""
-    from studio.render.pipeline import analyze, render_video
+    from studio.render.pipeline import analyze, start_video
 
     class Clocked:
         def __init__(self, renderer) -> None:
@@ -292,7 +298,7 @@ def test_each_jobs_stage_timings_are_its_own(clips: Path) -> None:
     renderer = Clocked(engine.renderer(s))
     result = analyze(load_audio(clips / "a.wav"), s, engine)
     for name in ("one.mp4", "two.mp4"):
-        report = render_video(result, renderer, str(clips / name), s)
+        report = start_video(result, renderer, str(clips / name), s).finish()
         assert report["timings_ms"]["warp_decode"] == 100.0
 
 
@@ -360,22 +366,22 @@ def test_the_next_job_is_analysed_while_this_one_renders(
         run_batch([job], clips / f"alone_{job.name}", say=lambda _: None)
         alone[job.name] = _frames(clips / f"alone_{job.name}" / job.name)
     events: list[tuple[str, str, float, str]] = []
-    analyze, render_video = pipeline.analyze, pipeline.render_video
+    analyze, start_video = pipeline.analyze, pipeline.start_video
 
     def spy_analyze(audio, *a, **k):
         events.append(("analyse", Path(audio.path).stem, time.perf_counter(), _thread()))
         return analyze(audio, *a, **k)
 
     def spy_render(result, renderer, path, *a, **k):
-        report = render_video(result, renderer, path, *a, **k)
+        video = start_video(result, renderer, path, *a, **k)
         events.append(("rendered", Path(path).stem, time.perf_counter(), _thread()))
-        return report
+        return video
 
     def _thread() -> str:
         return threading.current_thread().name
 
     monkeypatch.setattr(pipeline, "analyze", spy_analyze)
-    monkeypatch.setattr(pipeline, "render_video", spy_render)
+    monkeypatch.setattr(pipeline, "start_video", spy_render)
     monkeypatch.setattr(batch_run, "AHEAD", ahead)
     report = run_batch(jobs, clips / "out", say=lambda _: None)
     assert [r["status"] for r in report["jobs"]] == ["done"] * 3
@@ -395,6 +401,42 @@ def test_the_next_job_is_analysed_while_this_one_renders(
             if not np.array_equal(a, b)
         ]
         assert not differ, f"{job.name}: (frame, largest difference) {differ[:8]}"
+
+
+def test_a_jobs_file_is_finished_beside_the_next_jobs_render(clips: Path, monkeypatch) -> None:
+    """The batch does not wait for x264's last frames: a job's file is finished on a thread
+    of its own while the next job renders (held here until that render has begun: done one
+    after the other, this would wait in vain), and every output is whole."""
+    import threading
+
+    import studio.render.pipeline as pipeline
+
+    jobs = read_jobs(clips / "jobs.jsonl")[:2]
+    next_began = threading.Event()
+    finishes: list[tuple[str, str, bool, bool]] = []
+    finish, start = pipeline.EncodingVideo.finish, pipeline.start_video
+
+    def spy_finish(self, aside: bool = False) -> dict:
+        name = Path(self.writer.path).name
+        waited = name != "a.mp4" or next_began.wait(30)
+        finishes.append((name, threading.current_thread().name, aside, waited))
+        return finish(self, aside)
+
+    def spy_start(result, renderer, path, *a, **k):
+        if Path(path).name == "second.mp4":
+            next_began.set()
+        return start(result, renderer, path, *a, **k)
+
+    monkeypatch.setattr(pipeline.EncodingVideo, "finish", spy_finish)
+    monkeypatch.setattr(pipeline, "start_video", spy_start)
+    report = run_batch(jobs, clips / "out", say=lambda _: None)
+    assert [r["status"] for r in report["jobs"]] == ["done", "done"]
+    assert [f[0] for f in finishes] == ["a.mp4", "second.mp4"]
+    for name, thread, aside, waited in finishes:
+        assert thread.startswith("studio-encode-tail") and aside and waited, name
+    for rec in report["jobs"]:
+        assert "encode_tail" in rec["timings_ms"]
+        assert len(_frames(clips / "out" / rec["name"])) == rec["frames"]
 
 
 def _jobs_file(folder: Path, lines: list[dict]) -> Path:

@@ -406,7 +406,7 @@ def test_streamed_chunks_equal_frame_calls(render_nets, device) -> None:
 
 
 def test_yuv_frames_are_the_rgb_frames_converted(render_nets) -> None:
-    """What render_video asks for: the encoder's planes, made on the device."""
+    """What start_video asks for: the encoder's planes, made on the device."""
     from studio.export.yuv import rgb_to_yuv420p
 
     r = _renderer(render_nets, batch=2)

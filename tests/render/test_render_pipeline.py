@@ -120,18 +120,18 @@ def test_silences_come_from_the_vad_once_per_audio_else_from_the_phonetics(monke
 
 def test_a_render_measures_its_inbetweens_and_says_so(tmp_path) -> None:
     from studio.render.fidelity import MEASURE_STAGE
-    from studio.render.pipeline import render_video
+    from studio.render.pipeline import start_video
 
     result = _speech_result("auto")
     settings = RenderSettings(stride="auto", size=64, preset="ultrafast")
     calls: list[tuple] = []
-    report = render_video(
+    report = start_video(
         result,
         DemoEngine().renderer(settings),
         str(tmp_path / "clip.mp4"),
         settings,
         progress=lambda *a: calls.append(a),
-    )
+    ).finish()
     saved = result.num_frames - result.plan.keyframes.size
     psnr = report["inbetween_psnr"]
     assert saved > 0 and psnr["measured"] == min(12, saved) and psnr["inbetweens"] == saved
