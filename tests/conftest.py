@@ -142,6 +142,26 @@ DITTO_FACE_HW = (300, 360)  # not square: full frames must keep it
 DITTO_CLIP_S = 0.8  # 20 frames at 25 fps
 
 
+def stitch_net():
+    """A reduced stitch network of fixed weights: what the compiled-engine tests compile."""
+    import torch
+
+    from studio.fixtures.random_tree import random_network
+
+    torch.manual_seed(0)
+    return random_network("stitch_network", reduced=True).eval()
+
+
+def compiled_stitch(net, folder):
+    """``net``'s compiled engine (batch 2, fp32, CPU), its compiled file built or loaded in
+    ``folder``."""
+    from studio.runtime.torch_backend import TorchEngine
+
+    return TorchEngine(
+        "stitch_network", net, "fp32", "cpu", batch=2, compile=True, aot_dir=folder, aot_build=True
+    )
+
+
 def random_biases(model, std=0.2):
     """``model`` with every bias drawn at random (in place): LMDM initialises its attention
     biases to zero, and a test of the projections' regrouping must see them."""

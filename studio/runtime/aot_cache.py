@@ -22,6 +22,11 @@ operator the render networks had, is exported as gathers instead
 (:mod:`studio.runtime.grid_gather`). And a
 package's runner cannot be captured into a CUDA graph ("operation not permitted when stream
 is capturing"), so its engine runs it as it is (its kernels are launched from C++).
+
+Where no package loads (:func:`packages_usable`: a probe package fails in a new process, as
+on torch 2.11 with CUDA 13 on every GPU lent here, or ``$STUDIO_COMPILED_FORMAT`` is
+``artifact``), the engine keeps Inductor's standalone artifacts instead
+(:mod:`studio.runtime.aot_artifacts`), checked and built by the same helpers.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ from studio.runtime.grid_gather import GatheredGridSample
 AOT_FORMAT = 3  # bump when the build recipe changes what a package contains
 PROXY_EXECUTOR_SIGN = "missing a c-shim implementation"  # torch._inductor.ir's warning
 VERIFY_TIMEOUT_S = 600
+FORMAT_ENV = "STUDIO_COMPILED_FORMAT"  # "artifact": Inductor's artifacts, never packages
+NO_PACKAGES = "this torch cannot load compiled packages here"
 _log = logging.getLogger(__name__)
 
 
@@ -139,21 +146,30 @@ def stale_reasons(recorded: dict[str, Any], wanted: AotKey) -> list[str]:
     return [f"{k} {recorded.get(k)!r} -> {v!r}" for k, v in want.items() if recorded.get(k) != v]
 
 
+def checked_meta(path: Path, key: AotKey, absent: str) -> tuple[dict[str, Any] | None, str]:
+    """The metadata kept beside a compiled file made for ``key`` (None, why not: ``absent``,
+    unreadable, stale, or the file corrupt)."""
+    if not path.is_file():
+        return None, absent
+    try:
+        meta = json.loads(_meta(path).read_text())
+        recorded, sha = dict(meta["key"]), str(meta["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, f"{path.name}: its metadata is missing or unreadable"
+    reasons = stale_reasons(recorded, key)
+    if reasons:
+        return None, f"{path.name} is stale ({'; '.join(reasons)})"
+    if file_sha256(path) != sha:
+        return None, f"{path.name} is corrupt (its SHA-256 is not the one recorded)"
+    return meta, ""
+
+
 def load(cache_dir: str | os.PathLike[str], key: AotKey) -> tuple[Callable | None, str]:
     """(the loaded package, "loaded"), or (None, why not: absent, stale, corrupt)."""
     package = package_file(cache_dir, key)
-    if not package.is_file():
-        return None, "no compiled package yet"
-    try:
-        meta = json.loads(_meta(package).read_text())
-        recorded, sha = dict(meta["key"]), str(meta["sha256"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None, f"{package.name}: its metadata is missing or unreadable"
-    reasons = stale_reasons(recorded, key)
-    if reasons:
-        return None, f"{package.name} is stale ({'; '.join(reasons)})"
-    if file_sha256(package) != sha:
-        return None, f"{package.name} is corrupt (its SHA-256 is not the one recorded)"
+    meta, why = checked_meta(package, key, "no compiled package yet")
+    if meta is None:
+        return None, why
     try:
         runner = torch._inductor.aoti_load_package(str(package))
     except Exception as e:  # noqa: BLE001 - a package that does not load is rebuilt
@@ -261,29 +277,48 @@ def build(
     under the package's build lock; a package another process finished meanwhile is kept).
     NotPackageable where it needs the proxy executor; RuntimeError where a new process cannot
     load and run it (neither is kept)."""
-    package = package_file(cache_dir, key)
-    package.parent.mkdir(parents=True, exist_ok=True)
-    with build_lock(package, f"the compiled {key.network} (batch {key.batch})"):
-        if load(cache_dir, key)[0] is not None:
-            return package
-        partial = package.with_name(f".{package.name}.{os.getpid()}.partial.pt2")
+
+    def make(partial: Path) -> dict[str, Any]:
+        _package_verified(module, example, partial, key.network)
+        return {}
+
+    present = lambda: load(cache_dir, key)[0] is not None  # noqa: E731
+    return build_file(package_file(cache_dir, key), key, present, make)
+
+
+def build_file(
+    path: Path,
+    key: AotKey,
+    present: Callable[[], bool],
+    make: Callable[[Path], dict[str, Any]],
+) -> Path:
+    """Write a compiled file for ``key`` at ``path`` once: under its build lock, unless
+    ``present()`` (another process finished it meanwhile), ``make(partial)`` writes it to a
+    hidden file (returning what else its metadata keeps), which is then put in place
+    atomically with its metadata (the key and the file's SHA-256)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with build_lock(path, f"the compiled {key.network} (batch {key.batch})"):
+        if present():
+            return path
+        partial = path.with_name(f".{path.name}.{os.getpid()}.partial{path.suffix}")
         try:
-            _package_verified(module, example, partial, key.network)
+            extra = make(partial)
             sha = file_sha256(partial)
-            os.replace(partial, package)
+            os.replace(partial, path)
         finally:
             partial.unlink(missing_ok=True)
-        write_atomic(_meta(package), json.dumps({"key": asdict(key), "sha256": sha}, indent=1))
-    return package
+        meta = {"key": asdict(key), "sha256": sha, **extra}
+        write_atomic(_meta(path), json.dumps(meta, indent=1))
+    return path
 
 
 def _device_of(example: tuple[torch.Tensor, ...]) -> torch.device:
     return next((t.device for t in example if isinstance(t, torch.Tensor)), torch.device("cpu"))
 
 
-def _failed_file(cache_dir: str | os.PathLike[str], key: AotKey) -> Path:
-    package = package_file(cache_dir, key)
-    return package.with_name(package.name + ".failed.json")
+def failed_file(path: Path) -> Path:
+    """Where a compiled file's failure to build is remembered."""
+    return path.with_name(path.name + ".failed.json")
 
 
 class _Probe(nn.Module):
@@ -348,20 +383,60 @@ def load_or_build(
     runner, why = load(cache_dir, key)
     if runner is not None or not build_missing:
         return runner, why
-    failed = _failed_file(cache_dir, key)
+
+    def usable() -> str | None:
+        loads, probed = packages_usable(cache_dir, key, _device_of(example))
+        return None if loads else f"{NO_PACKAGES} ({probed})"
+
+    return build_then_load(
+        package_file(cache_dir, key),
+        key,
+        why,
+        "no compiled package yet",
+        lambda: build(cache_dir, key, module, example),
+        lambda: load(cache_dir, key),
+        usable,
+    )
+
+
+def packages_usable(
+    cache_dir: str | os.PathLike[str], key: AotKey, device: torch.device
+) -> tuple[bool, str]:
+    """Whether to keep ``key``'s compiled engine as a package here: not where
+    ``$STUDIO_COMPILED_FORMAT`` is ``artifact``; on a GPU, where a probe package loads
+    (:func:`packages_load_here`)."""
+    if os.environ.get(FORMAT_ENV) == "artifact":
+        return False, f"{FORMAT_ENV}=artifact"
+    if key.capability == "cpu":
+        return True, "packages load on the CPU"
+    return packages_load_here(cache_dir, device)
+
+
+def build_then_load(
+    path: Path,
+    key: AotKey,
+    why: str,
+    absent: str,
+    build_it: Callable[[], object],
+    load_it: Callable[[], tuple[Callable | None, str]],
+    usable: Callable[[], str | None] = lambda: None,
+) -> tuple[Callable | None, str]:
+    """A compiled file that did not load (``why``) built and loaded: (runner, "built"), or
+    (None, why not: it failed before, or ``usable()`` says why not here). A failed build is
+    remembered beside it (``<file>.failed.json``), so later processes do not try again."""
+    failed = failed_file(path)
     if failed.is_file():
         return None, f"it failed to compile ahead of time before ({failed.name})"
-    if key.capability != "cpu":
-        loads, probed = packages_load_here(cache_dir, _device_of(example))
-        if not loads:
-            return None, f"this torch cannot load compiled packages here ({probed})"
-    if why != "no compiled package yet":
+    refused = usable()
+    if refused:
+        return None, refused
+    if why != absent:
         _log.warning("%s: compiling it again", why)
     try:
-        build(cache_dir, key, module, example)
+        build_it()
     except Exception as e:
         reason = f"{type(e).__name__}: {e}"
         write_atomic(failed, json.dumps({"key": asdict(key), "error": reason[:2000]}, indent=1))
         raise
-    runner, again = load(cache_dir, key)
+    runner, again = load_it()
     return runner, ("built" if runner is not None else again)

@@ -290,13 +290,20 @@ def _aot_forward(
     build: bool,
 ) -> tuple[Callable[..., tuple[Tensor, ...]], str]:
     """The adapter's forward from its AOTInductor package (:mod:`studio.runtime.aot_cache`):
-    (forward, "loaded" or "built"); or (the adapter, why not) for torch.compile to take."""
-    from studio.runtime import aot_cache
+    (forward, "loaded" or "built"); where this torch cannot load packages, from Inductor's
+    standalone artifact (:mod:`studio.runtime.aot_artifacts`): (forward, "artifact loaded"
+    or "artifact built"); or (the adapter, why not) for torch.compile to take."""
+    from studio.runtime import aot_artifacts, aot_cache
 
     key = aot_cache.AotKey.of(name, adapter, precision, policy, batch, device)
     example = adapter.example_inputs(batch)
     try:
-        runner, why = aot_cache.load_or_build(aot_dir, key, adapter, example, build)
+        packages, probed = aot_cache.packages_usable(aot_dir, key, device)
+        if packages:
+            runner, why = aot_cache.load_or_build(aot_dir, key, adapter, example, build)
+        else:
+            runner, why = aot_artifacts.load_or_build(aot_dir, key, adapter, example, build)
+            why = f"artifact {why}" if runner else f"{aot_cache.NO_PACKAGES} ({probed}); {why}"
     except Exception as e:  # noqa: BLE001 - a network AOTInductor cannot take: torch.compile
         _log.warning(
             "%s: no compiled package (%s: %s); compiling in process", name, type(e).__name__, e
@@ -317,6 +324,8 @@ def _aot_forward(
     return forward, why
 
 
+PACKAGE_READY = ("loaded", "built")  # TorchEngine.aot: an AOTInductor package runs it
+AOT_READY = (*PACKAGE_READY, "artifact loaded", "artifact built")  # compiled ahead of time
 AOT_TOLERANCE = {"fp32": 1e-3, "tf32": 1e-2}  # relative to the largest output; halves 3e-2
 
 
@@ -394,7 +403,7 @@ class TorchEngine(EngineBase):
         self._graph: torch.cuda.CUDAGraph | None = None
         self._static_out: tuple[Tensor, ...] | None = None
         self._fn: Callable[..., tuple[Tensor, ...]] = self.adapter
-        self.aot = "off"  # compiled ahead of time: "loaded", "built", or why not
+        self.aot = "off"  # compiled ahead of time: AOT_READY, or why not
         if compile and aot_dir is not None:
             self._fn, self.aot = _aot_forward(
                 name,
@@ -406,7 +415,7 @@ class TorchEngine(EngineBase):
                 aot_dir,
                 aot_build,
             )
-        if compile and self.aot not in ("loaded", "built"):
+        if compile and self.aot not in AOT_READY:
             _room_for_compiled_engines()
             self._fn = torch.compile(self.adapter, mode=compile_mode, dynamic=False)
         example = self.adapter.example_inputs(batch)
@@ -452,10 +461,11 @@ class TorchEngine(EngineBase):
     def capture(self, warmup: int = 3) -> bool:
         """Capture the forward into a CUDA graph (CUDA only; False on the CPU). An engine
         running an AOTInductor package is ready as it is (True, nothing captured): a
-        package's runner cannot be captured, and it launches its kernels from C++."""
+        package's runner cannot be captured, and it launches its kernels from C++. One
+        running an Inductor artifact is captured, as torch.compile's code is."""
         if self.device.type != "cuda":
             return False
-        if self._graph is not None or self.aot in ("loaded", "built"):
+        if self._graph is not None or self.aot in PACKAGE_READY:
             return True
         static: dict[str, Tensor] = {}
         for s, t in zip(self.inputs, self.adapter.example_inputs(self.batch), strict=True):

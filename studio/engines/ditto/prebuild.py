@@ -1,11 +1,12 @@
 """`studio compile --runtime torch`: build the compiled render engines before any render.
 
 ``--compile`` renders run warp + decoder from AOTInductor packages kept in the cache
-(:mod:`studio.runtime.aot_cache`), or where this torch cannot load packages, compiled in process
-from Inductor's and Triton's caches; a first render builds what its batches need. This builds
-them ahead, the render batch first (what every clip uses), then the small rungs of short
-calls, so that the first render of a new machine or of new checkpoints starts as fast as a
-later one, and a prebuild stopped early has built the engines that matter most.
+(:mod:`studio.runtime.aot_cache`), or where this torch cannot load packages, as Inductor's
+standalone artifacts (:mod:`studio.runtime.aot_artifacts`); a first render builds what its
+batches need. This builds them ahead, the render batch first (what every clip uses), then the
+small rungs of short calls, so that the first render of a new machine or of new checkpoints
+starts as fast as a later one, and a prebuild stopped early has built the engines that matter
+most.
 """
 
 from __future__ import annotations

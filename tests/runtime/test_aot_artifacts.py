@@ -1,0 +1,100 @@
+"""Compiled torch engines kept as Inductor's standalone artifacts where packages do not load
+(studio.runtime.aot_artifacts): built once, loaded by a new process without compiling,
+computing what the network does, rebuilt when corrupt (CPU, a reduced stitch network)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import compiled_stitch, stitch_net
+
+from studio.runtime import aot_artifacts, aot_cache
+from studio.runtime.torch_backend import TorchEngine
+
+pytestmark = pytest.mark.slow  # a standalone compile is a C++ compile on the CPU: ~10 s here
+
+LOAD = """
+import sys, torch
+from studio.fixtures.random_tree import random_network
+from studio.runtime.torch_backend import TorchEngine
+torch.manual_seed(0)
+net = random_network("stitch_network", reduced=True).eval()
+e = TorchEngine("stitch_network", net, "fp32", "cpu", batch=2, compile=True,
+                aot_dir=sys.argv[1], aot_build=False)
+feed = torch.load(sys.argv[2])
+out = e.run(feed)
+torch.save(out, sys.argv[3])
+print(e.aot)
+"""
+
+
+def test_an_artifact_is_built_once_then_loaded_by_a_new_process_and_rebuilt_when_corrupt(
+    tmp_path: Path, monkeypatch, caplog
+) -> None:
+    monkeypatch.setenv(aot_cache.FORMAT_ENV, "artifact")  # as where packages do not load
+    net = stitch_net()
+    built = compiled_stitch(net, tmp_path)
+    assert built.aot == "artifact built"
+    assert not list(tmp_path.glob("*.pt2"))  # no package was tried
+    (art,) = tmp_path.glob("stitch_network-fp32-b2-*.art")
+    meta = json.loads(art.with_name(art.name + ".json").read_text())
+    assert meta["sha256"] == aot_cache.file_sha256(art)
+    assert None in meta["inputs"] and "weight" in " ".join(n for n in meta["inputs"] if n)
+    eager = TorchEngine("stitch_network", net, "fp32", "cpu", batch=2)
+    feed = {s.name: torch.randn(s.shape) for s in eager.inputs}
+    want = eager.run(feed)
+    assert all(torch.allclose(want[k], v, atol=1e-5) for k, v in built.run(feed).items())
+
+    # a new process loads it (the weights are its own network's, passed in) and computes
+    # the same
+    torch.save(feed, tmp_path / "feed.pt")
+    argv = [str(tmp_path), str(tmp_path / "feed.pt"), str(tmp_path / "out.pt")]
+    r = subprocess.run(
+        [sys.executable, "-c", LOAD, *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("artifact loaded")
+    got = torch.load(tmp_path / "out.pt")
+    assert all(torch.allclose(want[k], got[k], atol=1e-5) for k in want)
+
+    # corrupted on disk: found by its checksum and built again, with a message
+    data = bytearray(art.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    art.write_bytes(bytes(data))
+    key = aot_cache.AotKey(**meta["key"])
+    why = aot_artifacts.load(tmp_path, key, built.adapter)[1]
+    assert why.endswith("is corrupt (its SHA-256 is not the one recorded)")
+    with caplog.at_level("WARNING"):
+        again = compiled_stitch(net, tmp_path)
+    assert again.aot == "artifact built" and "is corrupt" in caplog.text
+    assert aot_artifacts.load(tmp_path, key, again.adapter)[1] == "loaded"
+
+
+def test_an_artifact_for_other_weights_does_not_load_into_this_network(tmp_path: Path) -> None:
+    """The key holds the weights' hash: another network's artifact is stale here, and one
+    whose recorded inputs name weights this module lacks is refused, not run."""
+    net = stitch_net()
+    key = aot_cache.AotKey.of("stitch_network", net, "fp32", "p", 2, torch.device("cpu"))
+    example = tuple(net.example_inputs(2)) if hasattr(net, "example_inputs") else None
+    assert example is not None
+    aot_artifacts.build(tmp_path, key, net, example)
+    other = stitch_net()
+    with torch.no_grad():
+        next(other.parameters()).add_(1.0)
+    other_key = aot_cache.AotKey.of("stitch_network", other, "fp32", "p", 2, torch.device("cpu"))
+    assert aot_artifacts.load(tmp_path, other_key, other) == (None, "no compiled artifact yet")
+    path = aot_artifacts.artifact_file(tmp_path, key)
+    meta_file = path.with_name(path.name + ".json")
+    meta = json.loads(meta_file.read_text())
+    meta["inputs"] = ["no.such.weight" if n else n for n in meta["inputs"]]
+    meta_file.write_text(json.dumps(meta))
+    runner, why = aot_artifacts.load(tmp_path, key, net)
+    assert runner is None and "does not fit this network" in why
