@@ -8,7 +8,9 @@ engines again through Dynamo, from Inductor's caches (15 s on an H100 for warp +
 itself runs (Python wrapper code with Triton kernels on a GPU, C++ ones on the CPU) and saves
 it; ``CompiledArtifact.load`` gives it back in a new process without tracing the network
 again. The weights are inputs of the artifact, not in its file: the engine passes the
-network's own, and captures the artifact in a CUDA graph as it does torch.compile's code.
+network's own, and captures the artifact in a CUDA graph as it does torch.compile's code. As a
+package is, each new artifact is loaded and run once (on zeros) in a separate process before
+it is kept, so one that would crash its loader never reaches a render.
 
 Each artifact ``<cache>/compiled/aot/<network>-<precision>-b<batch>-<digest>.art`` has a JSON
 beside it with its :class:`~studio.runtime.aot_cache.AotKey`, its SHA-256 and the order of its
@@ -32,9 +34,20 @@ from studio.runtime.aot_cache import (
     build_then_load,
     checked_meta,
     package_file,
+    verify_elsewhere,
 )
 
 ABSENT = "no compiled artifact yet"
+# a new process loads the artifact and runs it on zeros of its inputs' shapes (the weights too)
+_VERIFY = """
+import faulthandler, sys, torch
+faulthandler.enable()
+art = torch._inductor.CompiledArtifact.load(path=sys.argv[1], format="binary")
+art(*[torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in
+      torch.load(sys.argv[2])])
+if torch.cuda.is_available():
+    torch.cuda.synchronize()
+"""
 
 
 def artifact_file(cache_dir: str | Path, key: AotKey) -> Path:
@@ -103,6 +116,8 @@ def build(
                 exported.graph_module, args, dynamic_shapes="from_example_inputs"
             )
         art.save(path=str(partial), format="binary")
+        specs = [(tuple(t.shape), t.dtype, str(t.device)) for t in args]
+        verify_elsewhere(partial, specs, key.network, _VERIFY, "compiled artifact")
         return {"inputs": order}
 
     present = lambda: load(cache_dir, key, module)[0] is not None  # noqa: E731

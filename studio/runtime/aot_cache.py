@@ -229,29 +229,33 @@ def _last_words(stderr: str) -> str:
     return f"{lines[fatal]} at {frame}"[:300]
 
 
-def _verify_elsewhere(path: Path, example: tuple[torch.Tensor, ...], network: str) -> None:
-    """Load and run the package once in a new process: one that crashes it is not kept."""
+def verify_elsewhere(
+    path: Path, payload: object, network: str, script: str = _VERIFY, what: str = "package"
+) -> None:
+    """Load and run a compiled file once in a new process (``script`` with the file and
+    ``payload`` saved by torch: by default a package and its example inputs): one that
+    crashes it is not kept."""
     import subprocess
     import sys
 
     inputs = path.with_name(path.name + ".inputs.pt")
     try:
-        torch.save(tuple(t.detach() for t in example), inputs)
+        torch.save(payload, inputs)
         try:
             r = subprocess.run(
-                [sys.executable, "-c", _VERIFY, str(path), str(inputs)],
+                [sys.executable, "-c", script, str(path), str(inputs)],
                 capture_output=True,
                 text=True,
                 timeout=VERIFY_TIMEOUT_S,
             )
         except subprocess.TimeoutExpired:
-            raise RuntimeError(f"{network}: its package did not load and run in time") from None
+            raise RuntimeError(f"{network}: its {what} did not load and run in time") from None
     finally:
         inputs.unlink(missing_ok=True)
     if r.returncode != 0:
         last = _last_words(r.stderr)
         raise RuntimeError(
-            f"{network}: its package fails when a new process loads and runs it "
+            f"{network}: its {what} fails when a new process loads and runs it "
             f"(exit {r.returncode}: {last})"
         )
 
@@ -264,7 +268,7 @@ def _package_verified(
     with torch.no_grad(), GatheredGridSample():
         exported = torch.export.export(module, example)
         _compile_package(exported, path, network)
-    _verify_elsewhere(path, example, network)
+    verify_elsewhere(path, tuple(t.detach() for t in example), network)
 
 
 def build(

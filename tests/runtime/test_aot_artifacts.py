@@ -98,3 +98,15 @@ def test_an_artifact_for_other_weights_does_not_load_into_this_network(tmp_path:
     meta_file.write_text(json.dumps(meta))
     runner, why = aot_artifacts.load(tmp_path, key, net)
     assert runner is None and "does not fit this network" in why
+
+
+def test_an_artifact_that_crashes_a_new_process_is_refused(tmp_path: Path, monkeypatch) -> None:
+    """Each new artifact is loaded and run in another process first: one that kills it is
+    not kept (remembered as failed), and the engine compiles in process instead."""
+    monkeypatch.setenv(aot_cache.FORMAT_ENV, "artifact")
+    monkeypatch.setattr(aot_artifacts, "_VERIFY", "import os; os.abort()")
+    e = compiled_stitch(stitch_net(), tmp_path)
+    assert e.aot == "failed: RuntimeError"
+    assert not list(tmp_path.glob("*.art")) and not list(tmp_path.glob(".*partial*"))
+    (failed,) = tmp_path.glob("*.art.failed.json")
+    assert "fails when a new process loads and runs it" in json.loads(failed.read_text())["error"]

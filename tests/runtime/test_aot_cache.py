@@ -164,7 +164,7 @@ def test_a_package_that_a_new_process_cannot_load_is_refused(tmp_path: Path) -> 
     bad = tmp_path / "bad.pt2"
     bad.write_bytes(b"not a package")
     with pytest.raises(RuntimeError, match="fails when a new process loads and runs it"):
-        aot_cache._verify_elsewhere(bad, (torch.randn(2),), "stitch_network")
+        aot_cache.verify_elsewhere(bad, (torch.randn(2),), "stitch_network")
     assert not list(tmp_path.glob("*.inputs.pt"))
 
 
