@@ -449,8 +449,9 @@ def run_in_turn(
     """Each job's record, in the jobs' order, one job rendered after another. A job's encoder
     finishes its file on a thread of its own while the next job renders, so the GPU does not
     wait for x264's last frames: a record comes when the next job's frames are rendered (or
-    at the end). Cancelled or KeyboardInterrupt: the files already rendered are finished and
-    their records given first; the batch's consumer gone, they are discarded.
+    before, when its file was written while the next job was analysed; or at the end). On an
+    error, Cancelled or KeyboardInterrupt the files already rendered are finished and their
+    records given first; the batch's consumer gone, a file not yet written is discarded.
 
     With ``ahead``, while a job renders the next one is analysed beside it (audio features
     and motion on a thread of its own, its GPU work on a stream of its own) when its engine
@@ -469,9 +470,10 @@ def run_in_turn(
         pending: Future[Analysed] | None = None
         unrecorded: deque[tuple[Future[dict[str, Any]], InFlight]] = deque()  # files finishing
 
-        def records(keep: int) -> Iterator[dict[str, Any]]:
-            """The records of the files finished, oldest first, until ``keep`` are left."""
-            while len(unrecorded) > keep:
+        def records(keep: int, wait: bool = True) -> Iterator[dict[str, Any]]:
+            """The records of the files finished, oldest first, until ``keep`` are left (or,
+            without ``wait``, until the oldest is still being written)."""
+            while len(unrecorded) > keep and (wait or unrecorded[0][0].done()):
                 rec = unrecorded[0][0].result()
                 unrecorded.popleft()
                 yield rec
@@ -492,22 +494,20 @@ def run_in_turn(
                 pending = None
                 if ahead and key in cache.engines:  # its engine is open: analyse it beside
                     pending = pool.submit(_analyse_aside, nxt, out, cache)
+                yield from records(keep=0, wait=False)  # files written while this was analysed
                 flight = start_job(done, cache, progress, cancel)
                 unrecorded.append((tails.submit(finish_job, flight, True), flight))
                 yield from records(keep=1)  # the last job's, finished beside this render
-        except (Cancelled, KeyboardInterrupt):
-            if pending is not None:
-                pending.cancel()
-            yield from records(keep=0)  # rendered whole: their files and records are kept
+            yield from records(keep=0)
+        except (Exception, KeyboardInterrupt):  # Cancelled too: what is rendered is kept
+            yield from records(keep=0)
             raise
-        except BaseException:  # the consumer closed us (GeneratorExit), or an error
-            if pending is not None:
-                pending.cancel()
-            for _, flight in unrecorded:  # records that cannot be kept: nor can their files
+        finally:  # the consumer gone (GeneratorExit), or a second interrupt: a file whose
+            if pending is not None:  # record cannot be kept is not kept either, unless it
+                pending.cancel()  # was written already (the next run writes it again)
+            for _, flight in unrecorded:
                 if flight.video is not None:
                     flight.video.abort()
-            raise
-        yield from records(keep=0)
 
 
 def _analyse_aside(job: Job, out: Path, cache: EngineCache) -> Analysed:

@@ -536,7 +536,8 @@ class EncodingVideo:
 
     def abort(self) -> None:
         """Discard the file now, from any thread (a batch stopped before this clip's record
-        could be kept): a :meth:`finish` under way or still to come raises Cancelled."""
+        could be kept), unless it is written already: a :meth:`finish` still writing it, or
+        still to come, then raises Cancelled."""
         self.writer.abort()
 
 

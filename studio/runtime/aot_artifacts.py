@@ -38,13 +38,13 @@ from studio.runtime.aot_cache import (
 )
 
 ABSENT = "no compiled artifact yet"
-# a new process loads the artifact and runs it on zeros of its inputs' shapes (the weights too)
+# a new process loads the artifact and runs it on zeros laid out as its inputs (weights too)
 _VERIFY = """
 import faulthandler, sys, torch
 faulthandler.enable()
 art = torch._inductor.CompiledArtifact.load(path=sys.argv[1], format="binary")
-art(*[torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in
-      torch.load(sys.argv[2])])
+art(*[torch.zeros_like(torch.empty_strided(shape, stride, dtype=dtype, device=device))
+      for shape, stride, dtype, device in torch.load(sys.argv[2])])
 if torch.cuda.is_available():
     torch.cuda.synchronize()
 """
@@ -116,7 +116,7 @@ def build(
                 exported.graph_module, args, dynamic_shapes="from_example_inputs"
             )
         art.save(path=str(partial), format="binary")
-        specs = [(tuple(t.shape), t.dtype, str(t.device)) for t in args]
+        specs = [(tuple(t.shape), t.stride(), t.dtype, str(t.device)) for t in args]
         verify_elsewhere(partial, specs, key.network, _VERIFY, "compiled artifact")
         return {"inputs": order}
 

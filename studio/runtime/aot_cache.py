@@ -181,6 +181,10 @@ class NotPackageable(RuntimeError):
     """The network needs AOTInductor's proxy executor (an operator without a C shim)."""
 
 
+class TransientFailure(RuntimeError):
+    """A build that failed for now (out of memory, out of time): tried again next time."""
+
+
 class _Collect(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
@@ -249,12 +253,13 @@ def verify_elsewhere(
                 timeout=VERIFY_TIMEOUT_S,
             )
         except subprocess.TimeoutExpired:
-            raise RuntimeError(f"{network}: its {what} did not load and run in time") from None
+            raise TransientFailure(f"{network}: its {what} did not load and run in time") from None
     finally:
         inputs.unlink(missing_ok=True)
     if r.returncode != 0:
         last = _last_words(r.stderr)
-        raise RuntimeError(
+        failure = TransientFailure if "out of memory" in r.stderr.lower() else RuntimeError
+        raise failure(
             f"{network}: its {what} fails when a new process loads and runs it "
             f"(exit {r.returncode}: {last})"
         )
@@ -427,7 +432,8 @@ def build_then_load(
 ) -> tuple[Callable | None, str]:
     """A compiled file that did not load (``why``) built and loaded: (runner, "built"), or
     (None, why not: it failed before, or ``usable()`` says why not here). A failed build is
-    remembered beside it (``<file>.failed.json``), so later processes do not try again."""
+    remembered beside it (``<file>.failed.json``), so later processes do not try again; one
+    out of memory or time (:class:`TransientFailure`) is not."""
     failed = failed_file(path)
     if failed.is_file():
         return None, f"it failed to compile ahead of time before ({failed.name})"
@@ -439,8 +445,10 @@ def build_then_load(
     try:
         build_it()
     except Exception as e:
-        reason = f"{type(e).__name__}: {e}"
-        write_atomic(failed, json.dumps({"key": asdict(key), "error": reason[:2000]}, indent=1))
+        if not isinstance(e, TransientFailure | torch.cuda.OutOfMemoryError):
+            reason = f"{type(e).__name__}: {e}"
+            failure = json.dumps({"key": asdict(key), "error": reason[:2000]}, indent=1)
+            write_atomic(failed, failure)
         raise
     runner, again = load_it()
     return runner, ("built" if runner is not None else again)

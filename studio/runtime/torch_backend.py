@@ -298,12 +298,17 @@ def _aot_forward(
     key = aot_cache.AotKey.of(name, adapter, precision, policy, batch, device)
     example = adapter.example_inputs(batch)
     try:
-        packages, probed = aot_cache.packages_usable(aot_dir, key, device)
-        if packages:
-            runner, why = aot_cache.load_or_build(aot_dir, key, adapter, example, build)
-        else:
-            runner, why = aot_artifacts.load_or_build(aot_dir, key, adapter, example, build)
-            why = f"artifact {why}" if runner else f"{aot_cache.NO_PACKAGES} ({probed}); {why}"
+        runner, why = aot_cache.load(aot_dir, key)  # kept before: no lock, no probe
+        if runner is None and aot_artifacts.artifact_file(aot_dir, key).is_file():
+            runner, why = aot_artifacts.load(aot_dir, key, adapter)
+            why = f"artifact {why}" if runner else why
+        if runner is None and build:
+            packages, probed = aot_cache.packages_usable(aot_dir, key, device)
+            if packages:
+                runner, why = aot_cache.load_or_build(aot_dir, key, adapter, example)
+            else:
+                runner, why = aot_artifacts.load_or_build(aot_dir, key, adapter, example)
+                why = f"artifact {why}" if runner else f"{aot_cache.NO_PACKAGES} ({probed}); {why}"
     except Exception as e:  # noqa: BLE001 - a network AOTInductor cannot take: torch.compile
         _log.warning(
             "%s: no compiled package (%s: %s); compiling in process", name, type(e).__name__, e
@@ -404,7 +409,7 @@ class TorchEngine(EngineBase):
         self._static_out: tuple[Tensor, ...] | None = None
         self._fn: Callable[..., tuple[Tensor, ...]] = self.adapter
         self.aot = "off"  # compiled ahead of time: AOT_READY, or why not
-        if compile and aot_dir is not None:
+        if compile and aot_dir is not None and not channels_last:  # (exported contiguous)
             self._fn, self.aot = _aot_forward(
                 name,
                 self.adapter,

@@ -245,6 +245,27 @@ def test_a_stopped_batch_keeps_its_finished_jobs(clips: Path, stop: str) -> None
     ]
 
 
+def test_an_error_between_jobs_keeps_the_job_rendered_before(clips: Path) -> None:
+    """The last job's file is written beside the next one's start: an error there (here a
+    caller's hook) still finishes and records it before the error goes up."""
+    out = clips / "out"
+    jobs = read_jobs(clips / "jobs.jsonl")[:2]
+
+    def on_start(job) -> None:
+        if job.name == "second.mp4":
+            raise RuntimeError("a hook failed")
+
+    with pytest.raises(RuntimeError, match="a hook failed"):
+        run_batch(jobs, out, say=lambda _: None, on_start=on_start)
+    report = json.loads((out / REPORT_FILE).read_text())
+    assert [r["status"] for r in report["jobs"]] == ["done", "pending"]
+    assert len(_frames(out / "a.mp4")) == report["jobs"][0]["frames"]
+    assert [r["status"] for r in run_batch(jobs, out, say=lambda _: None)["jobs"]] == [
+        "skipped",
+        "done",
+    ]
+
+
 def test_one_batch_at_a_time_in_a_folder(tmp_path: Path) -> None:
     with BatchState.open(tmp_path / "o"):
         with pytest.raises(OutputError, match="another batch"):

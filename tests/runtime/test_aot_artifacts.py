@@ -110,3 +110,17 @@ def test_an_artifact_that_crashes_a_new_process_is_refused(tmp_path: Path, monke
     assert not list(tmp_path.glob("*.art")) and not list(tmp_path.glob(".*partial*"))
     (failed,) = tmp_path.glob("*.art.failed.json")
     assert "fails when a new process loads and runs it" in json.loads(failed.read_text())["error"]
+
+
+def test_an_artifact_out_of_memory_is_tried_again_next_time(tmp_path: Path, monkeypatch) -> None:
+    """Out of memory (or time) is for now, not for ever: nothing is remembered as failed,
+    and the next engine builds the artifact."""
+    monkeypatch.setenv(aot_cache.FORMAT_ENV, "artifact")
+    oom = "import sys; sys.stderr.write('torch.OutOfMemoryError: CUDA out of memory'); sys.exit(1)"
+    monkeypatch.setattr(aot_artifacts, "_VERIFY", oom)
+    net = stitch_net()
+    assert compiled_stitch(net, tmp_path).aot == "failed: TransientFailure"
+    assert not list(tmp_path.glob("*.failed.json"))
+    monkeypatch.undo()
+    monkeypatch.setenv(aot_cache.FORMAT_ENV, "artifact")
+    assert compiled_stitch(net, tmp_path).aot == "artifact built"
