@@ -87,6 +87,17 @@ def run_process(
     return {"exit": code, "wall_s": round(wall, 3), "peak_host_mb": round(maxrss_mb(usage), 1)}
 
 
+def kept_engines(root: Path) -> list[str]:
+    """The compiled engines under the cache root ``root``, as "network-precision-bN
+    (package|artifact)"."""
+    kinds = {".pt2": "package", ".art": "artifact"}
+    return [
+        f"{p.stem.rsplit('-', 1)[0]} ({kinds[p.suffix]})"
+        for p in sorted((root / "compiled" / "aot").glob("*-b*-*.*"))
+        if p.suffix in kinds and not p.name.startswith(".")  # not a build under way
+    ]
+
+
 def _last_line(log: Path) -> str:
     lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
     return lines[-1][:300] if lines else ""
@@ -245,6 +256,7 @@ def run_warmstart_suite(
             run = run_process(argv, work / "prebuild.log", timeout)
             label = "prebuild (empty cache)" if cold else "prebuild (cache kept)"
             run.update(row=label, last_line=_last_line(work / "prebuild.log"))
+            run["compiled"] = kept_engines(root)  # what it left, also when it was stopped
             result["rows"].append(run)
         for s in clips:
             name = f"render {s:g} s"
@@ -416,6 +428,15 @@ def where_it_went(row: dict[str, Any]) -> str:
     return text + (f"; compiled engines: {', '.join(compiled)}" if compiled else "")
 
 
+def _result(row: dict[str, Any]) -> str:
+    """A row's result: ok, killed at the time limit, or the exit status and last line."""
+    if row["exit"] == 0:
+        return "ok"
+    if row["exit"] is None:
+        return f"killed at the --timeout ({row['wall_s']:.0f} s)"
+    return f"exit {row['exit']}: {row.get('last_line', '')}"
+
+
 def to_markdown(result: dict[str, Any]) -> str:
     f, c = result["facts"], result["config"]
     lines = [
@@ -442,7 +463,7 @@ def to_markdown(result: dict[str, Any]) -> str:
         rows.append(
             [
                 r["row"],
-                "ok" if r["exit"] == 0 else f"exit {r['exit']}: {r.get('last_line', '')}",
+                _result(r),
                 f"{r['wall_s']:.2f} s",
                 rate,
                 f"{r['peak_host_mb']:.0f}"

@@ -105,6 +105,14 @@ def test_the_table_shows_targets_and_failures() -> None:
                 "last_line": "boom",
             },
             {
+                "row": "prebuild (cache kept)",
+                "exit": None,
+                "wall_s": 300.0,
+                "peak_host_mb": 900.0,
+                "last_line": "  warnings.warn(",
+                "compiled": ["decoder-fp16-b32 (artifact)"],
+            },
+            {
                 "row": "render 60 s",
                 "exit": 0,
                 "wall_s": 7.5,
@@ -124,6 +132,8 @@ def test_the_table_shows_targets_and_failures() -> None:
     }
     text = to_markdown(result)
     assert "| prebuild | exit 1: boom | 3.00 s |" in text
+    killed = "| prebuild (cache kept) | killed at the --timeout (300 s) | 300.00 s |"
+    assert killed in text and "compiled engines: decoder-fp16-b32 (artifact) |" in text
     text_split = "startup 2.00, open_engine 1.00, render 4.50, report 0.30, exit 0.70"
     assert f"{text_split}; compiled engines: loaded |" in text
     assert "≤ 8 s: met" in text
@@ -150,3 +160,24 @@ def test_a_list_option_that_is_not_numbers_is_named(capsys) -> None:
         assert cli_main(["bench", *argv]) == 2
         err = capsys.readouterr().err
         assert said in err and "Traceback" not in err
+
+
+def test_the_prebuild_row_names_the_engines_it_left(tmp_path: Path) -> None:
+    from studio.bench.warmstart import kept_engines
+
+    aot = tmp_path / "compiled" / "aot"
+    aot.mkdir(parents=True)
+    for name in (
+        "warp_network-fp16-b32-0123456789abcdef.art",
+        "warp_network-fp16-b32-0123456789abcdef.art.json",
+        "decoder-fp16-b1-fedcba9876543210.pt2",
+        "decoder-fp16-b2-fedcba9876543210.art.failed.json",
+        ".decoder-fp16-b2-fedcba9876543210.art.77.partial.art",
+        "probe-0011223344556677.json",
+    ):
+        (aot / name).write_text("x")
+    assert kept_engines(tmp_path) == [
+        "decoder-fp16-b1 (package)",
+        "warp_network-fp16-b32 (artifact)",
+    ]
+    assert kept_engines(tmp_path / "none") == []
