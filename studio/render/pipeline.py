@@ -486,9 +486,8 @@ def start_video(
         }
         if inbetween_psnr is not None:
             facts["inbetween_psnr"] = inbetween_psnr
-        video = EncodingVideo(result, writer, encoder, timings, facts, started, t0)
-        video.files = files.pop_all()  # the file stays open past this block
-    return video
+        # the file stays open past this block: its ExitStack goes with the video
+        return EncodingVideo(result, writer, encoder, timings, facts, started, t0, files.pop_all())
 
 
 @dataclass
@@ -504,8 +503,8 @@ class EncodingVideo:
     facts: dict[str, Any]  # the report's fields known when the last frame was rendered
     started: float  # when the job began (perf_counter)
     render_start: float  # when its first frame was asked for
+    files: contextlib.ExitStack  # the writer and its encoder thread, still open
     rendered_at: float = field(default_factory=time.perf_counter)  # the last frame queued
-    files: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     def finish(self, aside: bool = False) -> dict:
         """Wait for the encoder, commit the file; the report. ``aside``: this runs beside

@@ -297,18 +297,13 @@ def _aot_forward(
 
     key = aot_cache.AotKey.of(name, adapter, precision, policy, batch, device)
     example = adapter.example_inputs(batch)
-    try:
-        runner, why = aot_cache.load(aot_dir, key)  # kept before: no lock, no probe
-        if runner is None and aot_artifacts.artifact_file(aot_dir, key).is_file():
-            runner, why = aot_artifacts.load(aot_dir, key, adapter)
-            why = f"artifact {why}" if runner else why
-        if runner is None and build:
-            packages, probed = aot_cache.packages_usable(aot_dir, key, device)
-            if packages:
-                runner, why = aot_cache.load_or_build(aot_dir, key, adapter, example)
-            else:
-                runner, why = aot_artifacts.load_or_build(aot_dir, key, adapter, example)
-                why = f"artifact {why}" if runner else f"{aot_cache.NO_PACKAGES} ({probed}); {why}"
+    args = (aot_dir, key, adapter, example)
+    try:  # a kept artifact or package is loaded first: no lock, no probe
+        artifact = aot_artifacts.artifact_file(aot_dir, key).is_file()
+        runner, why = (None, "") if artifact else aot_cache.load_or_build(*args, build)
+        if artifact or why.startswith(aot_cache.NO_PACKAGES):
+            runner, made = aot_artifacts.load_or_build(*args, build)
+            why = f"artifact {made}" if runner else "; ".join(w for w in (why, made) if w)
     except Exception as e:  # noqa: BLE001 - a network AOTInductor cannot take: torch.compile
         _log.warning(
             "%s: no compiled package (%s: %s); compiling in process", name, type(e).__name__, e
