@@ -1352,7 +1352,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             argv = sys.argv[1:] if argv is None else list(argv)
             command = _command_of(argv)[0]
-            status = _run(argv, command)
+            status = _profiled(_run, argv, command)
         except KeyboardInterrupt:
             print(f"\n{_label(command)}: interrupted; nothing was written", file=sys.stderr)
     except KeyboardInterrupt:  # a second signal while the first was being reported
@@ -1367,6 +1367,25 @@ def main(argv: list[str] | None = None) -> int:
     if owner and command in QUICK_EXIT and _only_daemon_threads():
         _end_without_teardown(status)
     return status
+
+
+PROFILE_ENV = "STUDIO_PROFILE"  # a path: the command's main thread profiled into it (pstats)
+
+
+def _profiled(run: Callable[[list[str], str], int], argv: list[str], command: str) -> int:
+    """``run(argv, command)``, under cProfile when ``STUDIO_PROFILE`` names a file: the
+    profile is written there at the command's end (also when it fails), since a render's
+    process ends without the interpreter's teardown, where ``python -m cProfile`` writes."""
+    path = os.environ.get(PROFILE_ENV)
+    if not path:
+        return run(argv, command)
+    import cProfile
+
+    profiler = cProfile.Profile()
+    try:
+        return profiler.runcall(run, argv, command)
+    finally:
+        profiler.dump_stats(path)
 
 
 def _only_daemon_threads() -> bool:

@@ -53,13 +53,21 @@ HELP = {
 
 
 def run_process(
-    argv: Sequence[str], log: Path, timeout: float, env: dict[str, str] | None = None
+    argv: Sequence[str],
+    log: Path,
+    timeout: float,
+    env: dict[str, str] | None = None,
+    profile_dir: Path | None = None,
 ) -> dict[str, Any]:
     """``python -m studio ARGV`` as a new process: exit status, wall seconds, peak host MB.
 
     Its output goes to ``log``; past ``timeout`` seconds it is killed (exit status None).
-    ``env``: variables set for it on top of this process's."""
+    ``env``: variables set for it on top of this process's. ``profile_dir``: its main thread
+    profiled (``STUDIO_PROFILE``) into ``LOGNAME.prof`` there, summed up in ``LOGNAME.txt``."""
     cmd = [sys.executable, "-m", "studio", *argv]
+    prof = None if profile_dir is None else profile_dir / f"{log.stem}.prof"
+    if prof is not None:
+        env = {**(env or {}), "STUDIO_PROFILE": str(prof)}  # studio.cli.PROFILE_ENV
     with open(log, "w") as out:
         start = time.perf_counter()
         proc = subprocess.Popen(
@@ -84,7 +92,23 @@ def run_process(
     code = None if status is None else os.waitstatus_to_exitcode(status)
     from studio.runtime.base import maxrss_mb
 
+    if prof is not None and prof.is_file():
+        write_profile_summary(prof, prof.with_suffix(".txt"))
+
     return {"exit": code, "wall_s": round(wall, 3), "peak_host_mb": round(maxrss_mb(usage), 1)}
+
+
+def write_profile_summary(prof: Path, out: Path, lines: int = 60) -> None:
+    """The profile ``prof`` as text: the calls taking most time with their callees, then
+    most time in themselves (``lines`` of each)."""
+    import io
+    import pstats
+
+    text = io.StringIO()
+    stats = pstats.Stats(str(prof), stream=text).strip_dirs()
+    stats.sort_stats("cumulative").print_stats(lines)
+    stats.sort_stats("tottime").print_stats(lines)
+    out.write_text(text.getvalue())
 
 
 def kept_engines(root: Path) -> list[str]:
@@ -197,9 +221,11 @@ def run_warmstart_suite(
     x264_preset: str = "veryfast",
     cache: str | None = None,
     timeout: float = 900.0,
+    profile: str | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Every row of the module docstring; a JSON-ready dict."""
+    """Every row of the module docstring; a JSON-ready dict. ``profile``: a folder for each
+    process's profile (:func:`run_process`)."""
     say = progress or (lambda _line: None)
     if engine not in ENGINES:
         raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, not {engine}")
@@ -234,6 +260,9 @@ def run_warmstart_suite(
     with tempfile.TemporaryDirectory(prefix="studio-bench-warmstart-") as tmp:
         work = Path(tmp)
         root = Path(cache) if cache else work / "cache"
+        profiles = None if profile is None else Path(profile)
+        if profiles is not None:
+            profiles.mkdir(parents=True, exist_ok=True)
         cold = not root.is_dir() or not any(root.iterdir())
         result["config"]["cache_was_empty"] = cold
         say(f"[warmstart] writing the inputs ({engine})")
@@ -253,7 +282,7 @@ def run_warmstart_suite(
         elif compile and prebuild:
             say("[warmstart] prebuild: studio compile --runtime torch")
             argv = _without_avatar(["compile", "--runtime", "torch", *common])
-            run = run_process(argv, work / "prebuild.log", timeout)
+            run = run_process(argv, work / "prebuild.log", timeout, profile_dir=profiles)
             label = "prebuild (empty cache)" if cold else "prebuild (cache kept)"
             run.update(row=label, last_line=_last_line(work / "prebuild.log"))
             run["compiled"] = kept_engines(root)  # what it left, also when it was stopped
@@ -263,7 +292,7 @@ def run_warmstart_suite(
             say(f"[warmstart] {name}: a new process")
             out, rep_path, log = work / f"r{s:g}.mp4", work / f"r{s:g}.json", work / f"r{s:g}.log"
             argv = ["render", "--audio", str(speech[s]), *common, *look, "--out", str(out)]
-            run = run_process([*argv, "--report", str(rep_path)], log, timeout)
+            run = run_process([*argv, "--report", str(rep_path)], log, timeout, None, profiles)
             rep = json.loads(rep_path.read_text()) if rep_path.is_file() else {}
             row = {"row": name, **_render_row(run, rep)}
             if run["exit"] != 0:
@@ -285,6 +314,7 @@ def run_warmstart_suite(
                     say,
                     run_name,
                     way,
+                    profiles,
                 )
             )
     return result
@@ -321,6 +351,7 @@ def _batch_row(
     say: Callable[[str], None],
     run_name: str = "local",
     way: tuple[list[str], dict[str, str] | None] = ([], None),
+    profiles: Path | None = None,
 ) -> dict[str, Any]:
     say(f"[warmstart] batch ({run_name}): {jobs} jobs in one new process")
     listing = work / "jobs.jsonl"
@@ -334,7 +365,7 @@ def _batch_row(
     out_dir, log = work / f"batch_{tag}", work / f"batch_{tag}.log"
     extra, env = way
     argv = ["batch", str(listing), "--out-dir", str(out_dir), *options, *extra]
-    run = run_process(argv, log, timeout, env)
+    run = run_process(argv, log, timeout, env, profiles)
     row: dict[str, Any] = {"row": f"batch {jobs} x {speech.stem} ({run_name})", **run}
     rep_path = out_dir / "batch_report.json"
     if not rep_path.is_file():
@@ -514,6 +545,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--x264-preset", default="veryfast")
     p.add_argument("--cache", metavar="DIR", help="the cache root (default: a fresh one)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per process")
+    p.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="profile each process's main thread into DIR (NAME.prof and a NAME.txt summary)",
+    )
     return p
 
 

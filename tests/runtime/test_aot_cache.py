@@ -231,3 +231,13 @@ def test_whether_packages_load_here_is_found_once(tmp_path: Path, monkeypatch) -
         "this torch cannot load compiled packages here (RuntimeError: exit -11)"
     )
     assert not list(tmp_path.glob("*.failed.json"))  # the network itself is not marked
+
+
+def test_half_precision_rounding_in_one_pixel_is_not_a_wrong_engine() -> None:
+    want = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    moved = want.clone()
+    moved[0, 0, 0, 0] += 0.05  # 5 % of the range in one element: two fp16 kernels can do it
+    reference = lambda *a: (want,)  # noqa: E731
+    assert _differs(reference, lambda *a: (moved,), (), "fp16") is None
+    mirrored = _differs(reference, lambda *a: (want.flip(-1),), (), "fp16")
+    assert mirrored is not None and "relative L2" in mirrored
