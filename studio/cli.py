@@ -641,7 +641,6 @@ def cmd_render(args: argparse.Namespace) -> int:
     from studio.export.video import check_alpha_output, check_output_path
     from studio.progress import process_age_s
     from studio.render.pipeline import analyze, quality_of, start_video
-    from studio.render.warmup import BuildBeside
 
     started, before = time.perf_counter(), process_age_s()  # before: interpreter and imports
     _open_project(args)
@@ -657,14 +656,10 @@ def cmd_render(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         engine = _open_engine(prepared, progress)
         opened = time.perf_counter()
-        renderer = engine.renderer(settings)
-        # the torch runtime's full-batch engines, during the analysis
-        beside = BuildBeside(renderer, audio.num_frames, settings.runtime == "torch")
         result = analyze(audio, settings, engine, controls)
-        # export/compile/capture before the first frame, as a stage of its own: what the
-        # analysis did not hide
+        renderer = engine.renderer(settings)
+        # export/compile/capture before the first frame, as a stage of its own
         t1 = time.perf_counter()
-        beside.wait(progress)
         renderer.build_engines(int(result.plan.keyframes.size), progress)
         built = time.perf_counter()
         report = start_video(
@@ -674,7 +669,6 @@ def cmd_render(args: argparse.Namespace) -> int:
         "open_engine": round((opened - t0) * 1000.0, 2),
         "build_engines": round((built - t1) * 1000.0, 2),
     }
-    report["beside_analysis_ms"] = {"build_engines": round(beside.seconds * 1000.0, 2)}
     from studio.runtime.base import peak_memory_mb
 
     report["peak_memory_mb"] = peak_memory_mb()

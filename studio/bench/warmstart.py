@@ -153,7 +153,6 @@ def _render_row(run: dict[str, Any], rep: dict[str, Any]) -> dict[str, Any]:
         "audio_s": rep.get("duration_s"),
         "render_fps": rep.get("render_fps"),
         "warmup_ms": warm,
-        "beside_analysis_ms": rep.get("beside_analysis_ms", {}),  # hidden by the analysis
         "timings_ms": stages,
         "peak_gpu_mb": rep.get("peak_memory_mb", {}).get("gpu"),
         **parts,
@@ -456,8 +455,6 @@ def where_it_went(row: dict[str, Any]) -> str:
         ("exit", row.get("exit_ms", 0)),
     ]
     text = ", ".join(f"{k} {v / 1000:.2f}" for k, v in parts if k != "total" and v >= 5.0)
-    hidden = [f"{k} {v / 1000:.2f}" for k, v in row.get("beside_analysis_ms", {}).items() if v]
-    text += f" (beside the analysis: {', '.join(hidden)})" if hidden else ""
     compiled = [c for c in row.get("compiled") or () if c != "off"]
     return text + (f"; compiled engines: {', '.join(compiled)}" if compiled else "")
 
