@@ -28,8 +28,10 @@ face, and Ditto on ``--checkpoints`` or on a random-weight tree of the released 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -57,15 +59,18 @@ def run_process(
     log: Path,
     timeout: float,
     env: dict[str, str] | None = None,
-    profile_dir: Path | None = None,
+    keep: Path | None = None,
+    profile: bool = False,
 ) -> dict[str, Any]:
     """``python -m studio ARGV`` as a new process: exit status, wall seconds, peak host MB.
 
     Its output goes to ``log``; past ``timeout`` seconds it is killed (exit status None).
-    ``env``: variables set for it on top of this process's. ``profile_dir``: its main thread
-    profiled (``STUDIO_PROFILE``) into ``LOGNAME.prof`` there, summed up in ``LOGNAME.txt``."""
+    ``env``: variables set for it on top of this process's. ``keep``: a folder the log is
+    copied to when the process ends (a run cut off later keeps what ended before), and with
+    ``profile`` its main thread's profile (``STUDIO_PROFILE``): ``LOGNAME.prof`` there,
+    summed up in ``LOGNAME.txt``."""
     cmd = [sys.executable, "-m", "studio", *argv]
-    prof = None if profile_dir is None else profile_dir / f"{log.stem}.prof"
+    prof = keep / f"{log.stem}.prof" if keep is not None and profile else None
     if prof is not None:
         env = {**(env or {}), "STUDIO_PROFILE": str(prof)}  # studio.cli.PROFILE_ENV
     with open(log, "w") as out:
@@ -92,6 +97,8 @@ def run_process(
     code = None if status is None else os.waitstatus_to_exitcode(status)
     from studio.runtime.base import maxrss_mb
 
+    if keep is not None:
+        shutil.copyfile(log, keep / log.name)
     if prof is not None and prof.is_file():
         write_profile_summary(prof, prof.with_suffix(".txt"))
 
@@ -221,14 +228,17 @@ def run_warmstart_suite(
     x264_preset: str = "veryfast",
     cache: str | None = None,
     timeout: float = 900.0,
-    profile: str | None = None,
+    keep: str | None = None,
+    profile: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Every row of the module docstring; a JSON-ready dict. ``profile``: a folder for each
-    process's profile (:func:`run_process`)."""
+    """Every row of the module docstring; a JSON-ready dict. ``keep``: a folder for each
+    process's log, and with ``profile`` its profile (:func:`run_process`)."""
     say = progress or (lambda _line: None)
     if engine not in ENGINES:
         raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, not {engine}")
+    if profile and keep is None:
+        raise ValueError("--profile writes into the --keep folder: give --keep DIR")
     if (clips and min(clips) <= 0) or batch_jobs < 0 or batch_seconds <= 0:
         raise ValueError("need clip lengths > 0, --batch-jobs >= 0 and --batch-seconds > 0")
     cuda = _cuda_here(device)
@@ -260,9 +270,10 @@ def run_warmstart_suite(
     with tempfile.TemporaryDirectory(prefix="studio-bench-warmstart-") as tmp:
         work = Path(tmp)
         root = Path(cache) if cache else work / "cache"
-        profiles = None if profile is None else Path(profile)
-        if profiles is not None:
-            profiles.mkdir(parents=True, exist_ok=True)
+        kept = None if keep is None else Path(keep)
+        if kept is not None:
+            kept.mkdir(parents=True, exist_ok=True)
+        launch = functools.partial(run_process, timeout=timeout, keep=kept, profile=profile)
         cold = not root.is_dir() or not any(root.iterdir())
         result["config"]["cache_was_empty"] = cold
         say(f"[warmstart] writing the inputs ({engine})")
@@ -282,17 +293,18 @@ def run_warmstart_suite(
         elif compile and prebuild:
             say("[warmstart] prebuild: studio compile --runtime torch")
             argv = _without_avatar(["compile", "--runtime", "torch", *common])
-            run = run_process(argv, work / "prebuild.log", timeout, profile_dir=profiles)
+            run = launch(argv, work / "prebuild.log")
             label = "prebuild (empty cache)" if cold else "prebuild (cache kept)"
             run.update(row=label, last_line=_last_line(work / "prebuild.log"))
             run["compiled"] = kept_engines(root)  # what it left, also when it was stopped
             result["rows"].append(run)
+            say(f"[warmstart] {label}: {run['wall_s']} s wall, {_result(run)}")
         for s in clips:
             name = f"render {s:g} s"
             say(f"[warmstart] {name}: a new process")
             out, rep_path, log = work / f"r{s:g}.mp4", work / f"r{s:g}.json", work / f"r{s:g}.log"
             argv = ["render", "--audio", str(speech[s]), *common, *look, "--out", str(out)]
-            run = run_process([*argv, "--report", str(rep_path)], log, timeout, None, profiles)
+            run = launch([*argv, "--report", str(rep_path)], log)
             rep = json.loads(rep_path.read_text()) if rep_path.is_file() else {}
             row = {"row": name, **_render_row(run, rep)}
             if run["exit"] != 0:
@@ -303,6 +315,8 @@ def run_warmstart_suite(
             result["rows"].append(row)
             went = where_it_went(row)
             say(f"[warmstart] {name}: {run['wall_s']} s wall, exit {run['exit']} ({went})")
+            if run["exit"] != 0:
+                say(f"[warmstart] {name}: {_result(row)}")
         for run_name, way in ways.items() if batch_jobs else ():
             result["rows"].append(
                 _batch_row(
@@ -310,11 +324,10 @@ def run_warmstart_suite(
                     speech[batch_seconds],
                     batch_jobs,
                     common + look,
-                    timeout,
+                    launch,
                     say,
                     run_name,
                     way,
-                    profiles,
                 )
             )
     return result
@@ -347,12 +360,12 @@ def _batch_row(
     speech: Path,
     jobs: int,
     options: list[str],
-    timeout: float,
+    launch: Callable[..., dict[str, Any]],
     say: Callable[[str], None],
     run_name: str = "local",
     way: tuple[list[str], dict[str, str] | None] = ([], None),
-    profiles: Path | None = None,
 ) -> dict[str, Any]:
+    """The batch row; ``launch``: :func:`run_process` with the suite's limit and folders."""
     say(f"[warmstart] batch ({run_name}): {jobs} jobs in one new process")
     listing = work / "jobs.jsonl"
     listing.write_text(
@@ -365,11 +378,12 @@ def _batch_row(
     out_dir, log = work / f"batch_{tag}", work / f"batch_{tag}.log"
     extra, env = way
     argv = ["batch", str(listing), "--out-dir", str(out_dir), *options, *extra]
-    run = run_process(argv, log, timeout, env, profiles)
+    run = launch(argv, log, env=env)
     row: dict[str, Any] = {"row": f"batch {jobs} x {speech.stem} ({run_name})", **run}
     rep_path = out_dir / "batch_report.json"
     if not rep_path.is_file():
         row["last_line"] = _last_line(log)
+        say(f"[warmstart] batch ({run_name}): {_result(row)}")
         return row
     batch = json.loads(rep_path.read_text())
     s = batch["summary"]
@@ -545,10 +559,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--x264-preset", default="veryfast")
     p.add_argument("--cache", metavar="DIR", help="the cache root (default: a fresh one)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per process")
+    p.add_argument("--keep", metavar="DIR", help="copy each process's log into DIR")
     p.add_argument(
         "--profile",
-        metavar="DIR",
-        help="profile each process's main thread into DIR (NAME.prof and a NAME.txt summary)",
+        action="store_true",
+        help="with --keep: each process's main thread profiled there (NAME.prof, NAME.txt)",
     )
     return p
 

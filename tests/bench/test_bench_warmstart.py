@@ -86,6 +86,27 @@ def test_a_process_past_its_time_is_killed_and_says_so(tmp_path: Path) -> None:
     assert not (tmp_path / "x.mp4").exists()
 
 
+def test_a_kept_process_leaves_its_log_and_profile_and_a_failure_is_said(
+    tmp_path: Path, capsys
+) -> None:
+    """--keep DIR: each process's log there as it ends, with --profile its main thread's
+    profile (the command's own calls in it) and a summary; a failed render's last line is in
+    the suite's progress, not only in the table written at its end."""
+    keep = tmp_path / "kept"
+    argv = ["bench", "--suite", "warmstart", "--engine", "demo", "--clips", "0.6"]
+    argv += ["--batch-jobs", "0", "--size", "96", "--device", "cpu", "--x264-preset", "ultrafast"]
+    assert cli_main([*argv, "--keep", str(keep), "--profile"]) == 0
+    assert sorted(p.name for p in keep.iterdir()) == ["r0.6.log", "r0.6.prof", "r0.6.txt"]
+    summary = (keep / "r0.6.txt").read_text()
+    assert "cmd_render" in summary and "Ordered by: cumulative time" in summary
+    capsys.readouterr()
+    bad = tmp_path / "bad"  # a size the renderer refuses: the process ends with status 2
+    assert cli_main([*argv[:-4], "--size", "7", "--keep", str(bad)]) == 0
+    err = capsys.readouterr().err
+    assert "[warmstart] render 0.6 s: exit 2: " in err
+    assert "--size" in (bad / "r0.6.log").read_text()
+
+
 def test_the_table_shows_targets_and_failures() -> None:
     result = {
         "facts": {"name": "GPU", "torch": "2", "date": "d", "commit": "c"},
@@ -145,6 +166,7 @@ def test_bad_options_are_one_line_before_any_process_runs(tmp_path: Path, capsys
         (["--clips", "abc"], "is not a list of numbers"),
         (["--batch-runs", "local,ray:x"], "is not local, ahead or ray:N"),
         (["--engine", "demo", "--clips", "0.2"], "too short"),
+        (["--engine", "demo", "--profile"], "give --keep DIR"),
     ):
         assert cli_main(["bench", "--suite", "warmstart", *argv]) == 2
         err = capsys.readouterr().err
