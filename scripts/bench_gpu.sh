@@ -46,7 +46,11 @@ if want warmstart; then  # new processes against the caches on disk (issue 20's 
     ${PYTHONPATH//:/ } >/dev/null 2>&1
   # WARMSTART_ARGS: e.g. "--batch-jobs 0" for the renders alone (one device call lasts at most
   # 10 minutes); the cache under OUT_DIR is kept, so a second call finds it warm
-  run warmstart 590 --suite warmstart --device cuda --cache "$out/cache" ${WARMSTART_ARGS:-}
+  # each process's log is kept in $out/logs as it ends, and an internal error's log (written in
+  # the cache's logs/) beside them, so a run cut off at the device's limit still says why
+  run warmstart 590 --suite warmstart --device cuda --cache "$out/cache" --keep "$out/logs" \
+    ${WARMSTART_ARGS:-}
+  cp "$out"/cache/logs/*.log "$out/logs/" 2>/dev/null
 fi
 want pipeline && run pipeline 260 --suite pipeline --device cuda --compile --x264-preset veryfast --plots "$out"
 want tests || exit 0
