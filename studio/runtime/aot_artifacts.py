@@ -30,10 +30,12 @@ from torch import nn
 
 from studio.runtime.aot_cache import (
     AotKey,
+    Check,
     build_file,
     build_then_load,
     checked_meta,
     package_file,
+    refuse_wrong,
     verify_elsewhere,
 )
 
@@ -91,11 +93,16 @@ def load(
 
 
 def build(
-    cache_dir: str | Path, key: AotKey, module: nn.Module, example: tuple[torch.Tensor, ...]
+    cache_dir: str | Path,
+    key: AotKey,
+    module: nn.Module,
+    example: tuple[torch.Tensor, ...],
+    check: Check | None = None,
 ) -> Path:
     """Export ``module`` on ``example``, compile it standalone and save it as ``key``'s
     artifact (atomically, under its build lock). RuntimeError where the exported program
-    holds tensors that are not the module's weights (they would be missing when loaded)."""
+    holds tensors that are not the module's weights (they would be missing when loaded), or
+    where ``check`` refuses what the saved artifact computes."""
 
     def make(partial: Path) -> dict[str, Any]:
         with torch.no_grad():
@@ -118,6 +125,8 @@ def build(
         art.save(path=str(partial), format="binary")
         specs = [(tuple(t.shape), t.stride(), t.dtype, str(t.device)) for t in args]
         verify_elsewhere(partial, specs, key.network, _VERIFY, "compiled artifact")
+        saved = torch._inductor.CompiledArtifact.load(path=str(partial), format="binary")
+        refuse_wrong(_bound(saved, order, module), check, key.network, "compiled artifact")
         return {"inputs": order}
 
     present = lambda: load(cache_dir, key, module)[0] is not None  # noqa: E731
@@ -130,9 +139,11 @@ def load_or_build(
     module: nn.Module,
     example: tuple[torch.Tensor, ...],
     build_missing: bool = True,
+    check: Check | None = None,
 ) -> tuple[Callable[..., Any] | None, str]:
-    """``key``'s artifact: loaded; else (``build_missing``) built, saying why, and loaded;
-    else (None, why not). A network that failed to build is remembered and not tried again."""
+    """``key``'s artifact: loaded; else (``build_missing``) built (its outputs checked by
+    ``check``), saying why, and loaded; else (None, why not). A network that failed to build
+    is remembered and not tried again."""
     runner, why = load(cache_dir, key, module)
     if runner is not None or not build_missing:
         return runner, why
@@ -141,6 +152,6 @@ def load_or_build(
         key,
         why,
         ABSENT,
-        lambda: build(cache_dir, key, module, example),
+        lambda: build(cache_dir, key, module, example, check),
         lambda: load(cache_dir, key, module),
     )

@@ -49,7 +49,7 @@ from studio.paths import build_lock
 from studio.runtime.engine_cache import file_sha256
 from studio.runtime.grid_gather import GatheredGridSample
 
-AOT_FORMAT = 3  # bump when the build recipe changes what a package contains
+AOT_FORMAT = 4  # bump when the build recipe changes what a package contains (4: output-checked)
 PROXY_EXECUTOR_SIGN = "missing a c-shim implementation"  # torch._inductor.ir's warning
 VERIFY_TIMEOUT_S = 600
 FORMAT_ENV = "STUDIO_COMPILED_FORMAT"  # "artifact": Inductor's artifacts, never packages
@@ -58,6 +58,9 @@ _log = logging.getLogger(__name__)
 
 
 _HASHES: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+# why a compiled runner does not compute its network's outputs (None: it does); given by the
+# engine, which knows the precision's tolerance
+Check = Callable[[Callable[..., Any]], str | None]
 
 
 def weights_sha256(module: nn.Module) -> str:
@@ -276,19 +279,30 @@ def _package_verified(
     verify_elsewhere(path, tuple(t.detach() for t in example), network)
 
 
+def refuse_wrong(runner: Callable[..., Any], check: Check | None, network: str, what: str) -> None:
+    """RuntimeError where ``check`` finds that a new compiled ``runner`` computes something
+    else than its network: checked once, when built, so a kept file is loaded as it is."""
+    problem = None if check is None else check(runner)
+    if problem:
+        raise RuntimeError(f"{network}: its {what} {problem}")
+
+
 def build(
     cache_dir: str | os.PathLike[str],
     key: AotKey,
     module: nn.Module,
     example: tuple[torch.Tensor, ...],
+    check: Check | None = None,
 ) -> Path:
     """Export ``module`` on ``example`` and compile it into ``key``'s package (atomically,
     under the package's build lock; a package another process finished meanwhile is kept).
     NotPackageable where it needs the proxy executor; RuntimeError where a new process cannot
-    load and run it (neither is kept)."""
+    load and run it, or where ``check`` refuses its outputs (none is kept)."""
 
     def make(partial: Path) -> dict[str, Any]:
         _package_verified(module, example, partial, key.network)
+        runner = torch._inductor.aoti_load_package(str(partial))  # safe: it ran elsewhere
+        refuse_wrong(runner, check, key.network, "compiled package")
         return {}
 
     present = lambda: load(cache_dir, key)[0] is not None  # noqa: E731
@@ -385,10 +399,12 @@ def load_or_build(
     module: nn.Module,
     example: tuple[torch.Tensor, ...],
     build_missing: bool = True,
+    check: Check | None = None,
 ) -> tuple[Callable | None, str]:
-    """The package of ``key``: loaded; else (``build_missing``) built, saying why, and
-    loaded; else (None, why not). A network that failed to export or compile for this key
-    is remembered (``<package>.failed.json``), so later processes do not try again."""
+    """The package of ``key``: loaded; else (``build_missing``) built (its outputs checked
+    by ``check``), saying why, and loaded; else (None, why not). A network that failed to
+    export or compile for this key, or whose package computed something else, is remembered
+    (``<package>.failed.json``), so later processes do not try again."""
     runner, why = load(cache_dir, key)
     if runner is not None or not build_missing:
         return runner, why
@@ -402,7 +418,7 @@ def load_or_build(
         key,
         why,
         "no compiled package yet",
-        lambda: build(cache_dir, key, module, example),
+        lambda: build(cache_dir, key, module, example, check),
         lambda: load(cache_dir, key),
         usable,
     )

@@ -140,8 +140,8 @@ def _to_channels_last(module: nn.Module) -> None:
                 t.data = t.data.contiguous(memory_format=torch.channels_last_3d)
 
 
-def _memory_format(t: Tensor) -> torch.memory_format | None:
-    return {4: torch.channels_last, 5: torch.channels_last_3d}.get(t.dim())
+def _memory_format(rank: int) -> torch.memory_format | None:
+    return {4: torch.channels_last, 5: torch.channels_last_3d}.get(rank)
 
 
 class PrecisionAdapter(nn.Module):
@@ -285,24 +285,31 @@ def _aot_forward(
     precision: str,
     policy: str,
     batch: int,
-    device: torch.device,
+    example: tuple[Tensor, ...],
     aot_dir: str | os.PathLike[str],
     build: bool,
 ) -> tuple[Callable[..., tuple[Tensor, ...]], str]:
     """The adapter's forward from its AOTInductor package (:mod:`studio.runtime.aot_cache`):
     (forward, "loaded" or "built"); where this torch cannot load packages, from Inductor's
     standalone artifact (:mod:`studio.runtime.aot_artifacts`): (forward, "artifact loaded"
-    or "artifact built"); or (the adapter, why not) for torch.compile to take."""
+    or "artifact built"); or (the adapter, why not) for torch.compile to take.
+
+    A new file's outputs are checked against the adapter's on ``example`` when it is built
+    (one that differs is never kept, and remembered as failed); a kept file, whose key and
+    SHA-256 match, is loaded as it is, without running the network eagerly again."""
     from studio.runtime import aot_artifacts, aot_cache
 
-    key = aot_cache.AotKey.of(name, adapter, precision, policy, batch, device)
-    example = adapter.example_inputs(batch)
-    args = (aot_dir, key, adapter, example)
+    key = aot_cache.AotKey.of(name, adapter, precision, policy, batch, adapter.device_)
+
+    def check(runner: Callable[..., Any]) -> str | None:
+        return _differs(adapter, _tupled(runner), example, precision)
+
+    args = (aot_dir, key, adapter, example, build, check)
     try:  # a kept artifact or package is loaded first: no lock, no probe
         artifact = aot_artifacts.artifact_file(aot_dir, key).is_file()
-        runner, why = (None, "") if artifact else aot_cache.load_or_build(*args, build)
+        runner, why = (None, "") if artifact else aot_cache.load_or_build(*args)
         if artifact or why.startswith(aot_cache.NO_PACKAGES):
-            runner, made = aot_artifacts.load_or_build(*args, build)
+            runner, made = aot_artifacts.load_or_build(*args)
             why = f"artifact {made}" if runner else "; ".join(w for w in (why, made) if w)
     except Exception as e:  # noqa: BLE001 - a network AOTInductor cannot take: torch.compile
         _log.warning(
@@ -312,16 +319,17 @@ def _aot_forward(
     if runner is None:
         _log.debug("%s: %s", name, why)
         return adapter, why
+    return _tupled(runner), why
+
+
+def _tupled(runner: Callable[..., Any]) -> Callable[..., tuple[Tensor, ...]]:
+    """``runner`` returning a tuple of outputs (packages and artifacts return lists)."""
 
     def forward(*args: Tensor) -> tuple[Tensor, ...]:
         out = runner(*args)
         return tuple(out) if isinstance(out, list | tuple) else (out,)
 
-    problem = _differs(adapter, forward, example, precision)
-    if problem:  # never a silently wrong engine: compile in process instead
-        _log.warning("%s: its compiled package %s; compiling in process", name, problem)
-        return adapter, f"mismatch: {problem}"
-    return forward, why
+    return forward
 
 
 PACKAGE_READY = ("loaded", "built")  # TorchEngine.aot: an AOTInductor package runs it
@@ -412,6 +420,7 @@ class TorchEngine(EngineBase):
         self._static_out: tuple[Tensor, ...] | None = None
         self._fn: Callable[..., tuple[Tensor, ...]] = self.adapter
         self.aot = "off"  # compiled ahead of time: AOT_READY, or why not
+        example = self.adapter.example_inputs(batch)  # made once: large for the render nets
         if compile and aot_dir is not None and not channels_last:  # (exported contiguous)
             self._fn, self.aot = _aot_forward(
                 name,
@@ -419,14 +428,13 @@ class TorchEngine(EngineBase):
                 precision,
                 f"{self.mode}|{channels_last}|{compile_mode}",
                 batch,
-                dev,
+                example,
                 aot_dir,
                 aot_build,
             )
         if compile and self.aot not in AOT_READY:
             _room_for_compiled_engines()
             self._fn = torch.compile(self.adapter, mode=compile_mode, dynamic=False)
-        example = self.adapter.example_inputs(batch)
         names = self.adapter.INPUT_NAMES
         inputs = tuple(
             TensorSpec(n, tuple(t.shape), t.dtype) for n, t in zip(names, example, strict=True)
@@ -449,7 +457,7 @@ class TorchEngine(EngineBase):
         if self.channels_last and self._graph is None:
             args = [
                 t.contiguous(memory_format=fmt)
-                if t.is_floating_point() and (fmt := _memory_format(t)) is not None
+                if t.is_floating_point() and (fmt := _memory_format(t.dim())) is not None
                 else t
                 for t in args
             ]
@@ -476,16 +484,11 @@ class TorchEngine(EngineBase):
         if self._graph is not None or self.aot in PACKAGE_READY:
             return True
         static: dict[str, Tensor] = {}
-        for s, t in zip(self.inputs, self.adapter.example_inputs(self.batch), strict=True):
-            fmt = _memory_format(t) if self.channels_last and t.is_floating_point() else None
-            buf = torch.empty(
-                s.shape,
-                dtype=s.dtype,
-                device=self.device,
-                memory_format=fmt or torch.contiguous_format,
-            )
-            buf.copy_(t)
-            static[s.name] = buf
+        for s in self.inputs:  # zeros: what the warm-up and the capture read does not matter
+            last = self.channels_last and s.dtype.is_floating_point
+            fmt = _memory_format(len(s.shape)) if last else None
+            buf = torch.zeros(s.shape, dtype=s.dtype, device=self.device)
+            static[s.name] = buf.contiguous(memory_format=fmt or torch.contiguous_format)
         args = [static[n] for n in self.input_names]
         graph, out = capture_cuda_graph(lambda: self._fn(*args), warmup, self.context)
         self._graph, self._static_out = graph, out

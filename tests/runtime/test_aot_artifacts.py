@@ -78,6 +78,32 @@ def test_an_artifact_is_built_once_then_loaded_by_a_new_process_and_rebuilt_when
     assert aot_artifacts.load(tmp_path, key, again.adapter)[1] == "loaded"
 
 
+def test_an_artifact_computing_something_else_is_not_kept_and_a_kept_one_is_not_rechecked(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A new artifact's outputs are checked against the network once, when it is built: one
+    that differs is not kept (remembered as failed) and the engine compiles in process; a
+    kept one (key and SHA-256 matching) is loaded without running the network eagerly."""
+    from studio.runtime import torch_backend
+
+    monkeypatch.setenv(aot_cache.FORMAT_ENV, "artifact")
+    bound = aot_artifacts._bound
+    off_by_one = lambda *a: (lambda *x: [o + 1.0 for o in bound(*a)(*x)])  # noqa: E731
+    monkeypatch.setattr(aot_artifacts, "_bound", off_by_one)
+    net = stitch_net()
+    wrong = tmp_path / "wrong"
+    assert compiled_stitch(net, wrong).aot == "failed: RuntimeError"
+    assert not list(wrong.glob("*.art"))
+    (failed,) = wrong.glob("*.art.failed.json")
+    assert "differs by" in json.loads(failed.read_text())["error"]
+
+    monkeypatch.setattr(aot_artifacts, "_bound", bound)
+    assert compiled_stitch(net, tmp_path).aot == "artifact built"
+    checked = []
+    monkeypatch.setattr(torch_backend, "_differs", lambda *a: checked.append(a))
+    assert compiled_stitch(net, tmp_path).aot == "artifact loaded" and not checked
+
+
 def test_an_artifact_for_other_weights_does_not_load_into_this_network(tmp_path: Path) -> None:
     """The key holds the weights' hash: another network's artifact is stale here, and one
     whose recorded inputs name weights this module lacks is refused, not run."""
