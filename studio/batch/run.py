@@ -86,7 +86,8 @@ def check_engines(jobs: Sequence[Job], options: EngineOptions) -> list[str]:
     notes: list[str] = []
     seen: set[tuple] = set()
     for job in jobs:
-        key = engine_key(job, options)
+        # the avatar too: an engine that ignores it (the demo's) must still refuse it
+        key = (*engine_key(job, options), job.avatar)
         if key in seen:
             continue
         seen.add(key)

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QEvent, QObject, QRect, Qt, QThread, QUrl, Signal, Slot
-from PySide6.QtGui import QColor, QDesktopServices
+from PySide6.QtCore import QObject, QRect, Qt, QThread, QUrl, Signal, Slot
+from PySide6.QtGui import QColor, QDesktopServices, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QApplication,
@@ -33,6 +33,7 @@ from PySide6.QtWidgets import (
     QMenu,
     QPlainTextEdit,
     QPushButton,
+    QSizePolicy,
     QStyle,
     QStyledItemDelegate,
     QStyleOptionProgressBar,
@@ -48,12 +49,13 @@ from studio.batch.run import (
     REPORT_FILE,
     EngineOptions,
     audio_seconds,
+    check_engines,
     clock,
     one_line,
     run_batch,
 )
-from studio.errors import Cancelled, StudioError
-from studio.export.video import ALPHA_SUFFIXES, written_path
+from studio.errors import Cancelled, OptionError, StudioError
+from studio.export.video import ALPHA_SUFFIXES, OUTPUT_SUFFIXES, written_path
 from studio.gui import theme
 from studio.gui.worker import start_in_thread
 from studio.settings import RenderSettings
@@ -69,12 +71,20 @@ AUDIO, AVATAR, PRESET, OUTPUT, STATUS, PROGRESS, TIME, ERROR = range(len(COLUMNS
 WIDTHS = (180, 100, 110, 170, 160, 110, 100)  # the Error column takes the rest
 STATUS_COLOURS = {
     "running": theme.ACCENT,
+    "writing": theme.ACCENT,  # rendered; its file is finished beside the next clip's render
     "done": "#7ccf8a",
     "failed": theme.TRANSITION,
     "skipped": theme.MUTED,
     "stopped": theme.SAMPLED,
 }
 OPENABLE = ("done", "skipped")  # rows whose MP4 is in the output folder
+ACTIVE = ("running", "writing")  # rows the batch is working on
+EMPTY_HINT = "No clips yet: Add files…, Add folder…, or drop audio files or a folder here"
+NO_AVATAR_ON_DEMO = (
+    "{row}: the demo engine draws its own face and takes no avatar. Choose Avatar → No avatar "
+    "for it, or set Ditto's checkpoint folder in the main window (File → Checkpoints…) and "
+    "pick the ditto backend."
+)
 
 
 @dataclass
@@ -85,23 +95,30 @@ class QueueRow:
     avatar: str | None
     preset: str | None  # a preset file; None: the window's base settings
     name: str  # the MP4's file name in the output folder, unique in the queue
-    status: str = "queued"  # queued, running, done, skipped, failed, stopped
+    status: str = "queued"  # queued, running, writing, done, skipped, failed, stopped
     note: str = ""  # the status's detail ("failed before, not retried", a build stage)
     progress: float = 0.0  # the running clip's rendered fraction, 0..1
     error: str = ""
     time: str = ""  # "2.1 s · 0.5x" once done
     record: dict[str, Any] = field(default_factory=dict)
 
+    def reset(self) -> None:
+        """Back to queued: what the last run said of it no longer holds."""
+        self.status, self.note, self.progress, self.error, self.time = "queued", "", 0.0, "", ""
+        self.record = {}
+
 
 def unique_name(name: str, taken: Iterable[str]) -> str:
-    """``name`` (made an ``.mp4`` file name), or ``stem_2.mp4``, ``stem_3.mp4``… where taken."""
-    name = Path(name).name.strip() or "clip.mp4"
-    if not name.lower().endswith(".mp4"):
-        name += ".mp4"
+    """``name`` as an output file name (its own type where the batch writes it, else
+    ``.mp4`` added), or ``stem_2.mp4``, ``stem_3.mp4``… where taken."""
+    name = Path(name.strip()).name.strip() or "clip.mp4"
+    suffix = Path(name).suffix.lower()
+    if suffix not in OUTPUT_SUFFIXES:
+        name, suffix = name + ".mp4", ".mp4"
     used = {t.lower() for t in taken}
-    stem, n, candidate = name[:-4], 2, name
+    stem, n, candidate = name[: -len(suffix)], 2, name
     while candidate.lower() in used:
-        candidate, n = f"{stem}_{n}.mp4", n + 1
+        candidate, n = f"{stem}_{n}{name[-len(suffix):]}", n + 1
     return candidate
 
 
@@ -190,8 +207,8 @@ class BatchWindow(QWidget):
 
     ``settings``: the settings of rows without a preset; ``checkpoints``: the engines'
     checkpoint folder; ``avatar``: the avatar of rows added from now on. With a ``parent``
-    (the main window) it is a window of its own that hides on close (a running batch goes on)
-    and stops its batch when the parent closes.
+    (the main window) it is a window of its own that hides on close (a running batch goes on);
+    the parent stops it (:meth:`shutdown`) when it closes, after asking (:meth:`left`).
     """
 
     batchStarted = Signal()
@@ -226,8 +243,6 @@ class BatchWindow(QWidget):
         self._thread: QThread | None = None
         self._ended: QThread | None = None
         self._build()
-        if parent is not None:
-            parent.installEventFilter(self)
         self._update()
 
     # --- layout --------------------------------------------------------------------------
@@ -240,22 +255,25 @@ class BatchWindow(QWidget):
 
     def _build(self) -> None:
         self.add_files_button = self._button(
-            "Add files…", self.add_files_dialog, "add audio files, one clip each"
+            "Add &files…", self.add_files_dialog, "add audio files, one clip each"
         )
         self.add_folder_button = self._button(
-            "Add folder…", self.add_folder_dialog, "add every audio file of a folder"
+            "Add f&older…", self.add_folder_dialog, "add every audio file of a folder"
         )
-        self.avatar_button = self._button(
-            "Avatar…", self.avatar_dialog, "the avatar of the selected rows (none: of every row)"
-        )
-        self.preset_button = QPushButton("Preset")
+        self.avatar_button = QPushButton("&Avatar")
+        self.avatar_button.setToolTip("the avatar of the selected rows (none: of every row)")
+        avatars = QMenu(self.avatar_button)
+        avatars.addAction("Choose an avatar file…", self.avatar_dialog)
+        avatars.addAction("No avatar (the engine's own face)", lambda: self.set_avatar(None))
+        self.avatar_button.setMenu(avatars)
+        self.preset_button = QPushButton("&Preset")
         self.preset_button.setToolTip("the settings of the selected rows (none: of every row)")
         menu = QMenu(self.preset_button)
         menu.addAction("Choose a preset file…", self.preset_dialog)
         menu.addAction("Use the main window's settings", lambda: self.set_preset(None))
         self.preset_button.setMenu(menu)
         self.remove_button = self._button(
-            "Remove", self.remove_selected, "remove the selected rows"
+            "&Remove", self.remove_selected, "remove the selected rows (Delete)"
         )
         top = QHBoxLayout()
         for b in (
@@ -267,9 +285,11 @@ class BatchWindow(QWidget):
         ):
             top.addWidget(b)
         top.addStretch(1)
-        self.defaults_label = QLabel()
+        self.defaults_label = _squeezable(QLabel())
         self.defaults_label.setStyleSheet(f"color: {theme.MUTED}")
-        top.addWidget(self.defaults_label)
+        right = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
+        self.defaults_label.setAlignment(right)
+        top.addWidget(self.defaults_label, 1)
 
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
@@ -293,7 +313,7 @@ class BatchWindow(QWidget):
 
         self.out_dir = QLineEdit()
         self.out_dir.setPlaceholderText("the folder the MP4s, the report and the state go to")
-        self.out_dir.textChanged.connect(self._update)
+        self.out_dir.textChanged.connect(self._out_dir_edited)
         self.browse_button = self._button("Browse…", self.output_dialog, "choose the output folder")
         self.open_folder_button = self._button(
             "Open output folder", self.open_output_folder, "show the output folder"
@@ -309,11 +329,11 @@ class BatchWindow(QWidget):
             "run again the clips that failed last time (otherwise a rerun skips them as it "
             "skips finished ones)"
         )
-        self.run_button = self._button("Run", self.run, "render every clip not done yet")
+        self.run_button = self._button("R&un", self.run, "render every clip not done yet")
         self.stop_button = self._button(
-            "Stop", self.stop, "stop after the running clip's next frames; finished videos stay"
+            "&Stop", self.stop, "stop after the running clip's next frames; finished videos stay"
         )
-        self.summary = QLabel()
+        self.summary = _squeezable(QLabel())
         self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         run_row = QHBoxLayout()
         run_row.addWidget(self.summary, 1)
@@ -328,7 +348,8 @@ class BatchWindow(QWidget):
         self.log = QPlainTextEdit()
         self.log.setReadOnly(True)
         self.log.setMaximumBlockCount(2000)
-        self.log.setFixedHeight(90)
+        self.log.setMinimumHeight(40)
+        self.log.setMaximumHeight(90)
         self.log.setPlaceholderText("the batch's progress lines")
 
         layout = QVBoxLayout(self)
@@ -338,6 +359,9 @@ class BatchWindow(QWidget):
         layout.addLayout(run_row)
         layout.addWidget(self.message)
         layout.addWidget(self.log)
+        remove = QShortcut(QKeySequence(QKeySequence.StandardKey.Delete), self.table)
+        remove.setContext(Qt.ShortcutContext.WidgetShortcut)
+        remove.activated.connect(self.remove_selected)
 
     # --- the queue -----------------------------------------------------------------------
 
@@ -368,7 +392,7 @@ class BatchWindow(QWidget):
             if not self.out_dir.text().strip():
                 self.out_dir.setText(str(path.parent / "batch_out"))
         if added:
-            self._show_table()
+            self._changed(())
         return added
 
     def add_folder(self, folder: str | Path) -> int:
@@ -397,9 +421,10 @@ class BatchWindow(QWidget):
             return
         if rows is None and not self.selected_rows():
             self.avatar = path
-        for i in self._targets(rows):
+        targets = self._targets(rows)
+        for i in targets:
             self.rows[i].avatar = path
-        self._show_table()
+        self._changed(targets)
 
     def set_preset(self, path: str | None, rows: Iterable[int] | None = None) -> bool:
         """The preset file of ``rows`` (as :meth:`set_avatar`; None: the base settings);
@@ -414,9 +439,10 @@ class BatchWindow(QWidget):
                 return False
         if rows is None and not self.selected_rows():
             self.preset = path
-        for i in self._targets(rows):
+        targets = self._targets(rows)
+        for i in targets:
             self.rows[i].preset = path
-        self._show_table()
+        self._changed(targets)
         return True
 
     def remove_rows(self, rows: Iterable[int]) -> None:
@@ -425,13 +451,29 @@ class BatchWindow(QWidget):
             return
         gone = set(rows)
         self.rows = [r for i, r in enumerate(self.rows) if i not in gone]
-        self._show_table()
+        self._changed(())
 
     def remove_selected(self) -> None:
         self.remove_rows(self.selected_rows())
 
     def set_output_dir(self, path: str | Path) -> None:
         self.out_dir.setText(str(path))
+
+    def _changed(self, rows: Iterable[int]) -> None:
+        """The queue was changed (``rows``: those whose clip is now another): the last run's
+        outcome and those rows' results no longer hold, nor does an earlier message."""
+        for i in rows:
+            self.rows[i].reset()
+        self.outcome, self.report = "", None
+        self.show_message("")
+        self._show_table()
+
+    def _out_dir_edited(self) -> None:
+        """Another output folder: no row's result is known there (a Run reads its state)."""
+        if not self.running and (self.outcome or any(r.status != "queued" for r in self.rows)):
+            self._changed(range(len(self.rows)))
+        else:
+            self._update()
 
     def jobs(self) -> list[Job]:
         """The queue as batch jobs (a row's settings: its preset, else the base settings);
@@ -475,18 +517,26 @@ class BatchWindow(QWidget):
             return self._refuse("Add audio files first (Add files… or Add folder…).")
         if not out:
             return self._refuse("Choose an output folder first.")
+        options = EngineOptions(self.checkpoints, device=None, avatar_cache=None)
         try:
             jobs = self.jobs()
         except StudioError as e:
             return self._refuse(one_line(e))
+        try:
+            notes = check_engines(jobs, options)  # as the command checks them, before any work
+        except OptionError as e:
+            return self._refuse(self._option_text(e, jobs))
+        except StudioError as e:
+            return self._refuse(one_line(e))
         for row in self.rows:
-            row.status, row.note, row.progress, row.error, row.time = "queued", "", 0.0, "", ""
-            row.record = {}
+            row.reset()
         self._index = {row.name: i for i, row in enumerate(self.rows)}
         self._running_name, self._seconds, self.report, self.outcome = None, {}, None, ""
         self._started = time.perf_counter()
         self.show_message("")
         self.log.clear()
+        for note in notes:
+            self.log.appendPlainText(f"note: {note}")
         self._cancel = threading.Event()
         worker = BatchWorker(self._cancel)
         worker.planned.connect(self._planned)
@@ -497,7 +547,6 @@ class BatchWindow(QWidget):
         worker.batchDone.connect(self._batch_done)
         self._worker = worker
         self._thread = start_in_thread(worker, "studio-batch")
-        options = EngineOptions(self.checkpoints, device=None, avatar_cache=None)
         worker.requested.emit(
             BatchRequest(tuple(jobs), out, options, self.retry_failed.isChecked())
         )
@@ -505,11 +554,24 @@ class BatchWindow(QWidget):
         self.batchStarted.emit()
         return True
 
+    def _option_text(self, error: OptionError, jobs: list[Job]) -> str:
+        """An engine's refusal of a row, in this window's words (the command's are options)."""
+        row = next((j.source for j in jobs if f"(job {j.source})" in error.message), "a row")
+        if error.option == "--avatar":
+            return NO_AVATAR_ON_DEMO.format(row=row[0].upper() + row[1:])
+        return one_line(error)
+
     def stop(self) -> None:
         """Stop the batch: the running clip stops at its next frames, finished ones stay."""
         if self.running and not self._cancel.is_set():
             self._cancel.set()
             self._update()
+
+    def left(self) -> int:
+        """How many clips of a running batch are not finished yet (0 when none runs)."""
+        if not self.running:
+            return 0
+        return sum(r.status in ("queued", *ACTIVE) for r in self.rows)
 
     def shutdown(self, timeout_ms: int = 10_000) -> None:
         """Stop a running batch and wait for its thread (the app is closing)."""
@@ -540,6 +602,10 @@ class BatchWindow(QWidget):
 
     @Slot(str)
     def _job_started(self, name: str) -> None:
+        before = self._row_of(self._running_name or "")
+        if before is not None and before.status == "running":  # its file's tail is written
+            before.status, before.note, before.progress = "writing", "the file's end", 1.0
+            self._show_row(self._index[before.name])
         row = self._row_of(name)
         if row is not None:
             row.status, row.note, row.progress = "running", "", 0.0
@@ -588,7 +654,7 @@ class BatchWindow(QWidget):
         self.outcome = outcome
         self.report = report if isinstance(report, dict) else None
         for row in self.rows:
-            if row.status == "running":
+            if row.status in ACTIVE:
                 row.status, row.note = "stopped", ""
         self._running_name = None
         self.show_message(message)
@@ -641,7 +707,7 @@ class BatchWindow(QWidget):
             item.setFlags(flags | Qt.ItemFlag.ItemIsEditable if editable else flags)
         colour = STATUS_COLOURS.get(row.status)
         self.table.item(i, STATUS).setForeground(QColor(colour or theme.TEXT))
-        shown = row.status in ("running", *OPENABLE)  # a stopped clip leaves nothing
+        shown = row.status in (*ACTIVE, *OPENABLE)  # a stopped clip leaves nothing
         self.table.item(i, PROGRESS).setData(
             Qt.ItemDataRole.UserRole, round(row.progress * 100) if shown else None
         )
@@ -650,6 +716,7 @@ class BatchWindow(QWidget):
     def _show_summary(self) -> None:
         counts = {s: sum(r.status == s for r in self.rows) for s in STATUS_COLOURS}
         left = sum(r.status == "queued" for r in self.rows)
+        writing = sum(r.status == "writing" for r in self.rows)
         parts = [
             f"{counts['done']} done",
             f"{counts['skipped']} skipped (done before)",
@@ -659,6 +726,8 @@ class BatchWindow(QWidget):
             text = "Stopping after the running clip's next frames…"
         elif self.running:
             parts.append(f"{left + counts['running']} to go")
+            if writing:
+                parts.append(f"{writing} being written")
             parts.extend(self._rate_and_eta())
             text = "Running: " + ", ".join(parts)
         elif self.outcome == "done" and self.report:
@@ -677,22 +746,29 @@ class BatchWindow(QWidget):
             )
         elif self.outcome == "error":
             text = "Not finished: " + ", ".join(parts)
+        elif not self.rows:
+            text = EMPTY_HINT
         else:
             text = f"{len(self.rows)} clip{'s' * (len(self.rows) != 1)} in the queue"
         self.summary.setText(text)
+        self.summary.setToolTip(text)
 
     def _rate_and_eta(self) -> list[str]:
-        """The rate of this run's finished clips (x real time) and the time left."""
-        made = [r.record for r in self.rows if r.status == "done" and r.record]
-        speech = sum(rec.get("duration_s", 0.0) for rec in made)
-        elapsed = time.perf_counter() - self._started
-        if speech <= 0 or elapsed <= 0:
-            return []
-        rate = speech / elapsed
+        """This run's rate (x real time: the speech its clips rendered so far, the running
+        one's part too) and the time left; none before a second of speech is rendered."""
+        speech = 0.0
         todo = 0.0
         for r in self.rows:
-            if r.status in ("queued", "running"):
-                todo += self._seconds.get(r.name, 0.0) * (1.0 - r.progress)
+            seconds = self._seconds.get(r.name, 0.0)
+            if r.status in ("done", "writing"):
+                speech += r.record.get("duration_s", seconds) if r.record else seconds
+            elif r.status in ("queued", "running"):
+                speech += seconds * r.progress
+                todo += seconds * (1.0 - r.progress)
+        elapsed = time.perf_counter() - self._started
+        if speech < 1.0 or elapsed <= 0:
+            return []
+        rate = speech / elapsed
         return [f"{rate:.1f}x real time", f"ETA {clock(todo / rate)}"]
 
     def _update(self) -> None:
@@ -721,6 +797,9 @@ class BatchWindow(QWidget):
         avatar = Path(self.avatar).name if self.avatar else "none"
         preset = Path(self.preset).name if self.preset else "main window's settings"
         self.defaults_label.setText(f"New rows: avatar {avatar} · {preset}")
+        self.defaults_label.setToolTip(
+            f"New rows: avatar {self.avatar or 'none'} · {self.preset or preset}"
+        )
 
     # --- user actions --------------------------------------------------------------------
 
@@ -733,7 +812,9 @@ class BatchWindow(QWidget):
         if text and text != row.name:
             others = (r.name for r in self.rows if r is not row)
             row.name = unique_name(text, others)
-        self._show_row(item.row())
+            self._changed([item.row()])
+        else:
+            self._show_row(item.row())
 
     def _double_clicked(self, i: int, col: int) -> None:
         if col != OUTPUT or self.running:
@@ -747,7 +828,7 @@ class BatchWindow(QWidget):
         if not path.exists():
             self.show_message(f"{path}: not there any more")
             return False
-        return bool(QDesktopServices.openUrl(QUrl.fromLocalFile(str(path))))
+        return self._open(path)
 
     def open_output_folder(self) -> bool:
         """Show the output folder in the system's file manager."""
@@ -755,7 +836,15 @@ class BatchWindow(QWidget):
         if not folder.is_dir():
             self.show_message(f"{folder}: no such folder yet (Run makes it)")
             return False
-        return bool(QDesktopServices.openUrl(QUrl.fromLocalFile(str(folder))))
+        return self._open(folder)
+
+    def _open(self, path: Path) -> bool:
+        """``path`` in the system's program for it; a message where none could be started."""
+        if QDesktopServices.openUrl(QUrl.fromLocalFile(str(path))):
+            return True
+        what = "folder" if path.is_dir() else "file"
+        self.show_message(f"No program here opens {path.name}: the {what} is {path}")
+        return False
 
     def _start_folder(self) -> str:
         return str(Path(self.rows[-1].audio).parent) if self.rows else str(Path.home())
@@ -801,12 +890,6 @@ class BatchWindow(QWidget):
             elif p.suffix.lower() in AUDIO_SUFFIXES:
                 self.add_files([p])
 
-    def eventFilter(self, obj: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt API
-        if obj is self.parent() and event.type() == QEvent.Type.Close:
-            self.shutdown()
-            self.hide()
-        return False
-
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt API
         if self.parent() is None:  # standalone: nothing would be left to show the batch
             self.shutdown()
@@ -815,7 +898,15 @@ class BatchWindow(QWidget):
 
 def _time_text(rec: dict[str, Any]) -> str:
     """A record's wall time and real-time factor ("2.1 s · 0.5x")."""
-    if "wall_s" not in rec or rec.get("status") not in OPENABLE:
+    if "wall_s" not in rec or rec.get("status") != "done":  # a skipped one: another run's
         return ""
     rate = f" · {rec['realtime']:.1f}x" if rec.get("realtime") else ""
     return f"{rec['wall_s']:.1f} s{rate}"
+
+
+def _squeezable(label: QLabel) -> QLabel:
+    """``label`` that never widens its window: cut at the window's edge (its tool tip shows
+    the whole text)."""
+    label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+    label.setMinimumWidth(40)
+    return label

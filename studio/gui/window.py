@@ -134,6 +134,9 @@ class MainWindow(QMainWindow):
         self.build_stage = ""  # the Ditto engine's build stage, while it is built
         self.last_fps: float | None = None
         self.error_box: QMessageBox | None = None
+        self.quit_box: QMessageBox | None = None  # asks before a close stops a running batch
+        self._quitting = False  # the user chose to stop the batch and quit
+        self.batch_window: BatchWindow | None = None
         self.export_dialog: ExportDialog | None = None
         self.engine = None  # the engine that made ``result`` (None: the demo engine)
         self.engine_info: EngineInfo | None = None  # the Ditto engine built last
@@ -265,12 +268,16 @@ class MainWindow(QMainWindow):
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.dock)
 
         self.status_engine = QLabel()
+        self.status_batch = QLabel()  # a batch running, its window closed or not
+        self.status_batch.setToolTip("the Batch queue (Ctrl+B shows it)")
+        self.status_batch.hide()
         self.progress_bar = QProgressBar()
         self.progress_bar.setMaximumWidth(180)
         self.progress_bar.setMaximumHeight(16)
         self.progress_bar.setTextVisible(False)
         self.progress_bar.hide()
         self.statusBar().addPermanentWidget(self.progress_bar)
+        self.statusBar().addPermanentWidget(self.status_batch)
         self.statusBar().addPermanentWidget(self.status_engine)
         self.playback.frameChanged.connect(self._show_frame)
         self.playback.playingChanged.connect(
@@ -1362,17 +1369,71 @@ class MainWindow(QMainWindow):
     def open_batch_window(self) -> BatchWindow:
         """Open (or raise) the one Batch queue window, its defaults this window's current
         settings, checkpoints and avatar."""
-        if getattr(self, "batch_window", None) is None:
+        if self.batch_window is None:
             self.batch_window = BatchWindow(parent=self)
+            for signal in (
+                self.batch_window.batchStarted,
+                self.batch_window.jobFinished,
+                self.batch_window.batchFinished,
+            ):
+                signal.connect(self._show_batch)
         self.batch_window.set_defaults(self.controls.settings(), self.checkpoints, self.avatar_path)
         self.batch_window.show()
         self.batch_window.raise_()
         self.batch_window.activateWindow()
         return self.batch_window
 
+    def _show_batch(self, *_args: object) -> None:
+        """The status bar's word on the batch: clips left while it runs, then how it ended."""
+        w = self.batch_window
+        if w is None:
+            return
+        if w.running:
+            left = w.left()
+            self.status_batch.setText(f"Batch: {left} clip{'s' * (left != 1)} to go")
+        else:
+            self.status_batch.setText(f"Batch {w.outcome or 'ended'}")
+            self.statusBar().showMessage(f"Batch queue: {w.summary.text()}", 20000)
+        self.status_batch.setVisible(w.running)
+
     # --- shutdown --------------------------------------------------------------------------------
 
+    def _ask_to_stop_the_batch(self) -> None:
+        """Quit only if the user agrees to stop the running batch (non-blocking)."""
+        assert self.batch_window is not None
+        left = self.batch_window.left()
+        box = QMessageBox(
+            QMessageBox.Icon.Question,
+            "Studio",
+            f"A batch is running: {left} clip{'s' * (left != 1)} to go.",
+            parent=self,
+        )
+        box.setInformativeText(
+            "Quitting stops it: the clip being rendered is not kept. Finished videos stay, "
+            "and Run in the Batch queue goes on from where it stopped."
+        )
+        stop = box.addButton("Stop the batch and quit", QMessageBox.ButtonRole.DestructiveRole)
+        keep = box.addButton("Keep it running", QMessageBox.ButtonRole.RejectRole)
+        box.setDefaultButton(keep)
+
+        def answered(_result: int) -> None:
+            if box.clickedButton() is stop:
+                self._quitting = True
+                self.close()
+
+        box.finished.connect(answered)
+        self.quit_box = box
+        box.open()
+
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt API
+        batch = self.batch_window
+        if batch is not None and batch.running and not self._quitting:
+            event.ignore()
+            self._ask_to_stop_the_batch()
+            return
+        if batch is not None:
+            batch.shutdown()
+            batch.hide()
         self.live.shutdown()
         self._save()
         self.notices.detach()

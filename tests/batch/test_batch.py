@@ -104,6 +104,13 @@ def test_the_cli_refuses_a_bad_list_before_any_work(clips: Path, capsys) -> None
     code, _, err = run_cli(argv, capsys)
     assert code == 2 and "--avatar: needs --checkpoints" in err and "(job " in err
     assert not (clips / "o").exists()
+    # the same when only a later job names one (the demo engine's jobs share one engine)
+    lines = [{"audio": "a.wav"}, {"audio": "b.wav", "avatar": "a.wav"}]
+    (clips / "mixed.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    argv = ["batch", str(clips / "mixed.jsonl"), "--out-dir", str(clips / "o")]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and "--avatar: needs --checkpoints" in err and "mixed.jsonl:2" in err
+    assert not (clips / "o").exists()
 
 
 # --- running ----------------------------------------------------------------------------

@@ -67,7 +67,11 @@ def test_a_batch_runs_records_the_bad_clip_and_a_rerun_skips(qtbot, batch, clips
     w.remove_rows([3])
     started: list[str] = []
     w.jobStarted.connect(started.append)
+    seen: dict[str, dict[str, str]] = {}  # each clip's start: how the others stand
+    w.jobStarted.connect(lambda name: seen.setdefault(name, _status(w)))
     assert _run(qtbot, w) == "done"
+    # when b starts, a is rendered and its file's end is being written beside b
+    assert seen["b.mp4"] == {"a.mp4": "writing", "b.mp4": "running", "bad.mp4": "queued"}
     out = Path(w.out_dir.text())
     assert _status(w) == {"a.mp4": "done", "b.mp4": "done", "bad.mp4": "failed"}
     assert started == ["a.mp4", "b.mp4", "bad.mp4"]
@@ -103,6 +107,37 @@ def test_a_batch_runs_records_the_bad_clip_and_a_rerun_skips(qtbot, batch, clips
     ran: list[str] = []
     w.jobStarted.connect(ran.append)
     assert _run(qtbot, w) == "done" and ran == ["bad.mp4"]
+
+    # A changed row is a new clip: renamed, it is queued again and the finished summary goes
+    w.table.item(0, 3).setText("renamed")
+    assert w.rows[0].name == "renamed.mp4" and _status(w)["renamed.mp4"] == "queued"
+    assert w.rows[0].time == "" and w.summary.text() == "3 clips in the queue"
+    w.table.item(1, 3).setText("b.webm")  # a file type the batch writes is kept
+    assert w.rows[1].name == "b.webm" and _status(w)["b.webm"] == "queued"
+    w.set_output_dir(out.parent / "elsewhere")  # another folder: nothing known of it
+    assert set(_status(w).values()) == {"queued"}
+    w.remove_rows([0, 1, 2])
+    assert "No clips yet" in w.summary.text()
+
+
+def test_an_avatar_the_demo_engine_cannot_take_is_refused_before_the_run(qtbot, batch, clips):
+    w = batch
+    w.set_avatar(str(clips / "a.wav"), rows=[2])  # only the last row: still refused
+    assert not w.run() and not w.running
+    assert "row 3" in w.message.text() and "No avatar" in w.message.text()
+    assert "--" not in w.message.text()  # the window's words, not the command's options
+    w.table.selectRow(2)
+    w.set_avatar(None)  # Avatar → No avatar
+    assert w.rows[2].avatar is None and not w.message.isVisible()
+    assert _run(qtbot, w) == "done"
+
+
+def test_a_result_no_program_opens_is_said(qtbot, batch, monkeypatch):
+    monkeypatch.setattr(QDesktopServices, "openUrl", lambda url: False)
+    w = batch
+    Path(w.out_dir.text()).mkdir(parents=True)
+    assert not w.open_output_folder()
+    assert "No program here opens" in w.message.text() and w.out_dir.text() in w.message.text()
 
 
 def test_stop_keeps_the_finished_videos(qtbot, batch):
@@ -151,6 +186,32 @@ def test_the_main_window_opens_one_batch_window(window, qtbot):
     assert window.batch_window is first
     window.close()  # the batch window goes with it
     assert not first.isVisible()
+
+
+def test_closing_the_main_window_asks_before_it_stops_a_batch(window, qtbot, clips, tmp_path):
+    window.act_batch.trigger()
+    w = window.batch_window
+    w.base_settings = RenderSettings(size=SIZE)
+    assert w.add_folder(clips) == 3
+    w.set_output_dir(tmp_path / "out")
+    answers: list[str] = []
+
+    def on_start(name: str) -> None:  # at each clip's start, the user closes the studio
+        window.close()
+        box = window.quit_box
+        assert box is not None and box.isVisible() and "3 clips to go" in box.text()
+        assert window.status_batch.text() == "Batch: 3 clips to go"
+        choice = "Keep it running" if not answers else "Stop the batch and quit"
+        answers.append(choice)
+        next(b for b in box.buttons() if b.text() == choice).click()
+
+    w.jobStarted.connect(on_start)
+    with qtbot.waitSignal(w.batchFinished, timeout=BATCH_TIMEOUT_MS) as blocker:
+        assert w.run()
+    # kept running through the first clip; stopped (and the studio closed) at the second
+    assert answers == ["Keep it running", "Stop the batch and quit"]
+    assert blocker.args == ["stopped"] and not window.isVisible() and not w.isVisible()
+    assert _status(w)["a.mp4"] == "done" and (tmp_path / "out" / "a.mp4").exists()
 
 
 def test_a_transparent_preset_makes_its_clip_a_webm(qtbot, batch, tmp_path):
