@@ -372,11 +372,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser(
         "compile",
-        help="build TensorRT engines for Ditto's networks (cached, rebuilt when stale)",
+        help="build Ditto's engines ahead: TensorRT engines, or (--runtime torch) the "
+        "compiled render engines --compile uses (cached, rebuilt when stale)",
         description="Build TensorRT engines from ditto_onnx/ or from ONNX exported from "
         "ditto_pytorch/, with per-network precision, a timing cache, and an engine cache that "
         "rebuilds stale engines (other GPU, TensorRT version, precision or ONNX) instead of "
-        "failing. Needs tensorrt (pip install 'talkinghead-studio[trt]').",
+        "failing; needs tensorrt (pip install 'talkinghead-studio[trt]'). With --runtime "
+        "torch: the compiled warp + decoder engines that renders with --compile load instead "
+        "of compiling (needs a CUDA GPU, no TensorRT), kept in the cache root's "
+        "compiled/aot.",
     )
     _compile_arguments(c)
 
@@ -1264,8 +1268,12 @@ def _console(
     from studio import paths
     from studio.progress import quiet, show_notices
 
-    if args.cache_dir is not None and Path(args.cache_dir).expanduser().is_file():
-        raise OptionError("--cache-dir", f"{args.cache_dir} is a file; give a folder")
+    if args.cache_dir is not None:
+        root = Path(args.cache_dir).expanduser().absolute()
+        there = next(p for p in (root, *root.parents) if p.exists())  # "/" at least
+        if not there.is_dir():
+            where = "is a file" if there == root else f"is under a file ({there})"
+            raise OptionError("--cache-dir", f"{args.cache_dir} {where}; give a folder")
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
     log = logging.getLogger("studio")
     before_level, before_hook = log.level, threading.excepthook

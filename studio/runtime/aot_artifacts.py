@@ -98,9 +98,10 @@ def build(
     module: nn.Module,
     example: tuple[torch.Tensor, ...],
     check: Check | None = None,
-) -> Path:
+) -> Path | None:
     """Export ``module`` on ``example``, compile it standalone and save it as ``key``'s
-    artifact (atomically, under its build lock). RuntimeError where the exported program
+    artifact (atomically, under its build lock; None where another process saved it
+    meanwhile). RuntimeError where the exported program
     holds tensors that are not the module's weights (they would be missing when loaded), or
     where ``check`` refuses what the saved artifact computes."""
 

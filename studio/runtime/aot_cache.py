@@ -293,9 +293,10 @@ def build(
     module: nn.Module,
     example: tuple[torch.Tensor, ...],
     check: Check | None = None,
-) -> Path:
+) -> Path | None:
     """Export ``module`` on ``example`` and compile it into ``key``'s package (atomically,
-    under the package's build lock; a package another process finished meanwhile is kept).
+    under the package's build lock; its path, or None where another process finished it
+    meanwhile, which is kept).
     NotPackageable where it needs the proxy executor; RuntimeError where a new process cannot
     load and run it, or where ``check`` refuses its outputs (none is kept)."""
 
@@ -314,15 +315,15 @@ def build_file(
     key: AotKey,
     present: Callable[[], bool],
     make: Callable[[Path], dict[str, Any]],
-) -> Path:
+) -> Path | None:
     """Write a compiled file for ``key`` at ``path`` once: under its build lock, unless
-    ``present()`` (another process finished it meanwhile), ``make(partial)`` writes it to a
-    hidden file (returning what else its metadata keeps), which is then put in place
-    atomically with its metadata (the key and the file's SHA-256)."""
+    ``present()`` (another process finished it meanwhile: None), ``make(partial)`` writes it
+    to a hidden file (returning what else its metadata keeps), which is then put in place
+    atomically with its metadata (the key and the file's SHA-256); its path."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with build_lock(path, f"the compiled {key.network} (batch {key.batch})"):
         if present():
-            return path
+            return None
         partial = path.with_name(f".{path.name}.{os.getpid()}.partial{path.suffix}")
         try:
             extra = make(partial)
@@ -442,11 +443,12 @@ def build_then_load(
     key: AotKey,
     why: str,
     absent: str,
-    build_it: Callable[[], object],
+    build_it: Callable[[], Path | None],
     load_it: Callable[[], tuple[Callable | None, str]],
     usable: Callable[[], str | None] = lambda: None,
 ) -> tuple[Callable | None, str]:
-    """A compiled file that did not load (``why``) built and loaded: (runner, "built"), or
+    """A compiled file that did not load (``why``) built and loaded: (runner, "built"; or
+    "loaded" where another process built it meanwhile: ``build_it`` returned None), or
     (None, why not: it failed before, or ``usable()`` says why not here). A failed build is
     remembered beside it (``<file>.failed.json``), so later processes do not try again; one
     out of memory or time (:class:`TransientFailure`) is not."""
@@ -459,7 +461,7 @@ def build_then_load(
     if why != absent:
         _log.warning("%s: compiling it again", why)
     try:
-        build_it()
+        made = build_it()
     except Exception as e:
         if not isinstance(e, TransientFailure | torch.cuda.OutOfMemoryError):
             reason = f"{type(e).__name__}: {e}"
@@ -467,4 +469,4 @@ def build_then_load(
             write_atomic(failed, failure)
         raise
     runner, again = load_it()
-    return runner, ("built" if runner is not None else again)
+    return runner, (again if runner is None else "built" if made is not None else "loaded")

@@ -54,7 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=("tensorrt", "torch"),
         default="tensorrt",
         help="tensorrt: TensorRT engines in --out (the default); torch: the compiled render "
-        "engines `--compile` uses (AOTInductor packages, in the cache root's compiled/aot), "
+        "engines `--compile` uses (AOTInductor packages, or Inductor's standalone artifacts "
+        "where this torch cannot load packages, in the cache root's compiled/aot), "
         "for every batch up to the render batch (--batch; default: the renderer's own)",
     )
     p.add_argument(
@@ -114,7 +115,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="build Ampere-plus compatible engines (run on sm 8.0 and newer, somewhat slower)",
     )
-    p.add_argument("--device", default="cuda", metavar="DEV", help="cuda or cuda:N")
+    p.add_argument(
+        "--device", default="cuda", metavar="DEV", help="cuda or cuda:N (both runtimes build on it)"
+    )
     p.add_argument("--force", action="store_true", help="rebuild even current engines")
     p.add_argument("--json", metavar="OUT.json", help="also write the summary here (- for stdout)")
 

@@ -14,7 +14,9 @@ fp32 the ONNX Runtime parity check) wrapped in a
 
 The file name carries a key over the network, batch, precision, opset, torch version and a
 SHA-256 of the module's state dict, so a changed checkpoint is exported anew and an unchanged
-one is reused. Concurrent processes export a file once: the export holds
+one is reused. Beside each file its SHA-256 is recorded (``NAME.onnx.sha256``): a kept file
+that is not the one written (damaged on disk, cut short) is said and exported again, never
+run. Concurrent processes export a file once: the export holds
 :func:`studio.paths.build_lock`, and a process that waited for it finds the file made.
 
 Before an export writes a file (hundreds of MB for the full-size warp network) it says so,
@@ -39,7 +41,9 @@ import torch
 from torch import nn
 
 from studio.errors import OutputError
+from studio.files import write_atomic
 from studio.paths import build_lock
+from studio.runtime.engine_cache import file_sha256
 
 __all__ = [
     "EXPORT_FORMAT",
@@ -51,7 +55,8 @@ __all__ = [
     "onnx_cache_key",
 ]
 
-EXPORT_FORMAT = 1  # bump when the exported graph changes for the same inputs
+EXPORT_FORMAT = 2  # bump when the exported graph changes for the same inputs (2: SHA-256 kept)
+SUM_SUFFIX = ".sha256"  # beside an export: the SHA-256 of the file as it was written
 _log = logging.getLogger(__name__)
 _PURPOSE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "onnx_export_purpose", default=None
@@ -164,7 +169,7 @@ def export_for_engine(
     stem = REGISTRY[network].onnx_file.removesuffix(".onnx") if network in REGISTRY else network
     out = Path(out_dir).expanduser()
     target = out / f"{stem}.b{batch}.{graph_precision}.{key}.onnx"
-    if target.is_file():
+    if _unusable(target) is None:
         return target
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -175,8 +180,12 @@ def export_for_engine(
         dev = next((p.device for p in module.parameters()), torch.device("cpu"))
     # one export per file at a time: a second process waits, then finds the first's file
     with build_lock(target, f"{network}'s ONNX file"):
-        if target.is_file():
+        why = _unusable(target)
+        if why is None:
             return target
+        if why:  # there, but not what was written: never run it
+            _log.warning("%s: exporting it again", why)
+            target.unlink(missing_ok=True)
         size = estimated_onnx_bytes(module, graph_precision)
         detail = f"batch {batch}, {graph_precision}"
         (log or _log.info)(export_notice(network, size, out, _PURPOSE.get(), detail))
@@ -185,9 +194,29 @@ def export_for_engine(
         record: dict[str, Any] = export_module(
             adapter.eval(), target, opset=opset, verify=verify and not half
         )
+        if record["ok"]:
+            write_atomic(_sum_file(target), file_sha256(target) + "\n")
     if not record["ok"]:
         raise RuntimeError(f"{network}: {record.get('error', 'export failed')}")
     return target
+
+
+def _sum_file(target: Path) -> Path:
+    return target.with_name(target.name + SUM_SUFFIX)
+
+
+def _unusable(target: Path) -> str | None:
+    """Why the kept export ``target`` cannot be run: "" when there is none; None when it is
+    the file that was written (its SHA-256 the one recorded)."""
+    if not target.is_file():
+        return ""
+    try:
+        recorded = _sum_file(target).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return f"{target.name}: its recorded SHA-256 is missing or unreadable"
+    if file_sha256(target) != recorded:
+        return f"{target.name} is corrupt (its SHA-256 is not the one recorded)"
+    return None
 
 
 class _BatchedAdapter(nn.Module):

@@ -142,7 +142,16 @@ class OrtEngine(EngineBase):
             if "CUDAExecutionProvider" not in session.get_providers():
                 raise BackendUnavailable(f"ONNX Runtime could not put {self.path.name} on CUDA")
         else:
-            session = ort.InferenceSession(str(self.path), opts, providers=["CPUExecutionProvider"])
+            try:
+                session = ort.InferenceSession(
+                    str(self.path), opts, providers=["CPUExecutionProvider"]
+                )
+            except Exception as e:  # noqa: BLE001 - ORT raises several pybind types for bad files
+                reason = " ".join(str(e).split())[:160] or type(e).__name__
+                raise InputError(
+                    f"ONNX file {self.path}: ONNX Runtime cannot open it ({reason}); replace "
+                    "the file (one in the studio's cache is made again once removed)"
+                ) from None
         self.session = session
         inputs = tuple(
             TensorSpec(i.name, _dims(i.shape), torch_dtype(i.type)) for i in session.get_inputs()

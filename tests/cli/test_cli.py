@@ -795,6 +795,8 @@ def test_the_cache_root_follows_the_option_then_the_variable(tmp_path, capsys, m
     (tmp_path / "f").write_text("")
     code, _, err = _run(["--cache-dir", str(tmp_path / "f"), "doctor"], capsys)
     assert code == 2 and "--cache-dir" in err and "is a file" in err
+    code, _, err = _run(["--cache-dir", str(tmp_path / "f" / "sub"), "doctor"], capsys)
+    assert code == 2 and f"is under a file ({tmp_path / 'f'})" in err
 
 
 def test_an_unexpected_error_is_one_line_with_its_traceback_in_a_log_file(

@@ -241,3 +241,28 @@ def test_half_precision_rounding_in_one_pixel_is_not_a_wrong_engine() -> None:
     assert _differs(reference, lambda *a: (moved,), (), "fp16") is None
     mirrored = _differs(reference, lambda *a: (want.flip(-1),), (), "fp16")
     assert mirrored is not None and "relative L2" in mirrored
+
+
+def test_a_file_another_process_finished_meanwhile_is_said_loaded_not_built(
+    tmp_path: Path,
+) -> None:
+    key = aot_cache.AotKey("stitch_network", "0" * 64, "fp32", "", 2, "cpu", "cpu", "t", None)
+    path = tmp_path / "stitch.art"
+
+    def make(partial: Path) -> dict:
+        raise AssertionError("built again")
+
+    def runner() -> None:
+        return None
+
+    def build() -> Path | None:  # the other process's file is there once the lock is ours
+        return aot_cache.build_file(path, key, lambda: True, make)
+
+    assert build() is None and not path.exists()
+    loads = lambda: (runner, "")  # noqa: E731
+    assert aot_cache.build_then_load(path, key, "absent", "absent", build, loads) == (
+        runner,
+        "loaded",
+    )
+    made_here = aot_cache.build_then_load(path, key, "absent", "absent", lambda: path, loads)
+    assert made_here == (runner, "built")

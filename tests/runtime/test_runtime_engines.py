@@ -84,6 +84,28 @@ def test_export_cache_reuses_and_keys_on_weights(nets, onnx_dir, one_torch_threa
     assert export_for_engine("stitch_network", m, onnx_dir, batch=3, verify=False) != first
 
 
+def test_a_damaged_export_is_said_and_exported_again(nets, tmp_path, caplog, one_torch_thread):
+    m = nets["stitch_network"]
+    path = export_for_engine("stitch_network", m, tmp_path, verify=False)
+    good = path.read_bytes()
+    damaged = bytearray(good)
+    damaged[len(good) // 2] ^= 0xFF  # still a file of the right size: only its sum tells
+    for bad in (bytes(damaged), good[: len(good) // 3]):
+        path.write_bytes(bad)
+        caplog.clear()
+        assert export_for_engine("stitch_network", m, tmp_path, verify=False) == path
+        assert path.read_bytes() == good  # the export is deterministic: the same file again
+        assert "is corrupt" in caplog.text and "exporting it again" in caplog.text
+    path.with_name(path.name + ".sha256").unlink()  # no record of what was written
+    caplog.clear()
+    export_for_engine("stitch_network", m, tmp_path, verify=False)
+    assert "recorded SHA-256 is missing" in caplog.text and path.read_bytes() == good
+    cut = tmp_path / "given.onnx"  # a file given to the runtime (no cache record): one line
+    cut.write_bytes(good[: len(good) // 3])
+    with pytest.raises(InputError, match="ONNX Runtime cannot open it"):
+        OrtEngine("stitch_network", cut, "fp32", "cpu", threads=1)
+
+
 def test_feed_is_validated_by_name_shape_and_dtype(nets):
     e = TorchEngine("stitch_network", nets["stitch_network"], "fp32", "cpu")
     feed = e.example_feed()

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from studio.engines.base import Progress
 from studio.engines.ditto.engine import load_networks, plan_memory, render_dtype
 from studio.engines.ditto.warp_decode import prebuild_rungs
@@ -33,13 +35,15 @@ def prebuild(
     """Build (or find, verified) the compiled warp + decoder for ``settings``' precision and
     the rungs renders of its batch use (:func:`prebuild_rungs`); a summary."""
     found = discover(checkpoints)  # the folder first: errors in the order a user fixes them
-    dev = resolve_device(device)
-    if dev.type != "cuda":
+    if not torch.cuda.is_available():  # before --device, whose default (cuda) says less
         raise OptionError(
             "--runtime",
             "torch: compiled render engines run inside CUDA graphs, so they are built on a "
             "CUDA GPU; this machine has none (`studio doctor` says what it has)",
         )
+    dev = resolve_device(device)
+    if dev.type != "cuda":
+        raise OptionError("--device", f"{dev}: compiled render engines are built on cuda[:N]")
     nets = load_networks(found, dev)
     plan = plan_memory(settings.memory, settings.batch, dev, render_dtype(settings.precision, dev))
     engines = nets.warp_decode(settings.precision, True, "torch")
