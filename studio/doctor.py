@@ -16,9 +16,11 @@ from __future__ import annotations
 import ctypes.util
 import glob
 import importlib
+import json
 import platform
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from studio import __version__
@@ -215,6 +217,60 @@ def _live_lines(v: dict[str, Any]) -> list[str]:
     ]
 
 
+def _folder(path: Path) -> dict[str, Any]:
+    """A cache folder: where, whether it is there, its files and bytes."""
+    files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else []
+    return {
+        "path": str(path),
+        "exists": path.is_dir(),
+        "files": len(files),
+        "bytes": sum(p.stat().st_size for p in files),
+    }
+
+
+def _caches() -> dict[str, Any]:
+    """The studio's caches (:mod:`studio.paths`): each folder's size; of the compiled render
+    engines, how many are kept, which failed to build (never tried again until removed) and
+    whether this torch loads AOTInductor packages (its probe's answer, once asked)."""
+    from studio import paths
+
+    aot = paths.compiled_cache_dir() / "aot"
+    probes = []
+    for probe in sorted(aot.glob("probe-*.json")):
+        try:
+            probes.append(bool(json.loads(probe.read_text())["ok"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return {
+        "root": str(paths.cache_root()),
+        "folders": {
+            "avatars": _folder(paths.avatar_cache_dir()),
+            "engines": _folder(paths.engine_cache_dir()),
+            "compiled": _folder(paths.compiled_cache_dir()),
+            "logs": _folder(paths.log_dir()),
+        },
+        "compiled_engines": sorted(p.name for p in aot.glob("*") if p.suffix in (".art", ".pt2")),
+        "failed_builds": sorted(
+            p.name.removesuffix(".failed.json") for p in aot.glob("*.failed.json")
+        ),
+        "packages_load": probes[-1] if probes else None,
+    }
+
+
+def _cache_lines(c: dict[str, Any]) -> list[str]:
+    lines = [f"caches under {c['root']}:"]
+    for name, f in c["folders"].items():
+        size = f"{f['files']} files, {f['bytes'] / 1e6:,.1f} MB" if f["exists"] else "empty"
+        lines.append(f"  {name}: {size} ({f['path']})")
+    kept = c["compiled_engines"]
+    packages = {True: "packages load here", False: "packages do not load here: artifacts"}
+    how = packages.get(c["packages_load"], "not probed yet")
+    lines.append(f"  compiled render engines: {len(kept)} kept ({how})")
+    for name in c["failed_builds"]:
+        lines.append(f"  compiled {name}: failed to build; remove its .failed.json to try again")
+    return lines
+
+
 def collect() -> dict[str, Any]:
     """Every probe, as a JSON-ready dict."""
     from studio.gui.probe import qt_report  # Qt lives under gui/; the probe works without it
@@ -230,6 +286,7 @@ def collect() -> dict[str, Any]:
         "pyav": _pyav(),
         "backends": _backends(),
         "live": _live(),
+        "caches": _caches(),
         "numpy": _version("numpy"),
         "scipy": _version("scipy"),
         "soundfile": _version("soundfile"),
@@ -277,4 +334,6 @@ def format_text(info: dict[str, Any]) -> str:
         lines.extend(_backend_lines(info["backends"]))
     if "live" in info:
         lines.extend(_live_lines(info["live"]))
+    if "caches" in info:
+        lines.extend(_cache_lines(info["caches"]))
     return "\n".join(lines)

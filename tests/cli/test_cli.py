@@ -310,6 +310,23 @@ def test_doctor(capsys):
     assert code == 0 and "torch" in out and "PyAV" in out
 
 
+def test_doctor_tells_what_the_caches_hold(tmp_path, capsys):
+    aot = tmp_path / "compiled" / "aot"
+    aot.mkdir(parents=True)
+    (aot / "decoder-fp16-b32-0123.art").write_bytes(b"x" * 2_000_000)
+    (aot / "warp_network-fp16-b32-4567.art.failed.json").write_text("{}")
+    (aot / "probe-89ab.json").write_text('{"ok": false}')
+    code, out, _ = _run(["--cache-dir", str(tmp_path), "doctor", "--json"], capsys)
+    c = json.loads(out)["caches"]
+    assert code == 0 and c["root"] == str(tmp_path) and c["packages_load"] is False
+    assert c["folders"]["compiled"]["bytes"] > 2_000_000 and not c["folders"]["avatars"]["exists"]
+    assert c["compiled_engines"] == ["decoder-fp16-b32-0123.art"]
+    assert c["failed_builds"] == ["warp_network-fp16-b32-4567.art"]
+    code, out, _ = _run(["--cache-dir", str(tmp_path), "doctor"], capsys)
+    assert f"caches under {tmp_path}:" in out and "1 kept (packages do not load here" in out
+    assert "warp_network-fp16-b32-4567.art: failed to build; remove its .failed.json" in out
+
+
 def test_console_entry_and_help_on_every_subcommand():
     for sub in ([], ["render"], ["analyze"], ["doctor"], ["gui"]):
         r = subprocess.run(
