@@ -55,7 +55,9 @@ class BatchState:
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise OutputError(f"{folder}: cannot make the output folder: {e.strerror}") from None
+            blocker = next((p for p in (folder, *folder.parents) if p.exists()), folder)
+            why = f"{blocker} is a file" if blocker.is_file() else e.strerror
+            raise OutputError(f"{folder}: cannot make the output folder: {why}") from None
         lock = FileLock(str(folder / f"{STATE_FILE}.lock"))
         try:
             lock.acquire(timeout=0)

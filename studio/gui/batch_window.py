@@ -301,6 +301,7 @@ class BatchWindow(QWidget):
         self.table.verticalHeader().setVisible(False)
         self.table.setAlternatingRowColors(True)
         self.table.setWordWrap(False)
+        self.table.setTextElideMode(Qt.TextElideMode.ElideMiddle)  # names differ at their ends
         header = self.table.horizontalHeader()
         for col, width in enumerate(WIDTHS):
             self.table.setColumnWidth(col, width)

@@ -175,6 +175,7 @@ def test_problems_are_one_line_in_the_window(qtbot, batch, tmp_path):
     assert _run(qtbot, w) == "error"
     assert w.message.isVisible() and "Traceback" not in w.message.text()
     assert "\n" not in w.message.text() and not w.running
+    assert f"{blocker} is a file" in w.message.text()
 
 
 def test_the_main_window_opens_one_batch_window(window, qtbot):
