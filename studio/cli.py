@@ -693,6 +693,11 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _after_ctrl_c() -> str:
+    """A line break on a terminal (the ^C it echoed ends no line); nothing in a file or pipe."""
+    return "\n" if sys.stderr.isatty() else ""
+
+
 def cmd_batch(args: argparse.Namespace) -> int:
     from studio.batch.jobs import read_jobs
     from studio.batch.run import (
@@ -735,8 +740,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             progress.close(finished=False)
             print(
-                f"\nstudio batch: interrupted; the finished jobs are kept in {out_dir} "
-                f"({REPORT_FILE}): run the same command again to go on",
+                f"{_after_ctrl_c()}studio batch: interrupted; the finished jobs are kept in "
+                f"{out_dir} ({REPORT_FILE}): run the same command again to go on",
                 file=sys.stderr,
             )
             return EXIT_CANCELLED
@@ -1362,7 +1367,10 @@ def main(argv: list[str] | None = None) -> int:
             command = _command_of(argv)[0]
             status = _profiled(_run, argv, command)
         except KeyboardInterrupt:
-            print(f"\n{_label(command)}: interrupted; nothing was written", file=sys.stderr)
+            print(
+                f"{_after_ctrl_c()}{_label(command)}: interrupted; nothing was written",
+                file=sys.stderr,
+            )
     except KeyboardInterrupt:  # a second signal while the first was being reported
         pass
     finally:

@@ -35,6 +35,9 @@ from studio.settings import RenderSettings, keys
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".mp3", ".m4a", ".aac", ".aiff", ".aif", ".opus")
 JOB_KEYS = ("audio", "avatar", "output", "preset", "controls", "settings")
 MAX_JOBS_BYTES = 64 * 2**20  # a JOBS file larger than this is not a list of clips
+# video and picture types the batch does not write: named as an output, an error, not a name
+# with .mp4 added (a name with another dot in it, "take.2", gets the default type)
+OTHER_MEDIA = (".avi", ".mkv", ".m4v", ".flv", ".wmv", ".mpg", ".mpeg", ".ts", ".gif", ".jpg")
 
 
 @dataclass(frozen=True)
@@ -164,7 +167,18 @@ def _job(
     name = str(row.get("output") or Path(audio).stem + default)
     if Path(name).name != name or name in (".", ".."):
         raise InputError(f"{where}: output: {name!r} must be a file name, not a path")
-    if Path(name).suffix.lower() not in OUTPUT_SUFFIXES:
+    if name.startswith(".") or any(ord(c) < 32 for c in name):  # hidden: the batch's own
+        raise InputError(
+            f"{where}: output: {name!r}: give a file name that starts with a letter or digit "
+            "and holds no control characters"
+        )
+    suffix = Path(name).suffix.lower()
+    if suffix in OTHER_MEDIA:
+        raise InputError(
+            f"{where}: output: {name!r}: the batch writes {', '.join(OUTPUT_SUFFIXES)} (a "
+            f"folder of PNG frames); give one of those"
+        )
+    if suffix not in OUTPUT_SUFFIXES:
         name += default
     try:
         check_alpha_output(name, alpha)
@@ -227,7 +241,11 @@ def audio_files(folder: str | Path) -> list[Path]:
         entries = sorted(Path(folder).iterdir())
     except OSError:
         return []
-    return [p for p in entries if p.is_file() and p.suffix.lower() in AUDIO_SUFFIXES]
+    return [
+        p
+        for p in entries
+        if p.is_file() and p.suffix.lower() in AUDIO_SUFFIXES and not p.name.startswith(".")
+    ]
 
 
 def read_jobs(

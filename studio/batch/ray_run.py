@@ -11,10 +11,14 @@ a local Ray instance is started for the batch and stopped after it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import socket
+import threading
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -106,6 +110,33 @@ def _reachable(address: str, timeout: float = 5.0) -> None:
         ) from None
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ctrl-C (and SIGTERM, SIGHUP) held while Ray starts: a start stopped half-way leaves
+    the agents its daemons were spawning orphaned, outliving the batch. A signal that came
+    meanwhile is acted on once the start is over (by the handler it was meant for), so the
+    instance is then shut down whole."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[tuple[int, Any]] = []
+    held = {}
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) not in (signal.SIG_IGN, None):  # an ignored one stays so
+            held[sig] = signal.signal(sig, lambda n, frame: came.append((n, frame)))
+    try:
+        yield
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
+        if came:
+            sig, frame = came[0]
+            handler = held[sig]
+            if not callable(handler):  # SIG_DFL: what it would have done, as an interrupt
+                raise KeyboardInterrupt
+            handler(sig, frame)
+
+
 def _init(setup: RaySetup) -> bool:
     """Connect to the cluster (or start a local one); whether this call started it."""
     import ray
@@ -113,14 +144,20 @@ def _init(setup: RaySetup) -> bool:
     if ray.is_initialized():
         return False
     try:
-        if setup.address == LOCAL:
-            # its own instance, on this machine: the token note is not the user's concern
-            logging.getLogger("ray._private.authentication").setLevel(logging.ERROR)
-            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
-        else:
-            ray.init(address=setup.address, log_to_driver=False, configure_logging=False)
-    except ConnectionError as e:
-        raise StudioError(f"--ray {setup.address}: cannot reach the Ray cluster ({e})") from None
+        with _signals_held():
+            if setup.address == LOCAL:
+                # its own instance, on this machine: the token note is not the user's concern
+                logging.getLogger("ray._private.authentication").setLevel(logging.ERROR)
+                ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+            else:
+                ray.init(address=setup.address, log_to_driver=False, configure_logging=False)
+    except BaseException as e:  # Ctrl-C too: what a start began goes with it (no orphans)
+        ray.shutdown()
+        if isinstance(e, ConnectionError):
+            raise StudioError(
+                f"--ray {setup.address}: cannot reach the Ray cluster ({e})"
+            ) from None
+        raise
     return True
 
 
@@ -176,14 +213,19 @@ def ray_runner(setup: RaySetup) -> Callable[..., Iterator[dict[str, Any]]]:
             gpus, cpus = _fit(setup)
             rows = [{"job": json.dumps(job.to_dict())} for job in todo]
             _quiet()
-            ds = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
-                actor_class(out, options),
-                batch_size=1,
-                compute=ActorPoolStrategy(size=min(setup.actors, len(rows))),
-                num_gpus=gpus,
-                num_cpus=cpus,
-                max_restarts=0,  # a job's failure is its record; a lost actor ends the batch
-            )
+            with warnings.catch_warnings():
+                # max_restarts has no named parameter in the Ray this extra pins (< 2.64), and
+                # Ray's default restarts an actor for ever: one that dies opening its engine
+                # (out of GPU memory) would never end the batch
+                warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+                ds = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
+                    actor_class(out, options),
+                    batch_size=1,
+                    compute=ActorPoolStrategy(size=min(setup.actors, len(rows))),
+                    num_gpus=gpus,
+                    num_cpus=cpus,
+                    max_restarts=0,  # a job's failure is its record; a lost actor ends it all
+                )
             # no prefetch: each record is kept (and the state saved) as soon as its job ends
             for batch in ds.iter_batches(batch_size=1, batch_format="numpy", prefetch_batches=0):
                 for blob in batch["record"]:

@@ -78,13 +78,18 @@ def engine_key(job: Job, options: EngineOptions) -> tuple:
 
 def check_engines(jobs: Sequence[Job], options: EngineOptions) -> list[str]:
     """Each engine the jobs need, checked once before any work as ``studio render`` checks
-    its own: an option that cannot work for it (``--avatar`` with the demo engine, ...) is
-    the command's OptionError; a job's own files are its own failure, found when it runs.
+    its own: the checkpoint folder (every file it needs) and an option that cannot work for
+    it (``--avatar`` with the demo engine, ...) are the command's errors; a job's own files
+    are its own failure, found when it runs.
     Returns the notes on options the engines ignore, each once."""
-    from studio.render.engines import prepare_engine
+    from studio.render.engines import capabilities, engine_package, prepare_engine
 
     notes: list[str] = []
     seen: set[tuple] = set()
+    for backend in dict.fromkeys(job.settings.backend for job in jobs):
+        if options.checkpoints and capabilities(backend).needs_checkpoints:
+            # every job's: a missing file there is the command's error, not each job's
+            engine_package(backend).check_checkpoints(options.checkpoints)
     for job in jobs:
         # the avatar too: an engine that ignores it (the demo's) must still refuse it
         key = (*engine_key(job, options), job.avatar)

@@ -40,10 +40,15 @@ class BatchState:
             raise InputError(
                 f"{self.path}: the batch's state cannot be read ({e}); delete it to start over"
             ) from None
-        if not isinstance(data, dict) or data.get("format") != STATE_FORMAT:
+        jobs = data.get("jobs", {}) if isinstance(data, dict) else None
+        if (
+            not isinstance(data, dict)
+            or data.get("format") != STATE_FORMAT
+            or not isinstance(jobs, dict)
+            or not all(isinstance(r, dict) for r in jobs.values())  # each job's record
+        ):
             raise InputError(f"{self.path}: not a studio batch state file; delete it to start over")
-        jobs = data.get("jobs")
-        return dict(jobs) if isinstance(jobs, dict) else {}
+        return dict(jobs)
 
     @classmethod
     @contextlib.contextmanager
@@ -64,6 +69,11 @@ class BatchState:
         except Timeout:
             raise OutputError(
                 f"{folder}: another batch is writing into this folder; wait for it or pick "
+                f"another --out-dir"
+            ) from None
+        except OSError as e:  # read-only, no permission: the batch could write nothing there
+            raise OutputError(
+                f"{folder}: cannot write into the output folder ({e.strerror or e}); pick "
                 f"another --out-dir"
             ) from None
         try:

@@ -9,7 +9,7 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
-from conftest import demo_speech_piece, run_cli
+from conftest import PYTORCH_FILES, demo_speech_piece, make_tree, run_cli
 
 from studio.batch.jobs import read_jobs
 from studio.batch.run import REPORT_FILE, run_batch
@@ -76,6 +76,9 @@ def test_jobs_from_jsonl_csv_and_a_folder(clips: Path, monkeypatch) -> None:
         ('{"audio": "a.wav", "size": -3}\n', "jobs.jsonl:1: size"),
         ('{"audio": "a.wav"}\n{"audio": "a.wav"}\n', "jobs.jsonl:2: output 'a.mp4' is also"),
         ('{"audio": "a.wav", "output": "../x.mp4"}\n', "must be a file name"),
+        ('{"audio": "a.wav", "output": ".x.partial-1.mp4"}\n', "starts with a letter or digit"),
+        ('{"audio": "a.wav", "output": "a\\u0000b.mp4"}\n', "no control characters"),
+        ('{"audio": "a.wav", "output": "clip.avi"}\n', "the batch writes .mp4, .webm, .mov"),
         ("\n# nothing\n", "no jobs in it"),
     ],
 )
@@ -110,6 +113,12 @@ def test_the_cli_refuses_a_bad_list_before_any_work(clips: Path, capsys) -> None
     argv = ["batch", str(clips / "mixed.jsonl"), "--out-dir", str(clips / "o")]
     code, _, err = run_cli(argv, capsys)
     assert code == 2 and "--avatar: needs --checkpoints" in err and "mixed.jsonl:2" in err
+    assert not (clips / "o").exists()
+    # a checkpoint folder missing files fails the command once, not every job
+    tree = make_tree(clips / "ck", [f for f in PYTORCH_FILES if "aux_models" not in f])
+    argv = ["batch", str(clips), "--checkpoints", str(tree), "--avatar", "face.png"]
+    code, _, err = run_cli([*argv, "--out-dir", str(clips / "o")], capsys)
+    assert code == 2 and "det_10g.onnx" in err and len(err.strip().splitlines()) == 1, err
     assert not (clips / "o").exists()
 
 
@@ -280,6 +289,20 @@ def test_one_batch_at_a_time_in_a_folder(tmp_path: Path) -> None:
                 pass
     with BatchState.open(tmp_path / "o"):  # released
         pass
+
+
+def test_a_folder_it_cannot_write_or_a_broken_state_is_one_line(tmp_path: Path) -> None:
+    blocked = tmp_path / "blocked"
+    (blocked / f"{STATE_FILE}.lock").mkdir(parents=True)  # its lock cannot be made there
+    with pytest.raises(OutputError, match="cannot write into the output folder"):
+        with BatchState.open(blocked):
+            pass
+    out = tmp_path / "o"
+    out.mkdir()
+    for jobs in ('{"a.mp4": "oops"}', '["a.mp4"]'):
+        (out / STATE_FILE).write_text(f'{{"format": "studio-batch/1", "jobs": {jobs}}}')
+        with pytest.raises(InputError, match="not a studio batch state file; delete it"):
+            BatchState(out)
 
 
 def test_the_cli_runs_a_batch_and_says_what_failed(clips: Path, capsys) -> None:

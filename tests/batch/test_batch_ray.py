@@ -52,6 +52,7 @@ def test_ray_actors_make_the_local_paths_videos(tmp_path: Path) -> None:
     done = _batch(*args, "--gpus-per-actor", "0")
     assert done.returncode == 1, done.stderr  # a job failed: bad.wav
     assert "Traceback" not in done.stdout + done.stderr
+    assert "Warning" not in done.stderr  # Ray's own notes are not the user's concern
     report = json.loads((ray_out / REPORT_FILE).read_text())
     status = {r["name"]: r["status"] for r in report["jobs"]}
     assert status == {"a.mp4": "done", "b.mp4": "done", "bad.mp4": "failed"}
@@ -100,3 +101,53 @@ def test_a_cluster_address_nothing_answers_at_is_one_line_before_any_file(tmp_pa
     )
     assert code == 2 and f"nothing answers at 127.0.0.1:{port}" in err
     assert "Traceback" not in err and not out.exists()
+
+
+def _ray_processes(kind: bytes = b"") -> set[int]:
+    """The pids of Ray's own processes on this machine (its daemons and agents; with
+    ``kind``, those whose command line holds it)."""
+    found = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        ray = b"raylet" in cmd or b"gcs_server" in cmd or b"ray::" in cmd or b"/ray/" in cmd
+        if ray and kind in cmd:
+            found.add(int(proc.name))
+    return found
+
+
+def test_ctrl_c_while_ray_starts_leaves_none_of_its_processes(tmp_path: Path) -> None:
+    """Interrupted inside ``ray.init`` (its raylet up and spawning its agents, the driver not
+    yet connected: what left two agents orphaned before), the local instance still goes."""
+    import signal
+    import time
+
+    from conftest import sigint_as_from_a_terminal
+
+    demo_speech_piece(tmp_path, "a.wav", 0.0, 0.4)
+    before = _ray_processes()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "studio", "batch", str(tmp_path), "--demo", "--size", str(SIZE)]
+        + ["--out-dir", str(tmp_path / "o"), "--ray", "--gpus-per-actor", "0"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=sigint_as_from_a_terminal,
+    )
+    deadline = time.monotonic() + 120
+    while not (_ray_processes(b"raylet") - before) and child.poll() is None:
+        assert time.monotonic() < deadline, "Ray's raylet never started"
+        time.sleep(0.05)
+    time.sleep(1.0)  # its agents starting (here a start takes 2-3 s more)
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=RAY_TIMEOUT_S)
+    assert child.returncode == 130 and "Traceback" not in err, err
+    deadline = time.monotonic() + 30
+    while _ray_processes() - before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _ray_processes() - before, "Ray processes outlived the interrupted batch"

@@ -542,4 +542,5 @@ def test_two_processes_on_a_cold_cache_export_once(tmp_path, monkeypatch):
     (path,) = {g[0] for g in got}  # both have the same file
     notices = [m for _, said in got for m in said if m.startswith("exporting")]
     assert len(notices) == 1, [said for _, said in got]
-    assert [p.name for p in out.iterdir()] == [Path(path).name]  # one file, no partial left
+    name = Path(path).name  # one file and its recorded sum, no partial left
+    assert sorted(p.name for p in out.iterdir()) == [name, f"{name}.sha256"]
