@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QPushButton,
     QSizePolicy,
+    QSplitter,
     QStyle,
     QStyledItemDelegate,
     QStyleOptionProgressBar,
@@ -253,6 +254,15 @@ class BatchWindow(QWidget):
         b.clicked.connect(slot)
         return b
 
+    def _menu_button(self, text: str, tip: str, *actions: tuple[str, Any]) -> QPushButton:
+        b = QPushButton(text)
+        b.setToolTip(tip)
+        menu = QMenu(b)
+        for label, slot in actions:
+            menu.addAction(label, slot)
+        b.setMenu(menu)
+        return b
+
     def _build(self) -> None:
         self.add_files_button = self._button(
             "Add &files…", self.add_files_dialog, "add audio files, one clip each"
@@ -260,18 +270,18 @@ class BatchWindow(QWidget):
         self.add_folder_button = self._button(
             "Add f&older…", self.add_folder_dialog, "add every audio file of a folder"
         )
-        self.avatar_button = QPushButton("&Avatar")
-        self.avatar_button.setToolTip("the avatar of the selected rows (none: of every row)")
-        avatars = QMenu(self.avatar_button)
-        avatars.addAction("Choose an avatar file…", self.avatar_dialog)
-        avatars.addAction("No avatar (the engine's own face)", lambda: self.set_avatar(None))
-        self.avatar_button.setMenu(avatars)
-        self.preset_button = QPushButton("&Preset")
-        self.preset_button.setToolTip("the settings of the selected rows (none: of every row)")
-        menu = QMenu(self.preset_button)
-        menu.addAction("Choose a preset file…", self.preset_dialog)
-        menu.addAction("Use the main window's settings", lambda: self.set_preset(None))
-        self.preset_button.setMenu(menu)
+        self.avatar_button = self._menu_button(
+            "&Avatar",
+            "the avatar of the selected rows (none: of every row)",
+            ("Choose an avatar file…", self.avatar_dialog),
+            ("No avatar (the engine's own face)", lambda: self.set_avatar(None)),
+        )
+        self.preset_button = self._menu_button(
+            "&Preset",
+            "the settings of the selected rows (none: of every row)",
+            ("Choose a preset file…", self.preset_dialog),
+            ("Use the main window's settings", lambda: self.set_preset(None)),
+        )
         self.remove_button = self._button(
             "&Remove", self.remove_selected, "remove the selected rows (Delete)"
         )
@@ -287,8 +297,7 @@ class BatchWindow(QWidget):
         top.addStretch(1)
         self.defaults_label = _squeezable(QLabel())
         self.defaults_label.setStyleSheet(f"color: {theme.MUTED}")
-        right = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
-        self.defaults_label.setAlignment(right)
+        self.defaults_label.setIndent(12)  # after the buttons; a narrow window cuts its end
         top.addWidget(self.defaults_label, 1)
 
         self.table = QTableWidget(0, len(COLUMNS))
@@ -353,13 +362,24 @@ class BatchWindow(QWidget):
         self.log.setMaximumHeight(90)
         self.log.setPlaceholderText("the batch's progress lines")
 
+        below = QWidget()  # the folder, Run and the log: a short window shrinks the queue first
+        lower = QVBoxLayout(below)
+        lower.setContentsMargins(0, 0, 0, 0)
+        lower.addLayout(out)
+        lower.addLayout(run_row)
+        lower.addWidget(self.message)
+        lower.addWidget(self.log)
+        rows = 3 * self.table.verticalHeader().defaultSectionSize()  # three rows stay seen
+        self.table.setMinimumHeight(rows + 2 * self.table.horizontalHeader().sizeHint().height())
+        split = QSplitter(Qt.Orientation.Vertical)
+        split.addWidget(self.table)
+        split.addWidget(below)
+        split.setStretchFactor(0, 1)
+        split.setStretchFactor(1, 0)
+        split.setChildrenCollapsible(False)
         layout = QVBoxLayout(self)
         layout.addLayout(top)
-        layout.addWidget(self.table, 1)
-        layout.addLayout(out)
-        layout.addLayout(run_row)
-        layout.addWidget(self.message)
-        layout.addWidget(self.log)
+        layout.addWidget(split, 1)
         remove = QShortcut(QKeySequence(QKeySequence.StandardKey.Delete), self.table)
         remove.setContext(Qt.ShortcutContext.WidgetShortcut)
         remove.activated.connect(self.remove_selected)
