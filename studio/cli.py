@@ -693,6 +693,12 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _failure_said(rec: dict) -> None:
+    """Under -q (no progress lines) a job that failed now is still one line: it is an error."""
+    if rec["status"] == "failed" and not rec.get("was"):
+        print(f"studio batch: {rec['name']}: {rec.get('error', 'failed')}", file=sys.stderr)
+
+
 def _after_ctrl_c() -> str:
     """A line break on a terminal (the ^C it echoed ends no line); nothing in a file or pipe."""
     return "\n" if sys.stderr.isatty() else ""
@@ -735,7 +741,14 @@ def cmd_batch(args: argparse.Namespace) -> int:
     with _progress() as progress:
         try:
             report = run_batch(
-                jobs, out_dir, options, args.retry_failed, progress, progress.note, runner=runner
+                jobs,
+                out_dir,
+                options,
+                args.retry_failed,
+                progress,
+                progress.note,
+                runner=runner,
+                on_job=None if not progress.quiet else _failure_said,
             )
         except KeyboardInterrupt:
             progress.close(finished=False)

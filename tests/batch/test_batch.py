@@ -324,6 +324,15 @@ def test_the_cli_runs_a_batch_and_says_what_failed(clips: Path, capsys) -> None:
     assert code == 0 and err.count("note: --compile is ignored by the demo engine") == 1
 
 
+def test_quiet_keeps_a_failed_jobs_line(clips: Path, capsys) -> None:
+    argv = ["-q", "batch", str(clips / "jobs.jsonl"), "--out-dir", str(clips / "out")]
+    code, _, err = run_cli(argv, capsys)
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 2 and "[1/4]" not in err  # no progress, two errors
+    assert lines[0].startswith("studio batch: bad.mp4: ") and "bad.wav" in lines[0]
+    assert lines[1].startswith("studio batch: missing.mp4: ") and "missing.wav" in lines[1]
+
+
 def test_each_jobs_stage_timings_are_its_own(clips: Path) -> None:
     """A renderer kept from job to job accumulates its stage clock: the report takes the
     difference (Ditto's split; the demo renderer's is the pipeline's own)."""
