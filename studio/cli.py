@@ -1127,9 +1127,32 @@ def cmd_bench(argv: list[str]) -> int:
 _SIGNALLED: list[int] = []  # the signals caught during this run of main
 
 
-def _interrupt(signum: int, _frame: object) -> None:
+def _interrupt(signum: int, frame: Any) -> None:
+    if _importing(frame):
+        # raised inside a module being imported, the interrupt can leave a library half set
+        # up for good (an abort in a C extension's start, a wrong error later): the same
+        # signal comes again in a moment, until the import is over
+        _again_soon(signum)
+        return
     _SIGNALLED.append(signum)
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _importing(frame: Any) -> bool:
+    """Whether ``frame`` (the main thread's, where a signal landed) runs inside an import."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _again_soon(signum: int, delay_s: float = 0.02) -> None:
+    import threading
+
+    timer = threading.Timer(delay_s, os.kill, (os.getpid(), signum))
+    timer.daemon = True
+    timer.start()
 
 
 # commands that end without the interpreter's teardown when run as the process (heavy

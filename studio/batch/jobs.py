@@ -21,6 +21,7 @@ missing or unreadable audio or avatar file is the job's own failure, found when 
 from __future__ import annotations
 
 import csv
+import difflib
 import hashlib
 import json
 from collections.abc import Sequence
@@ -121,18 +122,21 @@ def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
 def _settings_of(
     row: dict[str, Any], base: RenderSettings, folder: Path, where: str
 ) -> RenderSettings:
-    """The job's settings: its preset (or ``base``), then its ``settings`` object, then its
-    setting columns."""
+    """The job's settings: its preset file (or ``base``), then its ``settings`` object, then
+    its setting columns. ``preset`` names a preset file where it ends in ``.json``; otherwise
+    it is the setting of that name (x264's speed preset)."""
     start = base
-    if row.get("preset"):
-        start = RenderSettings.load(folder / str(row["preset"]))
+    preset = row.get("preset")
+    preset_file = isinstance(preset, str) and preset.strip().lower().endswith(".json")
+    if preset_file:
+        start = RenderSettings.load(folder / str(preset).strip())
     data = start.model_dump()
     nested = row.get("settings") or {}
     if not isinstance(nested, dict):
         raise InputError(f"{where}: settings: must be an object of preset keys")
     data = _merge(data, nested)
     for key in keys():
-        if row.get(key) is None:
+        if row.get(key) is None or (key == "preset" and preset_file):
             continue
         owner, _, name = key.rpartition(".")
         if owner:
@@ -151,9 +155,11 @@ def _job(
 ) -> Job:
     unknown = sorted(k for k in row if k not in JOB_KEYS and k not in keys())
     if unknown:
+        near = difflib.get_close_matches(unknown[0], (*JOB_KEYS, *keys()), n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
         raise InputError(
-            f"{where}: unknown key {unknown[0]!r}; a job has {', '.join(JOB_KEYS)} and "
-            f"setting keys (see `studio settings`)"
+            f"{where}: unknown key {unknown[0]!r}{hint}; a job has {', '.join(JOB_KEYS)} and "
+            f"the settings' keys: {', '.join(keys())}"
         )
     audio = row.get("audio")
     if not isinstance(audio, str) or not audio.strip():

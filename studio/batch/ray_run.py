@@ -172,10 +172,15 @@ def _fit(setup: RaySetup) -> tuple[float, float]:
     if gpus is None:
         gpus = 1.0 if gpus_total >= 1 else 0.0
     if gpus > 0 and gpus * setup.actors > gpus_total + 1e-9:
+        fix = (
+            "give --gpus-per-actor 0 to run on CPUs"
+            if gpus_total == 0
+            else f"give --gpus-per-actor {gpus_total / setup.actors:g} to share its GPUs"
+        )
         raise OptionError(
             "--actors",
             f"{setup.actors} actors of {gpus:g} GPU need {gpus * setup.actors:g} GPUs; the "
-            f"cluster has {gpus_total:g} (give --gpus-per-actor 0.5 to pack two on one)",
+            f"cluster has {gpus_total:g} ({fix})",
         )
     if setup.cpus_per_actor * setup.actors > cpus_total + 1e-9:
         raise OptionError(
@@ -188,7 +193,8 @@ def _fit(setup: RaySetup) -> tuple[float, float]:
 
 def ray_runner(setup: RaySetup) -> Callable[..., Iterator[dict[str, Any]]]:
     """A runner for :func:`~studio.batch.run.run_batch` that sends the jobs to Ray (the
-    options checked and a cluster's address tried first: nothing is written before)."""
+    options checked and a HOST:PORT address tried first: nothing is written before; with
+    ``auto``, Ray's answer comes once it is asked, after the batch's state is opened)."""
     setup.check()
     if setup.address != LOCAL:
         _reachable(setup.address)

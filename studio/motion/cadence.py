@@ -12,15 +12,16 @@ fraction of render work done.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 from pydantic.dataclasses import dataclass as schema_dataclass
-from scipy.ndimage import gaussian_filter1d
 
 from studio import layout
-from studio.audio.phonetics import PhoneticFrames
+
+if TYPE_CHECKING:  # the analysis (scipy.fft, scipy.ndimage) is imported where it runs
+    from studio.audio.phonetics import PhoneticFrames
 
 STRIDES = (1, 2, 3)
 
@@ -161,6 +162,8 @@ def pose_stride_cap(
     """
     deg = layout.pose_degrees(motion)
     if radius > 0:
+        from scipy.ndimage import gaussian_filter1d  # here: the settings' import stays quick
+
         deg = gaussian_filter1d(deg, POSE_SPEED_SIGMA, axis=0, radius=radius)
     speed = np.abs(np.diff(deg, axis=0, prepend=deg[:1])).max(axis=1)
     speed = np.maximum(speed, np.roll(speed, -1))

@@ -17,8 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.linalg import lapack
-from scipy.signal import savgol_filter
 
 from studio import layout
 
@@ -101,6 +99,8 @@ def _active_bands(chan: np.ndarray, idx: np.ndarray) -> np.ndarray:
 
 def _active_solve(b: np.ndarray, up: np.ndarray, lo: np.ndarray) -> np.ndarray | None:
     """Multipliers λ [m, C] that put Dx at ±1 on ``up`` / ``lo`` (λ = 0 on the other rows)."""
+    from scipy.linalg import lapack  # here: scipy's import is the CLI's slowest
+
     lam = np.zeros_like(b)
     chan, idx = np.nonzero((up | lo).T)  # channel-major, so each channel is one block
     if idx.size:
@@ -173,6 +173,8 @@ def _newton(
     Eliminating x and the slacks leaves (DDᵀ + W⁻¹) dλ = W⁻¹ g, W = l₊/s₊ + l₋/s₋:
     well conditioned as rows become active (W⁻¹ -> 0), unlike I + DᵀWD.
     """
+    from scipy.linalg import lapack
+
     m, c = winv.shape
     gk = (dual * rp - rc) / s
     g = gk[0] - gk[1]
@@ -186,6 +188,8 @@ def _mehrotra_step(
     base: np.ndarray, z: np.ndarray, s: np.ndarray, dual: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """One predictor-corrector step from (z, s, dual); None if the factorisation failed."""
+    from scipy.linalg import lapack
+
     m = z.shape[0]
     rp = _SIDES * z + s - 1.0
     winv = 1.0 / (dual / s).sum(axis=0)
@@ -315,6 +319,8 @@ def limit_acceleration(y: np.ndarray, limit: float | np.ndarray, max_iter: int =
 
 def savgol(x: np.ndarray, window: int, order: int) -> np.ndarray:
     """Savitzky–Golay along axis 0 with polynomial edges; the window shrinks for short clips."""
+    from scipy.signal import savgol_filter  # here: scipy.signal's import takes ~0.5 s
+
     n = x.shape[0]
     win = min(window, n if n % 2 else n - 1)
     if win <= order:

@@ -56,7 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="tensorrt: TensorRT engines in --out (the default); torch: the compiled render "
         "engines `--compile` uses (AOTInductor packages, or Inductor's standalone artifacts "
         "where this torch cannot load packages, in the cache root's compiled/aot), "
-        "for every batch up to the render batch (--batch; default: the renderer's own)",
+        "for the render batch (--batch; default: the renderer's own), then the small batches "
+        "of short calls (for batch 32: 1, 2, 4); --precision then takes auto, fp32, fp16 or "
+        "bf16",
     )
     p.add_argument(
         "--precision",

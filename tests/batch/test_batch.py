@@ -4,6 +4,7 @@ report, and the CLI's outcomes (demo engine, real files, real PyAV)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import av
@@ -63,6 +64,15 @@ def test_jobs_from_jsonl_csv_and_a_folder(clips: Path, monkeypatch) -> None:
     folder = read_jobs(clips, avatar="face.png")  # every audio file (bad.wav too: it fails later)
     assert [j.name for j in folder] == ["a.mp4", "b.mp4", "bad.mp4"]
     assert all(j.avatar == str(here / "face.png") for j in folder)
+    # "preset": a preset file where it ends in .json, else x264's speed preset (a setting)
+    RenderSettings(size=SIZE, smooth_window=11).save(clips / "calm.json")
+    lines = [{"audio": "a.wav", "preset": "calm.json"}, {"audio": "b.wav", "preset": "veryfast"}]
+    (clips / "presets.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    calm, fast = read_jobs(clips / "presets.jsonl")
+    assert calm.settings.smooth_window == 11 and calm.settings.preset == RenderSettings().preset
+    assert fast.settings.preset == "veryfast" and fast.settings.smooth_window != 11
+    (clips / "presets.csv").write_text("audio,preset\na.wav,calm.json\nb.wav,veryfast\n")
+    assert [j.settings for j in read_jobs(clips / "presets.csv")] == [calm.settings, fast.settings]
     (clips / "own.jsonl").write_text(json.dumps({"audio": "a.wav", "avatar": "me.png"}) + "\n")
     assert read_jobs(clips / "own.jsonl", avatar="face.png")[0].avatar == str(clips / "me.png")
 
@@ -71,7 +81,8 @@ def test_jobs_from_jsonl_csv_and_a_folder(clips: Path, monkeypatch) -> None:
     ("text", "words"),
     [
         ('{"audio": "a.wav"}\n{"audio": \n', "jobs.jsonl:2: not a JSON object"),
-        ('{"audo": "a.wav"}\n', "jobs.jsonl:1: unknown key 'audo'"),
+        ('{"audo": "a.wav"}\n', "jobs.jsonl:1: unknown key 'audo' (did you mean 'audio'?)"),
+        ('{"audio": "a.wav", "smoothwindow": 9}\n', "settings' keys: smooth, smooth_window,"),
         ('{"output": "x.mp4"}\n', "jobs.jsonl:1: no audio"),
         ('{"audio": "a.wav", "size": -3}\n', "jobs.jsonl:1: size"),
         ('{"audio": "a.wav"}\n{"audio": "a.wav"}\n', "jobs.jsonl:2: output 'a.mp4' is also"),
@@ -84,7 +95,7 @@ def test_jobs_from_jsonl_csv_and_a_folder(clips: Path, monkeypatch) -> None:
 )
 def test_a_bad_job_list_is_one_line_naming_the_line(clips: Path, text: str, words: str) -> None:
     (clips / "jobs.jsonl").write_text(text)
-    with pytest.raises(InputError, match=words.replace("(", r"\(")):
+    with pytest.raises(InputError, match=re.escape(words)):
         read_jobs(clips / "jobs.jsonl")
 
 

@@ -81,6 +81,8 @@ def test_more_actors_than_the_cluster_holds_is_a_clear_error(tmp_path: Path) -> 
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "512 actors of 1 CPU need 512 CPUs; the cluster has" in refused.stderr
     assert not (tmp_path / "o" / "a.mp4").exists()
+    refused = _batch(jobs, "--out-dir", out, "--ray", "--gpus-per-actor", "1")  # no GPU here
+    assert refused.returncode == 2 and "give --gpus-per-actor 0 to run on CPUs" in refused.stderr
     with pytest.raises(OptionError, match="--actors"):
         ray_runner(RaySetup(actors=0))
 

@@ -898,6 +898,32 @@ def test_a_signal_in_the_first_second_is_one_line_and_status_130(tmp_path, name)
     assert not (tmp_path / "o.mp4").exists()
 
 
+def test_a_signal_inside_an_import_waits_for_the_import(tmp_path, monkeypatch):
+    """Ctrl-C while a library imports (soundfile's C start aborted, pydantic's schema build
+    failed when interrupted there) is acted on once the import is over."""
+    import signal
+    import time
+
+    from studio import cli
+
+    (tmp_path / "slow_start.py").write_text(
+        "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(0.3)\n"
+        "READY = True\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    restore = cli._catch_signals()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            import slow_start  # noqa: F401 - interrupted half-way before
+
+            time.sleep(2.0)  # the interrupt, again, once the import is done
+        assert sys.modules["slow_start"].READY
+    finally:
+        restore(False)
+        cli._SIGNALLED.clear()
+        assert signal.getsignal(signal.SIGINT) is not cli._interrupt
+
+
 def test_an_inherited_sighup_ignore_is_respected(tmp_path):
     """Under nohup (SIGHUP ignored by the parent) a closed terminal does not stop a render."""
     import signal
