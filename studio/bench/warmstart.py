@@ -17,12 +17,13 @@ process finds nothing):
   ``STUDIO_BATCH_AHEAD=1``), and ``ray:N`` for the same jobs through a local Ray instance with
   N actors (each holding 1/N of the GPU where there is one).
 
-Per row: wall time; where it went (the report's warm-up: engine open and engine build, and its
-stage timings; ``startup`` is the rest: interpreter, imports, reading the inputs, writing the
-report); the process's peak host memory (``wait4``) and, from a batch's report, its peak GPU
-memory. Inputs: the synthetic speech of :func:`studio.bench.pipeline.speech_clip`, a drawn
-face, and Ditto on ``--checkpoints`` or on a random-weight tree of the released layout
-(``--reduced``: narrow networks, for smoke runs), or the demo engine (``--engine demo``).
+Per row: wall time; where it went (``startup``: the interpreter and the command line's
+imports; the report's warm-up: the pipeline's imports, engine open and engine build; its stage
+timings; ``report`` and ``exit``, after the frames); the process's peak host memory
+(``wait4``) and, from a batch's report, its peak GPU memory. Inputs: the synthetic speech of
+:func:`studio.bench.pipeline.speech_clip`, a drawn face, and Ditto on ``--checkpoints`` or on
+a random-weight tree of the released layout (``--reduced``: narrow networks, for smoke
+runs), or the demo engine (``--engine demo``).
 """
 
 from __future__ import annotations
