@@ -309,6 +309,8 @@ class BatchProgress:
         elapsed = time.perf_counter() - self.started
         if made:
             what = f"done, {rec['duration_s']:.1f} s of speech in {rec['wall_s']:.1f} s"
+            if rec.get("again"):
+                what = f"{what}, made again ({rec['again']})"
         elif rec.get("was") == "done":
             what = "skipped (done before)"
         elif rec.get("was") == "failed":
@@ -358,21 +360,31 @@ def plan(
     state: BatchState,
     retry_failed: bool,
     options: EngineOptions | None = None,
-) -> tuple[list[Job], list[dict[str, Any]]]:
-    """(jobs to run, records of jobs skipped): done ones are skipped; failed ones too unless
-    ``retry_failed`` (with their earlier error); either only while the job and the engine
-    ``options`` it is made with are unchanged."""
+) -> tuple[list[Job], list[dict[str, Any]], dict[str, str]]:
+    """(jobs to run, records of jobs skipped, why each job the state knows runs again): done
+    ones are skipped; failed ones too unless ``retry_failed`` (with their earlier error);
+    either only while the job and the engine ``options`` it is made with are unchanged."""
     engine = (options or EngineOptions()).identity
-    todo, skipped = [], []
+    todo, skipped, again = [], [], {}
     for job in jobs:
         fp = job.fingerprint(engine)
+        before = state.jobs.get(job.name)
         if state.finished(job.name, fp):
             skipped.append({**state.jobs[job.name], "status": "skipped", "was": "done"})
-        elif state.failed(job.name, fp) and not retry_failed:
+            continue
+        if state.failed(job.name, fp) and not retry_failed:
             skipped.append({**state.jobs[job.name], "status": "failed", "was": "failed"})
+            continue
+        todo.append(job)
+        if before is None:
+            continue
+        if before.get("fingerprint") != fp:
+            again[job.name] = "its files, settings or checkpoints changed"
+        elif before.get("status") == "done":
+            again[job.name] = "its video was gone"
         else:
-            todo.append(job)
-    return todo, skipped
+            again[job.name] = "--retry-failed"
+    return todo, skipped, again
 
 
 def run_batch(
@@ -398,7 +410,7 @@ def run_batch(
     started = time.perf_counter()
     with BatchState.open(out) as state:
         _sweep_partials(out)
-        todo, skipped = plan(jobs, state, retry_failed, options)
+        todo, skipped, again = plan(jobs, state, retry_failed, options)
         seconds = {job.name: audio_seconds(job) for job in todo}  # skipped jobs: no reading
         bar = BatchProgress(len(jobs), sum(seconds.values()))
         if say is not None:
@@ -412,8 +424,11 @@ def run_batch(
         run = (runner or _run_here)(todo, out, options, progress, cancel, on_start)
         try:
             for rec in run:
+                if rec["name"] in again:
+                    rec = {**rec, "again": again[rec["name"]]}
                 records[rec["name"]] = rec
-                state.record(rec["name"], {k: v for k, v in rec.items() if k != "was"})
+                kept = {k: v for k, v in rec.items() if k not in ("was", "again")}
+                state.record(rec["name"], kept)
                 bar.job(rec, seconds.get(rec["name"], 0.0))
                 if on_job is not None:
                     on_job(rec)

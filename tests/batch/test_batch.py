@@ -186,10 +186,17 @@ def test_a_changed_job_or_a_lost_output_runs_again(clips: Path) -> None:
     jobs = read_jobs(clips / "jobs.jsonl")[:1]
     run_batch(jobs, out, say=lambda _: None)
     changed = read_jobs(clips / "jobs.jsonl", RenderSettings(seed=7))[:1]
-    assert run_batch(changed, out, say=lambda _: None)["jobs"][0]["status"] == "done"
+    lines: list[str] = []
+    assert run_batch(changed, out, say=lines.append)["jobs"][0]["status"] == "done"
+    assert "done, " in lines[0]
+    assert "made again (its files, settings or checkpoints changed)" in lines[0]
     (out / "a.mp4").unlink()
-    assert run_batch(changed, out, say=lambda _: None)["jobs"][0]["status"] == "done"
+    report = run_batch(changed, out, say=lines.append)
+    rec = report["jobs"][0]
+    assert rec["status"] == "done" and rec["again"] == "its video was gone"
+    assert "made again (its video was gone)" in lines[1]
     state = BatchState(out)
+    assert "again" not in state.jobs["a.mp4"]  # what this run said, not what the job is
     assert state.jobs["a.mp4"]["status"] == "done" and (out / STATE_FILE).is_file()
 
 
