@@ -1131,13 +1131,24 @@ def cmd_bench(argv: list[str]) -> int:
 _SIGNALLED: list[int] = []  # the signals caught during this run of main
 
 
+IMPORT_WAIT_S = 3.0  # the longest a signal waits for an import to end before it acts anyway
+_HELD: dict[str, Any] = {}  # the signal waiting for an import: signum, since, resent (a flag)
+
+
 def _interrupt(signum: int, frame: Any) -> None:
-    if _importing(frame):
+    held = _HELD.get("signum")
+    again = _HELD.pop("resent", False)  # our own re-send, not another signal from outside
+    waited = time.monotonic() - _HELD.get("since", time.monotonic())
+    if _importing(frame) and (held is None or again) and waited < IMPORT_WAIT_S:
         # raised inside a module being imported, the interrupt can leave a library half set
-        # up for good (an abort in a C extension's start, a wrong error later): the same
-        # signal comes again in a moment, until the import is over
+        # up for good (an abort in a C extension's start, a wrong error later): it is sent
+        # again in a moment, until the import is over; a second one from outside, or an
+        # import that takes longer than IMPORT_WAIT_S, ends the command at once
+        _HELD.setdefault("since", time.monotonic())
+        _HELD["signum"] = signum
         _again_soon(signum)
         return
+    _HELD.clear()
     _SIGNALLED.append(signum)
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -1152,9 +1163,18 @@ def _importing(frame: Any) -> bool:
 
 
 def _again_soon(signum: int, delay_s: float = 0.02) -> None:
+    """``signum`` to this process in ``delay_s``, unless the wait was given up meanwhile."""
     import threading
 
-    timer = threading.Timer(delay_s, os.kill, (os.getpid(), signum))
+    token = object()
+    _HELD["token"] = token
+
+    def resend() -> None:
+        if _HELD.get("token") is token:
+            _HELD["resent"] = True
+            os.kill(os.getpid(), signum)
+
+    timer = threading.Timer(delay_s, resend)
     timer.daemon = True
     timer.start()
 
@@ -1200,6 +1220,7 @@ def _catch_signals() -> Callable[[bool], None]:
         signal.signal(sig, _interrupt)
 
     def restore(owner: bool) -> None:
+        _HELD.clear()  # a signal still waiting for an import is not sent into the caller
         for sig, handler in before.items():
             signal.signal(sig, _exit_quietly if owner else handler)
 

@@ -13,6 +13,7 @@ memory is allocated beyond what querying free memory needs.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes.util
 import glob
 import importlib
@@ -218,14 +219,14 @@ def _live_lines(v: dict[str, Any]) -> list[str]:
 
 
 def _folder(path: Path) -> dict[str, Any]:
-    """A cache folder: where, whether it is there, its files and bytes."""
-    files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else []
-    return {
-        "path": str(path),
-        "exists": path.is_dir(),
-        "files": len(files),
-        "bytes": sum(p.stat().st_size for p in files),
-    }
+    """A cache folder: where, whether it is there, its files and bytes (a file another
+    process removes meanwhile, a partial one renamed, is not counted)."""
+    sizes = []
+    for p in path.rglob("*") if path.is_dir() else ():
+        with contextlib.suppress(OSError):
+            if p.is_file():
+                sizes.append(p.stat().st_size)
+    return {"path": str(path), "exists": path.is_dir(), "files": len(sizes), "bytes": sum(sizes)}
 
 
 def _caches() -> dict[str, Any]:
@@ -235,12 +236,17 @@ def _caches() -> dict[str, Any]:
     from studio import paths
 
     aot = paths.compiled_cache_dir() / "aot"
-    probes = []
-    for probe in sorted(aot.glob("probe-*.json")):
-        try:
-            probes.append(bool(json.loads(probe.read_text())["ok"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
+    packages_load = None  # this torch on this machine's first GPU: asked once, by a build
+    try:
+        import torch
+
+        from studio.runtime.aot_cache import probe_file
+
+        if torch.cuda.is_available():
+            answer = json.loads(probe_file(aot, "cuda").read_text())["ok"]
+            packages_load = bool(answer)
+    except (ImportError, OSError, ValueError, KeyError, TypeError):
+        pass
     return {
         "root": str(paths.cache_root()),
         "folders": {
@@ -249,11 +255,15 @@ def _caches() -> dict[str, Any]:
             "compiled": _folder(paths.compiled_cache_dir()),
             "logs": _folder(paths.log_dir()),
         },
-        "compiled_engines": sorted(p.name for p in aot.glob("*") if p.suffix in (".art", ".pt2")),
+        "compiled_engines": sorted(
+            p.name
+            for p in aot.glob("*")
+            if p.suffix in (".art", ".pt2") and not p.name.startswith(".")  # not a partial
+        ),
         "failed_builds": sorted(
             p.name.removesuffix(".failed.json") for p in aot.glob("*.failed.json")
         ),
-        "packages_load": probes[-1] if probes else None,
+        "packages_load": packages_load,
     }
 
 

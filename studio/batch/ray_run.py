@@ -112,29 +112,35 @@ def _reachable(address: str, timeout: float = 5.0) -> None:
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """Ctrl-C (and SIGTERM, SIGHUP) held while Ray starts: a start stopped half-way leaves
-    the agents its daemons were spawning orphaned, outliving the batch. A signal that came
-    meanwhile is acted on once the start is over (by the handler it was meant for), so the
-    instance is then shut down whole."""
+    """Ctrl-C (and SIGTERM, SIGHUP) held while a local Ray instance starts: a start stopped
+    half-way leaves the agents its daemons were spawning orphaned, outliving the batch. The
+    first signal is acted on once the start is over (by the handler it was meant for), so the
+    instance is then shut down whole; a second one acts at once. (Ray sets its own SIGTERM
+    handler inside ``ray.init``, so a SIGTERM there is Ray's to handle.)"""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    came: list[tuple[int, Any]] = []
+    came: list[int] = []
     held = {}
+
+    def hold(signum: int, _frame: Any) -> None:
+        if came:  # the user insists
+            raise KeyboardInterrupt(f"signal {signum}")
+        came.append(signum)
+
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(sig) not in (signal.SIG_IGN, None):  # an ignored one stays so
-            held[sig] = signal.signal(sig, lambda n, frame: came.append((n, frame)))
+            held[sig] = signal.signal(sig, hold)
     try:
         yield
     finally:
         for sig, handler in held.items():
             signal.signal(sig, handler)
         if came:
-            sig, frame = came[0]
-            handler = held[sig]
+            handler = held[came[0]]
             if not callable(handler):  # SIG_DFL: what it would have done, as an interrupt
                 raise KeyboardInterrupt
-            handler(sig, frame)
+            handler(came[0], None)  # (the frame it came in is gone)
 
 
 def _init(setup: RaySetup) -> bool:
@@ -144,13 +150,13 @@ def _init(setup: RaySetup) -> bool:
     if ray.is_initialized():
         return False
     try:
-        with _signals_held():
-            if setup.address == LOCAL:
-                # its own instance, on this machine: the token note is not the user's concern
-                logging.getLogger("ray._private.authentication").setLevel(logging.ERROR)
+        if setup.address == LOCAL:
+            # its own instance, on this machine: the token note is not the user's concern
+            logging.getLogger("ray._private.authentication").setLevel(logging.ERROR)
+            with _signals_held():  # it starts daemons here: none is left half-started
                 ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
-            else:
-                ray.init(address=setup.address, log_to_driver=False, configure_logging=False)
+        else:
+            ray.init(address=setup.address, log_to_driver=False, configure_logging=False)
     except BaseException as e:  # Ctrl-C too: what a start began goes with it (no orphans)
         ray.shutdown()
         if isinstance(e, ConnectionError):

@@ -110,9 +110,10 @@ def _save(window: Any, target: Path, status: dict, app: Any, fail: Callable[[str
 
 def quit_on_signals(window: Callable[[], Any], app: Any, status: dict) -> Callable[[], None]:
     """From now on: SIGINT, SIGTERM and SIGHUP (unless ignored) close ``window()`` (when it is
-    made), quit ``app`` and set ``status["stopping"]`` and ``status["code"]`` to 130, with one
-    line on stderr (a caller that has not started Qt's loop yet checks ``stopping`` instead of
-    starting it). Returns the undo (the previous handlers back, the timer stopped)."""
+    made; without asking about a running batch), quit ``app`` and set ``status["stopping"]``
+    and ``status["code"]`` to 130, with one line on stderr (a caller that has not started Qt's
+    loop yet checks ``stopping`` instead of starting it). Returns the undo (the previous
+    handlers back, the timer stopped)."""
     import signal
     import threading
 
@@ -129,7 +130,7 @@ def quit_on_signals(window: Callable[[], Any], app: Any, status: dict) -> Callab
         print("\nstudio gui: interrupted; closing the window", file=sys.stderr)
         made = window()
         if made is not None:
-            made.close()
+            made.close_without_asking()  # a signal is the answer: a running batch stops
         app.quit()
 
     before: dict[int, Any] = {}

@@ -59,6 +59,7 @@ from studio.errors import Cancelled, OptionError, StudioError
 from studio.export.video import ALPHA_SUFFIXES, OUTPUT_SUFFIXES, written_path
 from studio.gui import theme
 from studio.gui.worker import start_in_thread
+from studio.render.engines import capabilities
 from studio.settings import RenderSettings
 
 AUDIO_FILTER = "Audio (" + " ".join(f"*{s}" for s in AUDIO_SUFFIXES) + ");;All files (*)"
@@ -86,6 +87,7 @@ NO_AVATAR_ON_DEMO = (
     "for it, or set Ditto's checkpoint folder in the main window (File → Checkpoints…) and "
     "pick the ditto backend."
 )
+NEEDS_AN_AVATAR = "{row}: the {engine} engine animates a face: choose Avatar → Choose an avatar…"
 
 
 @dataclass
@@ -237,6 +239,7 @@ class BatchWindow(QWidget):
         self.report: dict[str, Any] | None = None
         self._index: dict[str, int] = {}  # job name -> row, while running
         self._running_name: str | None = None
+        self._ran_in: str | None = None  # the output folder of the last run
         self._seconds: dict[str, float] = {}
         self._started = 0.0
         self._cancel = threading.Event()
@@ -273,7 +276,7 @@ class BatchWindow(QWidget):
         self.avatar_button = self._menu_button(
             "&Avatar",
             "the avatar of the selected rows (none: of every row)",
-            ("Choose an avatar file…", self.avatar_dialog),
+            ("Choose an avatar…", self.avatar_dialog),
             ("No avatar (the engine's own face)", lambda: self.set_avatar(None)),
         )
         self.preset_button = self._menu_button(
@@ -323,7 +326,8 @@ class BatchWindow(QWidget):
 
         self.out_dir = QLineEdit()
         self.out_dir.setPlaceholderText("the folder the MP4s, the report and the state go to")
-        self.out_dir.textChanged.connect(self._out_dir_edited)
+        self.out_dir.textChanged.connect(self._update)
+        self.out_dir.editingFinished.connect(self._out_dir_edited)
         self.browse_button = self._button("Browse…", self.output_dialog, "choose the output folder")
         self.open_folder_button = self._button(
             "Open output folder", self.open_output_folder, "show the output folder"
@@ -479,6 +483,7 @@ class BatchWindow(QWidget):
 
     def set_output_dir(self, path: str | Path) -> None:
         self.out_dir.setText(str(path))
+        self._out_dir_edited()
 
     def _changed(self, rows: Iterable[int]) -> None:
         """The queue was changed (``rows``: those whose clip is now another): the last run's
@@ -490,11 +495,12 @@ class BatchWindow(QWidget):
         self._show_table()
 
     def _out_dir_edited(self) -> None:
-        """Another output folder: no row's result is known there (a Run reads its state)."""
-        if not self.running and (self.outcome or any(r.status != "queued" for r in self.rows)):
+        """Another output folder than the last run's (once typed, or chosen): no row's result
+        is known there (a Run reads that folder's state)."""
+        folder = self.out_dir.text().strip()
+        if not self.running and self._ran_in is not None and folder != self._ran_in:
+            self._ran_in = None
             self._changed(range(len(self.rows)))
-        else:
-            self._update()
 
     def jobs(self) -> list[Job]:
         """The queue as batch jobs (a row's settings: its preset, else the base settings);
@@ -552,6 +558,7 @@ class BatchWindow(QWidget):
         for row in self.rows:
             row.reset()
         self._index = {row.name: i for i, row in enumerate(self.rows)}
+        self._ran_in = out
         self._running_name, self._seconds, self.report, self.outcome = None, {}, None, ""
         self._started = time.perf_counter()
         self.show_message("")
@@ -577,10 +584,13 @@ class BatchWindow(QWidget):
 
     def _option_text(self, error: OptionError, jobs: list[Job]) -> str:
         """An engine's refusal of a row, in this window's words (the command's are options)."""
-        row = next((j.source for j in jobs if f"(job {j.source})" in error.message), "a row")
-        if error.option == "--avatar":
-            return NO_AVATAR_ON_DEMO.format(row=row[0].upper() + row[1:])
-        return one_line(error)
+        job = next((j for j in jobs if f"(job {j.source})" in error.message), None)
+        if error.option != "--avatar" or job is None:
+            return one_line(error)
+        row = job.source[0].upper() + job.source[1:]
+        if capabilities(job.settings.backend).takes_avatar:  # it needs one, and has none
+            return NEEDS_AN_AVATAR.format(row=row, engine=job.settings.backend)
+        return NO_AVATAR_ON_DEMO.format(row=row)
 
     def stop(self) -> None:
         """Stop the batch: the running clip stops at its next frames, finished ones stay."""

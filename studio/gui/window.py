@@ -1425,6 +1425,11 @@ class MainWindow(QMainWindow):
         self.quit_box = box
         box.open()
 
+    def close_without_asking(self) -> None:
+        """Close, stopping a running batch without the question (a signal to the process)."""
+        self._quitting = True
+        self.close()
+
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt API
         batch = self.batch_window
         if batch is not None and batch.running and not self._quitting:

@@ -356,22 +356,30 @@ class _Probe(nn.Module):
         return torch.relu(self.linear(x))
 
 
-def packages_load_here(cache_dir: str | os.PathLike[str], device: torch.device) -> tuple[bool, str]:
-    """Whether a new process can load and run a package built here: found once per device
-    kind and torch (a tiny package built and verified, the answer kept in
-    ``<cache>/probe-<digest>.json``), before minutes go into the render networks' packages.
-    On the H100 and H200 machines with torch 2.11+cu130 every CUDA package, a single linear
-    layer's too, crashed the process loading it."""
+def _probe_facts(device: torch.device | str) -> dict[str, Any]:
     name, cap, cuda = _device_facts(torch.device(device))
-    facts = {
+    return {
         "device_name": name,
         "capability": cap,
         "torch": torch.__version__,
         "cuda": cuda,
         "format": AOT_FORMAT,
     }
-    digest = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
-    answer = Path(cache_dir) / f"probe-{digest}.json"
+
+
+def probe_file(cache_dir: str | os.PathLike[str], device: torch.device | str) -> Path:
+    """Where :func:`packages_load_here` keeps its answer for ``device``'s kind and this torch."""
+    facts = json.dumps(_probe_facts(device), sort_keys=True)
+    return Path(cache_dir) / f"probe-{hashlib.sha256(facts.encode()).hexdigest()[:16]}.json"
+
+
+def packages_load_here(cache_dir: str | os.PathLike[str], device: torch.device) -> tuple[bool, str]:
+    """Whether a new process can load and run a package built here: found once per device
+    kind and torch (a tiny package built and verified, the answer kept in
+    ``<cache>/probe-<digest>.json``), before minutes go into the render networks' packages.
+    On the H100 and H200 machines with torch 2.11+cu130 every CUDA package, a single linear
+    layer's too, crashed the process loading it."""
+    facts, answer = _probe_facts(device), probe_file(cache_dir, device)
     answer.parent.mkdir(parents=True, exist_ok=True)
     with build_lock(answer, "the compiled-package probe"):
         try:

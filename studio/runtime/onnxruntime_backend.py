@@ -148,9 +148,14 @@ class OrtEngine(EngineBase):
                 )
             except Exception as e:  # noqa: BLE001 - ORT raises several pybind types for bad files
                 reason = " ".join(str(e).split())[:160] or type(e).__name__
+                damaged = any(w in str(e) for w in ("INVALID_PROTOBUF", "Protobuf parsing"))
+                fix = (
+                    "replace the file (one in the studio's cache is made again once removed)"
+                    if damaged
+                    else f"`studio doctor` names this ONNX Runtime ({ort.__version__})"
+                )
                 raise InputError(
-                    f"ONNX file {self.path}: ONNX Runtime cannot open it ({reason}); replace "
-                    "the file (one in the studio's cache is made again once removed)"
+                    f"ONNX file {self.path}: ONNX Runtime cannot open it ({reason}); {fix}"
                 ) from None
         self.session = session
         inputs = tuple(

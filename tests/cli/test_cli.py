@@ -5,6 +5,7 @@ import math
 import os
 import subprocess
 import sys
+from typing import Any
 
 import av
 import numpy as np
@@ -318,15 +319,16 @@ def test_doctor_tells_what_the_caches_hold(tmp_path, capsys):
     aot.mkdir(parents=True)
     (aot / "decoder-fp16-b32-0123.art").write_bytes(b"x" * 2_000_000)
     (aot / "warp_network-fp16-b32-4567.art.failed.json").write_text("{}")
-    (aot / "probe-89ab.json").write_text('{"ok": false}')
+    (aot / ".decoder-fp16-b32-0123.art.77.partial.art").write_bytes(b"half")  # being built
+    (aot / "probe-89ab.json").write_text('{"ok": false}')  # another torch's, or GPU's
     code, out, _ = _run(["--cache-dir", str(tmp_path), "doctor", "--json"], capsys)
     c = json.loads(out)["caches"]
-    assert code == 0 and c["root"] == str(tmp_path) and c["packages_load"] is False
+    assert code == 0 and c["root"] == str(tmp_path) and c["packages_load"] is None  # no GPU
     assert c["folders"]["compiled"]["bytes"] > 2_000_000 and not c["folders"]["avatars"]["exists"]
     assert c["compiled_engines"] == ["decoder-fp16-b32-0123.art"]
     assert c["failed_builds"] == ["warp_network-fp16-b32-4567.art"]
     code, out, _ = _run(["--cache-dir", str(tmp_path), "doctor"], capsys)
-    assert f"caches under {tmp_path}:" in out and "1 kept (packages do not load here" in out
+    assert f"caches under {tmp_path}:" in out and "1 kept (not probed yet)" in out
     assert "warp_network-fp16-b32-4567.art: failed to build; remove its .failed.json" in out
 
 
@@ -901,30 +903,52 @@ def test_a_signal_in_the_first_second_is_one_line_and_status_130(tmp_path, name)
     assert not (tmp_path / "o.mp4").exists()
 
 
-def test_a_signal_inside_an_import_waits_for_the_import(tmp_path, monkeypatch):
+def _slow_import(folder: Any, name: str, signals: int, seconds: float) -> None:
+    """A module ``name`` in ``folder`` whose import sends SIGINT ``signals`` times, 50 ms
+    apart, then takes ``seconds`` more."""
+    (folder / f"{name}.py").write_text(
+        "import os, signal, time\n"
+        f"for _ in range({signals}):\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    time.sleep(0.05)\n"
+        f"time.sleep({seconds})\n"
+        "READY = True\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("signals", "wait_s", "finished"),
+    [
+        (1, 3.0, True),  # waits for the import, then acts
+        (2, 3.0, False),  # a second Ctrl-C from outside: at once, inside the import
+        (1, 0.1, False),  # an import that takes too long: acted on inside it after all
+    ],
+)
+def test_a_signal_inside_an_import_waits_for_the_import(
+    tmp_path, monkeypatch, signals, wait_s, finished
+):
     """Ctrl-C while a library imports (soundfile's C start aborted, pydantic's schema build
-    failed when interrupted there) is acted on once the import is over."""
+    failed when interrupted there) is acted on once the import is over, unless the user
+    insists or the import hangs."""
     import signal
     import time
 
     from studio import cli
 
-    (tmp_path / "slow_start.py").write_text(
-        "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(0.3)\n"
-        "READY = True\n"
-    )
+    name = f"slow_start_{signals}_{int(wait_s * 10)}"
+    _slow_import(tmp_path, name, signals, 0.4)
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(cli, "IMPORT_WAIT_S", wait_s)
     restore = cli._catch_signals()
     try:
         with pytest.raises(KeyboardInterrupt):
-            import slow_start  # noqa: F401 - interrupted half-way before
-
-            time.sleep(2.0)  # the interrupt, again, once the import is done
-        assert sys.modules["slow_start"].READY
+            __import__(name)
+            time.sleep(2.0)  # the interrupt, sent again, once the import is done
+        assert (name in sys.modules) == finished
     finally:
         restore(False)
         cli._SIGNALLED.clear()
-        assert signal.getsignal(signal.SIGINT) is not cli._interrupt
+        assert signal.getsignal(signal.SIGINT) is not cli._interrupt and not cli._HELD
 
 
 def test_an_inherited_sighup_ignore_is_respected(tmp_path):

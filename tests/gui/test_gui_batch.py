@@ -114,6 +114,8 @@ def test_a_batch_runs_records_the_bad_clip_and_a_rerun_skips(qtbot, batch, clips
     assert w.rows[0].time == "" and w.summary.text() == "3 clips in the queue"
     w.table.item(1, 3).setText("b.webm")  # a file type the batch writes is kept
     assert w.rows[1].name == "b.webm" and _status(w)["b.webm"] == "queued"
+    w.set_output_dir(str(out))  # the run's own folder again: its results still hold
+    assert _status(w)["bad.mp4"] == "failed"
     w.set_output_dir(out.parent / "elsewhere")  # another folder: nothing known of it
     assert set(_status(w).values()) == {"queued"}
     w.remove_rows([0, 1, 2])
@@ -130,6 +132,15 @@ def test_an_avatar_the_demo_engine_cannot_take_is_refused_before_the_run(qtbot, 
     w.set_avatar(None)  # Avatar → No avatar
     assert w.rows[2].avatar is None and not w.message.isVisible()
     assert _run(qtbot, w) == "done"
+
+
+def test_a_ditto_row_without_an_avatar_is_asked_for_one(qtbot, batch, ditto_assets):
+    w = batch
+    w.checkpoints = str(ditto_assets["tree"])
+    w.base_settings = RenderSettings(size=SIZE, backend="ditto")
+    assert not w.run() and not w.running
+    assert "row 1: the ditto engine animates a face" in w.message.text()
+    assert "Choose an avatar" in w.message.text() and "takes no avatar" not in w.message.text()
 
 
 def test_a_result_no_program_opens_is_said(qtbot, batch, monkeypatch):
@@ -226,3 +237,20 @@ def test_a_transparent_preset_makes_its_clip_a_webm(qtbot, batch, tmp_path):
     assert [r.name for r in w.rows] == ["a.webm"] and _status(w) == {"a.webm": "done"}
     with av.open(str(Path(w.out_dir.text()) / "a.webm")) as c:
         assert c.streams.video[0].metadata.get("alpha_mode") == "1"
+
+
+def test_a_signal_closes_the_studio_without_asking_and_stops_its_batch(
+    window, qtbot, clips, tmp_path
+):
+    """Ctrl-C or a kill to `studio gui` (its handler calls close_without_asking): no question
+    a terminal user cannot answer, the batch stops, the window goes."""
+    window.act_batch.trigger()
+    w = window.batch_window
+    w.base_settings = RenderSettings(size=SIZE)
+    assert w.add_folder(clips) == 3
+    w.set_output_dir(tmp_path / "out")
+    w.jobStarted.connect(lambda name: name == "b.mp4" and window.close_without_asking())
+    with qtbot.waitSignal(w.batchFinished, timeout=BATCH_TIMEOUT_MS) as blocker:
+        assert w.run()
+    assert blocker.args == ["stopped"] and window.quit_box is None
+    assert not window.isVisible() and _status(w)["a.mp4"] == "done"
