@@ -34,11 +34,11 @@ from typing import Any, NoReturn
 from studio import __version__
 from studio.errors import Cancelled, InputError, OptionError, StudioError
 from studio.files import check_not_input, check_output_file, is_stdout, write_json
+from studio.signals import STOP_SIGNALS
 
 EXIT_USAGE = 2
 EXIT_INTERNAL = 1
 EXIT_CANCELLED = 130
-SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")  # each ends a command like Ctrl-C
 COMMANDS = (
     "gui",
     "render",
@@ -835,28 +835,15 @@ def _live_summary(report: dict) -> str:
 def _stop_on_signal(stop) -> Iterator[None]:
     """The first Ctrl-C (or SIGTERM/SIGHUP) ends the live session cleanly (``stop`` set);
     a second one interrupts at once."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = {}
+    from studio.signals import handled
 
     def ask_stop(signum: int, frame: object) -> None:
         if stop.is_set():
             _interrupt(signum, frame)
         stop.set()
 
-    for name in SIGNALS:
-        sig = getattr(signal, name, None)
-        if sig is not None and signal.getsignal(sig) not in (signal.SIG_IGN, None):
-            before[sig] = signal.signal(sig, ask_stop)
-    try:
+    with handled(ask_stop):
         yield
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
 
 
 def cmd_live(args: argparse.Namespace) -> int:
@@ -1209,7 +1196,7 @@ def _catch_signals() -> Callable[[bool], None]:
     if threading.current_thread() is not threading.main_thread():
         return lambda owner: None
     before: dict[int, Any] = {}
-    for name in SIGNALS:
+    for name in STOP_SIGNALS:
         sig = getattr(signal, name, None)
         if sig is None:
             continue

@@ -15,9 +15,7 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import socket
-import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -30,6 +28,7 @@ from studio.batch.jobs import Job
 from studio.batch.run import EngineCache, EngineOptions, run_in_turn
 from studio.engines.base import Progress
 from studio.errors import OptionError, StudioError
+from studio.signals import handled
 
 LOCAL = "local"  # --ray without an address: a Ray instance of this machine, for this batch
 
@@ -117,30 +116,20 @@ def _signals_held() -> Iterator[None]:
     first signal is acted on once the start is over (by the handler it was meant for), so the
     instance is then shut down whole; a second one acts at once. (Ray sets its own SIGTERM
     handler inside ``ray.init``, so a SIGTERM there is Ray's to handle.)"""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     came: list[int] = []
-    held = {}
 
     def hold(signum: int, _frame: Any) -> None:
         if came:  # the user insists
             raise KeyboardInterrupt(f"signal {signum}")
         came.append(signum)
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(sig) not in (signal.SIG_IGN, None):  # an ignored one stays so
-            held[sig] = signal.signal(sig, hold)
-    try:
+    with handled(hold) as held:
         yield
-    finally:
-        for sig, handler in held.items():
-            signal.signal(sig, handler)
-        if came:
-            handler = held[came[0]]
-            if not callable(handler):  # SIG_DFL: what it would have done, as an interrupt
-                raise KeyboardInterrupt
-            handler(came[0], None)  # (the frame it came in is gone)
+    if came:
+        handler = held[came[0]]
+        if not callable(handler):  # SIG_DFL: what it would have done, as an interrupt
+            raise KeyboardInterrupt
+        handler(came[0], None)  # (the frame it came in is gone)
 
 
 def _init(setup: RaySetup) -> bool:
