@@ -321,7 +321,7 @@ class BatchProgress:
         if ran and elapsed > 0 and self.rendered_s > 0:
             rate = self.rendered_s / elapsed
             left = max(self.audio_total_s - self.audio_done_s, 0.0)
-            eta = f", ETA {clock(left / rate)}" if self.done < self.total else ""
+            eta = f", ETA {clock(left / rate)}" if left / rate >= 0.5 else ""  # none: 0:00
             tail = f" ({rate:.1f}x real time so far{eta})"
         self.say(f"[{self.done}/{self.total}] {rec['name']}: {what}{tail}")
 

@@ -537,3 +537,5 @@ def test_progress_rates_the_speech_rendered_not_the_jobs_that_failed():
     rate = float(lines[-1].split("(")[1].split("x real time")[0])
     assert 4.0 < rate <= 5.0  # 10 s rendered in just over 2 s, not 20 s
     assert lines[-1].endswith(", ETA 0:02)")  # the 10 s left at that rate
+    p.job({"name": "c.mp4", "status": "done", "duration_s": 10.0, "wall_s": 1.0}, 10.0)
+    assert lines[-1].endswith("x real time so far)")  # nothing left: no "ETA 0:00"
