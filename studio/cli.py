@@ -33,8 +33,14 @@ from typing import Any, NoReturn
 
 from studio import __version__
 from studio.errors import Cancelled, InputError, OptionError, StudioError
-from studio.files import check_not_input, check_output_file, is_stdout, write_json
-from studio.signals import STOP_SIGNALS
+from studio.files import (
+    check_not_input,
+    check_output_file,
+    file_in_the_way,
+    is_stdout,
+    write_json,
+)
+from studio.signals import handled
 
 EXIT_USAGE = 2
 EXIT_INTERNAL = 1
@@ -835,8 +841,6 @@ def _live_summary(report: dict) -> str:
 def _stop_on_signal(stop) -> Iterator[None]:
     """The first Ctrl-C (or SIGTERM/SIGHUP) ends the live session cleanly (``stop`` set);
     a second one interrupts at once."""
-    from studio.signals import handled
-
     def ask_stop(signum: int, frame: object) -> None:
         if stop.is_set():
             _interrupt(signum, frame)
@@ -1119,20 +1123,18 @@ _SIGNALLED: list[int] = []  # the signals caught during this run of main
 
 
 IMPORT_WAIT_S = 3.0  # the longest a signal waits for an import to end before it acts anyway
-_HELD: dict[str, Any] = {}  # the signal waiting for an import: signum, since, resent (a flag)
+_HELD: dict[str, Any] = {}  # a signal waiting for an import: since, token, resent (a flag)
 
 
 def _interrupt(signum: int, frame: Any) -> None:
-    held = _HELD.get("signum")
     again = _HELD.pop("resent", False)  # our own re-send, not another signal from outside
     waited = time.monotonic() - _HELD.get("since", time.monotonic())
-    if _importing(frame) and (held is None or again) and waited < IMPORT_WAIT_S:
+    if _importing(frame) and ("since" not in _HELD or again) and waited < IMPORT_WAIT_S:
         # raised inside a module being imported, the interrupt can leave a library half set
         # up for good (an abort in a C extension's start, a wrong error later): it is sent
         # again in a moment, until the import is over; a second one from outside, or an
         # import that takes longer than IMPORT_WAIT_S, ends the command at once
         _HELD.setdefault("since", time.monotonic())
-        _HELD["signum"] = signum
         _again_soon(signum)
         return
     _HELD.clear()
@@ -1191,25 +1193,15 @@ def _catch_signals() -> Callable[[bool], None]:
     undo: the previous handlers back, or (``owner``: the process's own entry point) handlers
     that end the exiting process quietly."""
     import signal
-    import threading
 
-    if threading.current_thread() is not threading.main_thread():
-        return lambda owner: None
-    before: dict[int, Any] = {}
-    for name in STOP_SIGNALS:
-        sig = getattr(signal, name, None)
-        if sig is None:
-            continue
-        current = signal.getsignal(sig)
-        if current == signal.SIG_IGN:
-            continue  # inherited ignore: respected
-        before[sig] = signal.SIG_DFL if current is None else current
-        signal.signal(sig, _interrupt)
+    stack = contextlib.ExitStack()
+    caught = stack.enter_context(handled(_interrupt))  # an inherited ignore: respected
 
     def restore(owner: bool) -> None:
         _HELD.clear()  # a signal still waiting for an import is not sent into the caller
-        for sig, handler in before.items():
-            signal.signal(sig, _exit_quietly if owner else handler)
+        stack.close()
+        for sig in caught if owner else ():
+            signal.signal(sig, _exit_quietly)
 
     return restore
 
@@ -1321,12 +1313,11 @@ def _console(
     from studio import paths
     from studio.progress import quiet, show_notices
 
-    if args.cache_dir is not None:
+    blocker = None if args.cache_dir is None else file_in_the_way(args.cache_dir)
+    if blocker is not None:
         root = Path(args.cache_dir).expanduser().absolute()
-        there = next(p for p in (root, *root.parents) if p.exists())  # "/" at least
-        if not there.is_dir():
-            where = "is a file" if there == root else f"is under a file ({there})"
-            raise OptionError("--cache-dir", f"{args.cache_dir} {where}; give a folder")
+        where = "is a file" if blocker == root else f"is under a file ({blocker})"
+        raise OptionError("--cache-dir", f"{args.cache_dir} {where}; give a folder")
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
     log = logging.getLogger("studio")
     before_level, before_hook = log.level, threading.excepthook

@@ -153,6 +153,14 @@ def check_file_name(path: str | Path, option: str) -> None:
         )
 
 
+def file_in_the_way(folder: str | Path) -> Path | None:
+    """What keeps ``folder`` from being (or being made) a folder: itself or its nearest
+    existing parent where that is a file; None when nothing is in the way."""
+    p = Path(folder).expanduser().absolute()
+    there = next(q for q in (p, *p.parents) if q.exists())  # "/" at least
+    return None if there.is_dir() else there
+
+
 def check_writable_folder(path: str | Path, option: str) -> None:
     """OutputError (naming ``option``) unless a file can be created in the folder ``path``:
     checked by creating and removing a probe, before any long work."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from studio.errors import OutputError
-from studio.files import check_writable_folder, unused_name, write_atomic
+from studio.files import check_writable_folder, file_in_the_way, unused_name, write_atomic
 
 
 def test_write_atomic_replaces_whole_files_and_leaves_nothing_on_failure(tmp_path) -> None:
@@ -128,3 +128,11 @@ def test_a_fifo_or_device_target_is_written_through_not_replaced(tmp_path):
     reader.join(timeout=10)
     assert stat.S_ISFIFO(fifo.stat().st_mode) and '"a": 1' in got[0]
     assert [p.name for p in tmp_path.iterdir()] == ["pipe"]
+
+
+def test_the_file_in_the_way_of_a_folder(tmp_path):
+    (tmp_path / "f").write_text("")
+    assert file_in_the_way(tmp_path / "new" / "deeper") is None  # can be made
+    assert file_in_the_way(tmp_path) is None
+    assert file_in_the_way(tmp_path / "f") == tmp_path / "f"
+    assert file_in_the_way(tmp_path / "f" / "sub" / "more") == tmp_path / "f"

@@ -20,7 +20,7 @@ def test_handlers_are_set_inside_and_put_back_after():
     assert got == [signal.SIGTERM] and signal.getsignal(signal.SIGTERM) == before
 
 
-def test_an_ignored_signal_stays_ignored(monkeypatch):
+def test_an_ignored_signal_stays_ignored():
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
     try:
         with handled(lambda *_: pytest.fail("handled an ignored signal")) as replaced:

@@ -41,6 +41,12 @@ MAX_JOBS_BYTES = 64 * 2**20  # a JOBS file larger than this is not a list of cli
 OTHER_MEDIA = (".avi", ".mkv", ".m4v", ".flv", ".wmv", ".mpg", ".mpeg", ".ts", ".gif", ".jpg")
 
 
+def with_output_type(name: str, default: str = ".mp4") -> str:
+    """``name`` as it is where its type is one the batch writes (:data:`OUTPUT_SUFFIXES`),
+    else with ``default`` added ("take.2" -> "take.2.mp4")."""
+    return name if Path(name).suffix.lower() in OUTPUT_SUFFIXES else name + default
+
+
 @dataclass(frozen=True)
 class Job:
     """One clip to render: where it comes from, where it goes, and its settings."""
@@ -178,14 +184,12 @@ def _job(
             f"{where}: output: {name!r}: give a file name that starts with a letter or digit "
             "and holds no control characters"
         )
-    suffix = Path(name).suffix.lower()
-    if suffix in OTHER_MEDIA:
+    if Path(name).suffix.lower() in OTHER_MEDIA:
         raise InputError(
             f"{where}: output: {name!r}: the batch writes {', '.join(OUTPUT_SUFFIXES)} (a "
             f"folder of PNG frames); give one of those"
         )
-    if suffix not in OUTPUT_SUFFIXES:
-        name += default
+    name = with_output_type(name, default)
     try:
         check_alpha_output(name, alpha)
     except OutputError as e:

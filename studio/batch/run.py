@@ -76,6 +76,15 @@ def engine_key(job: Job, options: EngineOptions) -> tuple:
     return (job.settings.backend, avatar, options.checkpoints, options.device)
 
 
+class JobOptionError(OptionError):
+    """An option a job's engine cannot take (the command's error): the message names the
+    job; ``job`` is it, for a caller that words it otherwise (the batch queue window)."""
+
+    def __init__(self, error: OptionError, job: Job) -> None:
+        super().__init__(error.option, f"{error.message} (job {job.source})")
+        self.job = job
+
+
 def check_engines(jobs: Sequence[Job], options: EngineOptions) -> list[str]:
     """Each engine the jobs need, checked once before any work as ``studio render`` checks
     its own: the checkpoint folder (every file it needs) and an option that cannot work for
@@ -99,7 +108,7 @@ def check_engines(jobs: Sequence[Job], options: EngineOptions) -> list[str]:
         try:
             prepared = prepare_engine(options.request(job))
         except OptionError as e:
-            raise OptionError(e.option, f"{e.message} (job {job.source})") from None
+            raise JobOptionError(e, job) from None
         except StudioError:
             continue  # a missing or unreadable file of this job: recorded when it runs
         notes += [n for n in prepared.notes if n not in notes]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.errors import InputError, OutputError
-from studio.files import write_json
+from studio.files import file_in_the_way, write_json
 
 STATE_FILE = ".studio-batch.json"
 STATE_FORMAT = "studio-batch/1"
@@ -60,8 +60,8 @@ class BatchState:
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            blocker = next((p for p in (folder, *folder.parents) if p.exists()), folder)
-            why = f"{blocker} is a file" if blocker.is_file() else e.strerror
+            blocker = file_in_the_way(folder)
+            why = f"{blocker} is a file" if blocker is not None else e.strerror
             raise OutputError(f"{folder}: cannot make the output folder: {why}") from None
         lock = FileLock(str(folder / f"{STATE_FILE}.lock"))
         try:

@@ -114,10 +114,12 @@ def quit_on_signals(window: Callable[[], Any], app: Any, status: dict) -> Callab
     and ``status["code"]`` to 130, with one line on stderr (a caller that has not started Qt's
     loop yet checks ``stopping`` instead of starting it). Returns the undo (the previous
     handlers back, the timer stopped)."""
-    import signal
+    import contextlib
     import threading
 
     from PySide6.QtCore import QTimer
+
+    from studio.signals import handled
 
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
@@ -133,24 +135,15 @@ def quit_on_signals(window: Callable[[], Any], app: Any, status: dict) -> Callab
             made.close_without_asking()  # a signal is the answer: a running batch stops
         app.quit()
 
-    before: dict[int, Any] = {}
-    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
-        sig = getattr(signal, name, None)
-        if sig is None:
-            continue
-        current = signal.getsignal(sig)
-        if current == signal.SIG_IGN:
-            continue  # inherited ignore (nohup): respected
-        before[sig] = signal.SIG_DFL if current is None else current
-        signal.signal(sig, stop)
+    stack = contextlib.ExitStack()
+    stack.enter_context(handled(stop))  # an inherited ignore (nohup): respected
     timer = QTimer()
     timer.timeout.connect(lambda: None)  # Python runs, and with it any pending handler
     timer.start(SIGNAL_POLL_MS)
 
     def restore() -> None:
         timer.stop()
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
+        stack.close()
 
     return restore
 

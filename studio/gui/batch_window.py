@@ -45,18 +45,19 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from studio.batch.jobs import AUDIO_SUFFIXES, Job, audio_files
+from studio.batch.jobs import AUDIO_SUFFIXES, Job, audio_files, with_output_type
 from studio.batch.run import (
     REPORT_FILE,
     EngineOptions,
+    JobOptionError,
     audio_seconds,
     check_engines,
     clock,
     one_line,
     run_batch,
 )
-from studio.errors import Cancelled, OptionError, StudioError
-from studio.export.video import ALPHA_SUFFIXES, OUTPUT_SUFFIXES, written_path
+from studio.errors import Cancelled, StudioError
+from studio.export.video import ALPHA_SUFFIXES, written_path
 from studio.gui import theme
 from studio.gui.worker import start_in_thread
 from studio.render.engines import capabilities
@@ -114,14 +115,12 @@ class QueueRow:
 def unique_name(name: str, taken: Iterable[str]) -> str:
     """``name`` as an output file name (its own type where the batch writes it, else
     ``.mp4`` added), or ``stem_2.mp4``, ``stem_3.mp4``… where taken."""
-    name = Path(name.strip()).name.strip() or "clip.mp4"
-    suffix = Path(name).suffix.lower()
-    if suffix not in OUTPUT_SUFFIXES:
-        name, suffix = name + ".mp4", ".mp4"
+    name = with_output_type(Path(name.strip()).name.strip() or "clip.mp4")
+    stem, suffix = name[: -len(Path(name).suffix)], Path(name).suffix
     used = {t.lower() for t in taken}
-    stem, n, candidate = name[: -len(suffix)], 2, name
+    n, candidate = 2, name
     while candidate.lower() in used:
-        candidate, n = f"{stem}_{n}{name[-len(suffix):]}", n + 1
+        candidate, n = f"{stem}_{n}{suffix}", n + 1
     return candidate
 
 
@@ -551,8 +550,8 @@ class BatchWindow(QWidget):
             return self._refuse(one_line(e))
         try:
             notes = check_engines(jobs, options)  # as the command checks them, before any work
-        except OptionError as e:
-            return self._refuse(self._option_text(e, jobs))
+        except JobOptionError as e:
+            return self._refuse(self._option_text(e))
         except StudioError as e:
             return self._refuse(one_line(e))
         for row in self.rows:
@@ -582,10 +581,10 @@ class BatchWindow(QWidget):
         self.batchStarted.emit()
         return True
 
-    def _option_text(self, error: OptionError, jobs: list[Job]) -> str:
+    def _option_text(self, error: JobOptionError) -> str:
         """An engine's refusal of a row, in this window's words (the command's are options)."""
-        job = next((j for j in jobs if f"(job {j.source})" in error.message), None)
-        if error.option != "--avatar" or job is None:
+        job = error.job
+        if error.option != "--avatar":
             return one_line(error)
         row = job.source[0].upper() + job.source[1:]
         if capabilities(job.settings.backend).takes_avatar:  # it needs one, and has none
@@ -792,7 +791,7 @@ class BatchWindow(QWidget):
         for r in self.rows:
             seconds = self._seconds.get(r.name, 0.0)
             if r.status in ("done", "writing"):
-                speech += r.record.get("duration_s", seconds) if r.record else seconds
+                speech += r.record.get("duration_s", seconds)
             elif r.status in ("queued", "running"):
                 speech += seconds * r.progress
                 todo += seconds * (1.0 - r.progress)
