@@ -333,7 +333,12 @@ def _tupled(runner: Callable[..., Any]) -> Callable[..., tuple[Tensor, ...]]:
 
 
 PACKAGE_READY = ("loaded", "built")  # TorchEngine.aot: an AOTInductor package runs it
-AOT_READY = (*PACKAGE_READY, "artifact loaded", "artifact built")  # compiled ahead of time
+ARTIFACT_READY = ("artifact loaded", "artifact built")  # an Inductor artifact runs it
+AOT_READY = (*PACKAGE_READY, *ARTIFACT_READY)  # compiled ahead of time
+# an engine running an artifact at this batch or above is not captured: a call's GPU time
+# (about 100 ms at 32 frames) hides its Python launches, while a graph's warm-up and
+# instantiation cost a new process seconds (docs/benchmarks.md)
+UNCAPTURED_BATCH = 16
 # the largest relative L2 error a compiled engine may have against the adapter on its example
 # inputs: what two correct kernels of a precision may differ by (fp16 eager and compiled are
 # each about 1e-2 from fp32 on the full-size renderer, bf16 about 6e-2: docs/benchmarks.md);
@@ -474,14 +479,21 @@ class TorchEngine(EngineBase):
             outs = self._call([feed[n] for n in self.input_names])
         return dict(zip(self.output_names, outs, strict=True))
 
+    @property
+    def runs_uncaptured(self) -> bool:
+        """Whether :meth:`capture` leaves this engine as it is: an Inductor artifact at
+        :data:`UNCAPTURED_BATCH` frames or more."""
+        return self.aot in ARTIFACT_READY and self.batch >= UNCAPTURED_BATCH
+
     def capture(self, warmup: int = 3) -> bool:
         """Capture the forward into a CUDA graph (CUDA only; False on the CPU). An engine
         running an AOTInductor package is ready as it is (True, nothing captured): a
         package's runner cannot be captured, and it launches its kernels from C++. One
-        running an Inductor artifact is captured, as torch.compile's code is."""
+        running an Inductor artifact is captured, as torch.compile's code is, below
+        :data:`UNCAPTURED_BATCH` frames; from there on it too runs as it is."""
         if self.device.type != "cuda":
             return False
-        if self._graph is not None or self.aot in PACKAGE_READY:
+        if self._graph is not None or self.aot in PACKAGE_READY or self.runs_uncaptured:
             return True
         static: dict[str, Tensor] = {}
         for s in self.inputs:  # zeros: what the warm-up and the capture read does not matter

@@ -41,6 +41,10 @@ def test_an_artifact_is_built_once_then_loaded_by_a_new_process_and_rebuilt_when
     built = compiled_stitch(net, tmp_path)
     assert built.aot == "artifact built"
     assert not list(tmp_path.glob("*.pt2"))  # no package was tried
+    # a GPU captures an artifact's engine of a small batch; a large batch's runs as it is
+    assert not built.runs_uncaptured
+    monkeypatch.setattr("studio.runtime.torch_backend.UNCAPTURED_BATCH", 2)
+    assert built.runs_uncaptured
     (art,) = tmp_path.glob("stitch_network-fp32-b2-*.art")
     meta = json.loads(art.with_name(art.name + ".json").read_text())
     assert meta["sha256"] == aot_cache.file_sha256(art)
