@@ -327,12 +327,21 @@ class BatchProgress:
         else:
             what = f"FAILED: {rec['error']}"
         tail = ""
-        if ran and elapsed > 0 and self.rendered_s > 0:
-            rate = self.rendered_s / elapsed
-            left = max(self.audio_total_s - self.audio_done_s, 0.0)
-            eta = f", ETA {clock(left / rate)}" if left / rate >= 0.5 else ""  # none: 0:00
-            tail = f" ({rate:.1f}x real time so far{eta})"
+        if ran and (now := pace(self.rendered_s, self.audio_total_s - self.audio_done_s, elapsed)):
+            rate, eta = now
+            tail = f" ({rate:.1f}x real time so far{f', ETA {eta}' if eta else ''})"
         self.say(f"[{self.done}/{self.total}] {rec['name']}: {what}{tail}")
+
+
+def pace(rendered_s: float, left_s: float, elapsed_s: float) -> tuple[float, str] | None:
+    """The rate (x real time: ``rendered_s`` of speech in ``elapsed_s``) and the time
+    ``left_s`` more should take at it, as a clock ("" under half a second: never 'ETA 0:00');
+    None before anything is rendered. The CLI's lines and the queue window both say it."""
+    if elapsed_s <= 0 or rendered_s <= 0:
+        return None
+    rate = rendered_s / elapsed_s
+    left = max(left_s, 0.0) / rate
+    return rate, clock(left) if left >= 0.5 else ""
 
 
 def clock(seconds: float) -> str:

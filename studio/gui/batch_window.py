@@ -52,8 +52,8 @@ from studio.batch.run import (
     JobOptionError,
     audio_seconds,
     check_engines,
-    clock,
     one_line,
+    pace,
     run_batch,
 )
 from studio.errors import Cancelled, StudioError
@@ -795,11 +795,11 @@ class BatchWindow(QWidget):
             elif r.status in ("queued", "running"):
                 speech += seconds * r.progress
                 todo += seconds * (1.0 - r.progress)
-        elapsed = time.perf_counter() - self._started
-        if speech < 1.0 or elapsed <= 0:
+        now = pace(speech, todo, time.perf_counter() - self._started) if speech >= 1.0 else None
+        if now is None:
             return []
-        rate = speech / elapsed
-        return [f"{rate:.1f}x real time", f"ETA {clock(todo / rate)}"]
+        rate, eta = now
+        return [f"{rate:.1f}x real time", *([f"ETA {eta}"] if eta else [])]
 
     def _update(self) -> None:
         self._update_buttons()

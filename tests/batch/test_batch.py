@@ -539,3 +539,14 @@ def test_progress_rates_the_speech_rendered_not_the_jobs_that_failed():
     assert lines[-1].endswith(", ETA 0:02)")  # the 10 s left at that rate
     p.job({"name": "c.mp4", "status": "done", "duration_s": 10.0, "wall_s": 1.0}, 10.0)
     assert lines[-1].endswith("x real time so far)")  # nothing left: no "ETA 0:00"
+
+
+def test_pace_is_the_rate_of_rendered_speech_and_the_time_left_at_it():
+    """The CLI's lines and the queue window share one rule: no rate before anything is
+    rendered, an ETA as a clock, none under half a second (never 'ETA 0:00')."""
+    from studio.batch.run import pace
+
+    assert pace(0.0, 60.0, 5.0) is None and pace(10.0, 60.0, 0.0) is None
+    assert pace(30.0, 90.0, 3.0) == (10.0, "0:09")  # 90 s more at 10x
+    assert pace(30.0, 4.0, 3.0) == (10.0, "")  # 0.4 s left: no ETA
+    assert pace(30.0, -5.0, 3.0) == (10.0, "")  # more done than planned: nothing left
