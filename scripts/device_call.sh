@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One call of the device tool for issue 20's warm-start and batch figures (what a session
+# needs on a bare GPU machine). Prepare here first, at no device cost:
+#   echo /.whl/ >> .git/info/exclude; echo /.raybundle/ >> .git/info/exclude
+#   echo /.base/ >> .git/info/exclude
+#   bash scripts/gpu_wheels.sh ray          # .whl (50 MB) and .raybundle (62 MB)
+#   mkdir -p .base && git archive BASE | gzip > .base/base.tgz   # for `base` (2 MB)
+# A call carries at most 64 MiB, so carry .whl (and .base) in the first call, whose packages
+# stay in /tmp/site on the warm machine, and .raybundle alone in a Ray call after it; the
+# machine is given back 30 s after a call, so chain them. Usage, in the device call:
+#   bash scripts/device_call.sh LABEL warm [studio bench --suite warmstart options]
+#   bash scripts/device_call.sh LABEL base [options]   # the same from .base/base.tgz's tree
+# LABEL names the commit of the tree that runs (the copy has no .git). `warm` runs
+# scripts/bench_gpu.sh's warmstart step into /tmp/b (its cache kept for later calls); `base`
+# runs the older tree's against the same cache into /tmp/b2 (an A/B on one machine). Every
+# 10 s, and at the end, the reports and each process's log are copied to $OUT
+# (b.json/b.md, b2.json/b2.md, logs/).
+set -uo pipefail
+label=${1:?usage: scripts/device_call.sh LABEL warm|base [options]}
+step=${2:?usage: scripts/device_call.sh LABEL warm|base [options]}
+shift 2
+site=/tmp/site
+[ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+  --upgrade --target "$site" .whl/*.whl
+if [ -f .raybundle/raysite.tar.xz ] && [ ! -d /tmp/raysite ]; then
+  mkdir -p /tmp/raysite && tar -xJf .raybundle/raysite.tar.xz -C /tmp/raysite
+fi
+export PYTHONUNBUFFERED=1
+save() {  # the reports and logs so far, to $OUT
+  mkdir -p "$OUT/logs"
+  for d in b b2; do
+    [ -f /tmp/$d/warmstart.json ] && cp /tmp/$d/warmstart.json "$OUT/$d.json"
+    [ -f /tmp/$d/warmstart.md ] && cp /tmp/$d/warmstart.md "$OUT/$d.md"
+    cp /tmp/$d/logs/* "$OUT/logs/" 2>/dev/null
+  done
+  return 0
+}
+(while sleep 10; do save; done) &
+saver=$!
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+tree=$PWD out=/tmp/b
+if [ "$step" = base ]; then
+  tree=/tmp/base out=/tmp/b2
+  rm -rf "$tree" && mkdir -p "$tree" "$out" && tar -xzf .base/base.tgz -C "$tree"
+  ln -sfn /tmp/b/cache "$out/cache"  # the same compiled engines
+fi
+(
+  cd "$tree" && ln -sfn ../resources studio/resources && echo "$label" >studio/bench/archive_commit.txt
+  export PYTHONPATH=$site:/tmp/raysite:$tree
+  WARMSTART_ARGS="$*" bash scripts/bench_gpu.sh "$out" warmstart
+  tail -n 12 "$out/warmstart.log"
+)
+kill "$saver" 2>/dev/null
+save
