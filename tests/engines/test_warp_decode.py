@@ -137,6 +137,7 @@ def test_cuda_graphed_fp16_engines_track_fp32_and_a_new_avatar(modules) -> None:
     f_s, x_s, x_d = _inputs(warp, 4, "cuda")
     got = wd(f_s, x_s, x_d, 4).clone()
     assert wd.engines(4)["decoder"].static_inputs is not None  # captured
+    assert wd.describe()["cuda_graphs"] == [4]
     want = _eager((warp, decoder), f_s, x_s, x_d)
     cos = F.cosine_similarity(got.double().flatten(), want.double().flatten(), dim=0)
     assert float(cos) >= 0.999
@@ -145,6 +146,31 @@ def test_cuda_graphed_fp16_engines_track_fp32_and_a_new_avatar(modules) -> None:
     want2 = _eager((warp, decoder), other, x_s, x_d)
     cos2 = F.cosine_similarity(got2.double().flatten(), want2.double().flatten(), dim=0)
     assert float(cos2) >= 0.999
+
+
+@needs_cuda
+def test_compiled_artifacts_of_a_large_batch_run_without_a_graph(
+    modules, tmp_path, monkeypatch
+) -> None:
+    """A compiled artifact's engines at UNCAPTURED_BATCH frames or more are not captured (a
+    new process skips the graphs' warm-up and instantiation), and compute what the
+    network does; the report says which batches replay graphs."""
+    from studio.runtime import aot_cache
+    from studio.runtime.torch_backend import UNCAPTURED_BATCH
+
+    monkeypatch.setenv(aot_cache.FORMAT_ENV, "artifact")
+    dev = torch.device("cuda")
+    warp, decoder = (copy.deepcopy(m).to(dev) for m in modules)
+    wd = WarpDecodeEngines(warp, decoder, "auto", dev, compile=True, aot_dir=tmp_path)
+    f_s, x_s, x_d = _inputs(warp, UNCAPTURED_BATCH, "cuda")
+    got = wd(f_s, x_s, x_d, UNCAPTURED_BATCH)
+    eng = wd.engines(UNCAPTURED_BATCH)
+    assert {e.aot for e in eng.values()} == {"artifact built"}
+    assert all(e.static_inputs is None for e in eng.values())  # not captured
+    assert wd.describe()["cuda_graphs"] == []
+    want = _eager((warp, decoder), f_s, x_s, x_d)
+    cos = F.cosine_similarity(got.double().flatten(), want.double().flatten(), dim=0)
+    assert float(cos) >= 0.999
 
 
 def test_onnxruntime_engines_match_torch(modules, tmp_path, monkeypatch, one_torch_thread) -> None:

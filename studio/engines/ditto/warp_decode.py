@@ -187,11 +187,14 @@ class WarpDecodeEngines:
         self._f_s: dict[int, tuple[Tensor, Tensor]] = {}
 
     def describe(self) -> dict[str, object]:
-        """What runs, for reports: runtime, per-network precision, CUDA graphs, torch.compile."""
+        """What runs, for reports: runtime, per-network precision, CUDA graphs (False, or the
+        batch sizes whose engines replay one: a compiled artifact's large batch runs without),
+        torch.compile."""
         return {
             "runtime": self.runtime,
             "precision": dict(self.precisions),
-            "cuda_graphs": self.graphs,
+            "cuda_graphs": self.graphs
+            and sorted(b for b, e in self._engines.items() if all(x.captured for x in e.values())),
             "compiled": self.compiled,
             "compiled_packages": sorted(
                 {getattr(e, "aot", "off") for eng in self._engines.values() for e in eng.values()}
