@@ -8,9 +8,11 @@ convolutions. Half precision casts the weights of both, once for the engines of 
 size (grid sampling still runs in fp32): on the H200 that is 10% faster than the warp network
 under autocast, at a cosine of 0.99995 to fp32 eager for the full-size networks
 (docs/benchmarks.md, render suite).
-On CUDA each engine is captured as a CUDA graph with cuDNN's autotuner on (the algorithms are
-fixed at capture, so replays pay nothing for it); the avatar's f_s is written into the warp
-graph's static buffer once per renderer, not copied per batch. Engines exist only for the batch
+On CUDA each engine is built with cuDNN's autotuner on and captured as a CUDA graph (the
+algorithms are fixed then, so replays pay nothing for it), except a compiled artifact's engine
+of a large batch (``torch_backend.UNCAPTURED_BATCH``), which runs as it is on the algorithms
+the build chose; the avatar's f_s is written into the warp graph's static buffer (or a kept
+copy) once per renderer, not copied per batch. Engines exist only for the batch
 sizes of a short ladder (:func:`static_batch`: 1, 2, 4, 8, 16, 24, 32, ... up to the batch
 cap), a shorter batch is padded to the next rung, and the engines of the least recently used
 sizes are freed past :data:`MAX_BATCH_SIZES`: clips of any length reuse a few captured (and
@@ -204,7 +206,8 @@ class WarpDecodeEngines:
         }
 
     def engines(self, batch: int) -> dict[str, EngineBase]:
-        """The (cached) warp and decoder engines for ``batch``; captured on CUDA."""
+        """The (cached) warp and decoder engines for ``batch``; captured on CUDA (see the
+        module's docstring for the exception)."""
         if batch in self._engines:
             self._engines[batch] = self._engines.pop(batch)  # most recently used last
         else:
