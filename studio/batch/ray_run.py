@@ -4,18 +4,24 @@ The jobs become a dataset of one row each; :class:`JobActor`, a callable class r
 ``map_batches`` on a pool of actors (``ActorPoolStrategy``), opens engines once per actor
 (:class:`~studio.batch.run.EngineCache`) and renders each job it is given with
 :func:`~studio.batch.run.run_in_turn` into the output folder, which every actor must reach (a
-shared folder on a multi-node cluster). Records stream back to the driver as jobs finish, so
-the state file, the progress lines and the report are the local path's. Without an address
-a local Ray instance is started for the batch and stopped after it.
+shared folder on a multi-node cluster). Ray's driver is a child process of the batch
+(:class:`Driver`, :mod:`studio.batch.ray_driver`); records stream back to the batch as jobs
+finish, so the state file, the progress lines and the report are the local path's. Without
+an address the driver starts a local Ray instance for the batch and stops it after it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import os
+import signal
 import socket
+import subprocess
+import sys
+import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -186,10 +192,54 @@ def _fit(setup: RaySetup) -> tuple[float, float]:
     return gpus, setup.cpus_per_actor
 
 
+def drive(
+    setup: RaySetup, todo: Sequence[Job], out: Path, options: EngineOptions
+) -> Iterator[dict[str, Any]]:
+    """The records of ``todo`` rendered by a pool of actors (in the Ray driver's process,
+    :mod:`studio.batch.ray_driver`); a local instance started here is stopped once the
+    generator is closed or done, which the caller does after the last record is passed on."""
+    import ray
+    from ray.data import ActorPoolStrategy
+
+    started = _init(setup)
+    try:
+        gpus, cpus = _fit(setup)
+        rows = [{"job": json.dumps(job.to_dict())} for job in todo]
+        _quiet()
+        with warnings.catch_warnings():
+            # max_restarts has no named parameter in the Ray this extra pins (< 2.64), and
+            # Ray's default restarts an actor for ever: one that dies opening its engine
+            # (out of GPU memory) would never end the batch
+            warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+            ds = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
+                actor_class(out, options),
+                batch_size=1,
+                compute=ActorPoolStrategy(size=min(setup.actors, len(rows))),
+                num_gpus=gpus,
+                num_cpus=cpus,
+                max_restarts=0,  # a job's failure is its record; a lost actor ends it all
+            )
+        # no prefetch: each record is kept (and the state saved) as soon as its job ends
+        for batch in ds.iter_batches(batch_size=1, batch_format="numpy", prefetch_batches=0):
+            for blob in batch["record"]:
+                yield json.loads(str(blob))
+    finally:
+        if started:
+            ray.shutdown()
+
+
+STOP_WAIT_S = 60.0  # how long the driver gets to stop its actors and local instance
+
+
 def ray_runner(setup: RaySetup) -> Callable[..., Iterator[dict[str, Any]]]:
     """A runner for :func:`~studio.batch.run.run_batch` that sends the jobs to Ray (the
     options checked and a HOST:PORT address tried first: nothing is written before; with
-    ``auto``, Ray's answer comes once it is asked, after the batch's state is opened)."""
+    ``auto``, Ray's answer comes once it is asked, after the batch's state is opened).
+
+    Ray's driver runs in a child process (:class:`Driver`) that streams the records back:
+    the batch's state, report and exit status stay with this process whatever Ray's teardown
+    does (its core worker can crash as it shuts down, which took the summary and the report
+    with it), and Ray's threads never live beside the caller's."""
     setup.check()
     if setup.address != LOCAL:
         _reachable(setup.address)
@@ -204,35 +254,128 @@ def ray_runner(setup: RaySetup) -> Callable[..., Iterator[dict[str, Any]]]:
     ) -> Iterator[dict[str, Any]]:
         if not todo:
             return
+        if importlib.util.find_spec("ray") is None:
+            raise StudioError("--ray needs Ray: pip install 'talkinghead-studio[ray]'")
+        driver = Driver(
+            {
+                "setup": asdict(setup),
+                "jobs": [job.to_dict() for job in todo],
+                "out": str(out),
+                "options": asdict(options),
+            }
+        )
         try:
-            import ray
-            from ray.data import ActorPoolStrategy
-        except ImportError:
-            raise StudioError("--ray needs Ray: pip install 'talkinghead-studio[ray]'") from None
-        started = _init(setup)
-        try:
-            gpus, cpus = _fit(setup)
-            rows = [{"job": json.dumps(job.to_dict())} for job in todo]
-            _quiet()
-            with warnings.catch_warnings():
-                # max_restarts has no named parameter in the Ray this extra pins (< 2.64), and
-                # Ray's default restarts an actor for ever: one that dies opening its engine
-                # (out of GPU memory) would never end the batch
-                warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-                ds = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
-                    actor_class(out, options),
-                    batch_size=1,
-                    compute=ActorPoolStrategy(size=min(setup.actors, len(rows))),
-                    num_gpus=gpus,
-                    num_cpus=cpus,
-                    max_restarts=0,  # a job's failure is its record; a lost actor ends it all
-                )
-            # no prefetch: each record is kept (and the state saved) as soon as its job ends
-            for batch in ds.iter_batches(batch_size=1, batch_format="numpy", prefetch_batches=0):
-                for blob in batch["record"]:
-                    yield json.loads(str(blob))
+            yield from driver.records()
+        except RuntimeError as e:
+            raise RuntimeError(
+                f"{e}; the finished jobs are kept: run the same command again to go on"
+            ) from None
         finally:
-            if started:
-                ray.shutdown()
+            driver.stop()
 
     return run
+
+
+class Driver:
+    """The Ray driver's process of one batch (``python -m studio.batch.ray_driver``, in a
+    process group of its own): the request on its stdin, the records from its stdout, what it
+    says on stderr (Ray's own) kept aside and logged (debug: an error's log file) after a bad
+    end.
+    A terminal's Ctrl-C reaches this process alone, which passes it on once (:meth:`stop`)."""
+
+    def __init__(self, request: dict[str, Any]) -> None:
+        import studio
+
+        env = dict(os.environ)
+        root = str(Path(studio.__file__).resolve().parent.parent)  # where this studio is
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+        self.said = tempfile.TemporaryFile()
+        self.over = False  # done or failed, as it said: the rest is Ray's teardown
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "studio.batch.ray_driver"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.said,
+            text=True,
+            env=env,
+            process_group=0,
+        )
+        assert self.proc.stdin is not None
+        with self.proc.stdin:
+            self.proc.stdin.write(json.dumps(request))
+
+    def records(self) -> Iterator[dict[str, Any]]:
+        """The jobs' records as they finish; the driver's error raised as this process's
+        (RuntimeError when it ends without a word)."""
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            event = json.loads(line)
+            if "record" in event:
+                yield event["record"]
+            elif "error" in event:
+                self.over = True
+                raise _error_of(event["error"])
+            elif event.get("done"):
+                self.over = True
+                return
+        code = self.proc.wait()
+        self.log()
+        raise RuntimeError(f"Ray's driver process {_ended(code)} mid-batch")
+
+    def stop(self) -> None:
+        """The driver's end: waited for when it is over (its local instance stopping), else
+        interrupted first; killed if it does not end in :data:`STOP_WAIT_S`, and what it
+        leaves of its process group (its instance's agents) after a bad end with it."""
+        proc = self.proc
+        if not self.over and proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+        if proc.returncode != 0:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            if self.over:  # after the last record: Ray's own, not the batch's
+                self.log()
+        self.said.close()
+
+    def log(self) -> None:
+        """How the driver ended and what it said on stderr, as a debug record (an internal
+        error's log file holds it)."""
+        said = b""
+        with contextlib.suppress(OSError, ValueError):
+            self.said.seek(0)
+            said = self.said.read()
+        logging.getLogger(__name__).debug(
+            "Ray's driver process %s; on stderr it said:\n%s",
+            _ended(self.proc.returncode),
+            said.decode(errors="replace"),
+        )
+
+
+def _ended(code: int | None) -> str:
+    if code is None:
+        return "is still running"
+    return f"died of signal {-code}" if code < 0 else f"ended with status {code}"
+
+
+def _error_of(said: dict[str, str]) -> Exception:
+    """The exception the driver reported, as this process raises it."""
+    if said.get("option"):
+        return OptionError(said["option"], said["message"])
+    if said["kind"] == "studio":
+        return StudioError(said["message"])
+    return RuntimeError(f"Ray: {said['message']}")
+
+
+def error_said(e: BaseException) -> dict[str, str]:
+    """What :func:`_error_of` rebuilds ``e`` from (the driver's side)."""
+    if isinstance(e, OptionError):
+        return {"kind": "studio", "option": e.option, "message": e.message}
+    if isinstance(e, StudioError):
+        return {"kind": "studio", "message": str(e)}
+    return {"kind": "other", "message": f"{type(e).__name__}: {e}"}

@@ -369,8 +369,12 @@ def _probe_facts(device: torch.device | str) -> dict[str, Any]:
 
 def probe_file(cache_dir: str | os.PathLike[str], device: torch.device | str) -> Path:
     """Where :func:`packages_load_here` keeps its answer for ``device``'s kind and this torch."""
-    facts = json.dumps(_probe_facts(device), sort_keys=True)
-    return Path(cache_dir) / f"probe-{hashlib.sha256(facts.encode()).hexdigest()[:16]}.json"
+    return _probe_path(cache_dir, _probe_facts(device))
+
+
+def _probe_path(cache_dir: str | os.PathLike[str], facts: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(cache_dir) / f"probe-{digest}.json"
 
 
 def packages_load_here(cache_dir: str | os.PathLike[str], device: torch.device) -> tuple[bool, str]:
@@ -379,7 +383,8 @@ def packages_load_here(cache_dir: str | os.PathLike[str], device: torch.device) 
     ``<cache>/probe-<digest>.json``), before minutes go into the render networks' packages.
     On the H100 and H200 machines with torch 2.11+cu130 every CUDA package, a single linear
     layer's too, crashed the process loading it."""
-    facts, answer = _probe_facts(device), probe_file(cache_dir, device)
+    facts = _probe_facts(device)
+    answer = _probe_path(cache_dir, facts)
     answer.parent.mkdir(parents=True, exist_ok=True)
     with build_lock(answer, "the compiled-package probe"):
         try:

@@ -153,3 +153,62 @@ def test_ctrl_c_while_ray_starts_leaves_none_of_its_processes(tmp_path: Path) ->
     while _ray_processes() - before and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not _ray_processes() - before, "Ray processes outlived the interrupted batch"
+
+
+def _stat(pid: str) -> tuple[bytes, int, int]:
+    """(command line, parent pid, process group) of a process; empty when it is gone."""
+    try:
+        cmd = (Path("/proc") / pid / "cmdline").read_bytes()
+        fields = (Path("/proc") / pid / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return b"", 0, 0
+    return cmd, int(fields[1]), int(fields[2])
+
+
+def _processes() -> dict[int, tuple[bytes, int, int]]:
+    found = {int(p.name): _stat(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()}
+    return {pid: facts for pid, facts in found.items() if facts[0]}
+
+
+def test_a_ray_driver_that_dies_mid_batch_is_one_line_and_the_batch_keeps_its_report(
+    tmp_path: Path,
+) -> None:
+    """Ray's driver is a child of the batch in a process group of its own: killed (or
+    crashing in Ray's teardown), the batch still ends with its report and one line (the
+    driver's stderr in the error's log file), and its local instance's processes go too."""
+    import os
+    import signal
+    import time
+
+    demo_speech_piece(tmp_path, "a.wav", 0.0, 1.0)
+    out = tmp_path / "o"
+    child = subprocess.Popen(
+        [sys.executable, "-m", "studio", "batch", str(tmp_path), "--demo", "--size", str(SIZE)]
+        + ["--out-dir", str(out), "--ray", "--gpus-per-actor", "0"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline, driver, group = time.monotonic() + 120, 0, {}
+    while not any(b"Agent" in cmd for cmd, _, _ in group.values()) and child.poll() is None:
+        assert time.monotonic() < deadline, "Ray's agents never started"
+        time.sleep(0.05)
+        procs = _processes()
+        driver = driver or next(
+            (p for p, (cmd, parent, _) in procs.items() if parent == child.pid), 0
+        )
+        group = {p: f for p, f in procs.items() if driver and f[2] == driver}
+    assert b"studio.batch.ray_driver" in group[driver][0]
+    os.kill(driver, signal.SIGKILL)
+    _, err = child.communicate(timeout=RAY_TIMEOUT_S)
+    assert child.returncode == 1 and "Traceback" not in err, err
+    line = err.strip().splitlines()[-1]
+    assert "Ray's driver process died of signal 9 mid-batch; the finished jobs are kept" in line
+    log = Path(line.split(" — details in ", 1)[1])
+    assert "Ray's driver process died of signal 9; on stderr it said:" in log.read_text()
+    report = json.loads((out / REPORT_FILE).read_text())
+    assert [r["status"] for r in report["jobs"]] == ["pending"]
+    assert not list(out.glob("*.mp4"))
+    left = {p for p, f in _processes().items() if f[2] == driver}
+    assert not left, "Ray processes outlived their driver"

@@ -1,0 +1,61 @@
+"""The Ray driver's process of a ``--ray`` batch (``python -m studio.batch.ray_driver``,
+started by :func:`~studio.batch.ray_run.ray_runner`).
+
+It reads one JSON request on stdin (setup, jobs, output folder, engine options), runs the
+jobs through :func:`~studio.batch.ray_run.drive` and writes one JSON line per event on
+stdout: ``{"record": ...}`` per finished job, then ``{"done": true}`` before Ray is stopped,
+or ``{"error": ...}``. Anything else that writes to stdout (Ray's own notes) goes to stderr.
+Interrupted (SIGINT from the batch), it stops its local instance and ends with status 130.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, TextIO
+
+EXIT_INTERRUPTED = 130
+
+
+def _send(channel: TextIO, event: dict[str, Any]) -> None:
+    channel.write(json.dumps(event) + "\n")
+    channel.flush()
+
+
+def main() -> int:
+    channel = os.fdopen(os.dup(1), "w")  # the records' own pipe
+    os.dup2(2, 1)  # stdout: anything else printed goes to stderr
+    try:
+        from studio.batch.jobs import Job
+        from studio.batch.ray_run import RaySetup, drive, error_said
+        from studio.batch.run import EngineOptions
+
+        request = json.load(sys.stdin)
+        setup = RaySetup(**request["setup"])
+        names = {f.name for f in fields(EngineOptions)}
+        options = EngineOptions(**{k: v for k, v in request["options"].items() if k in names})
+        jobs = [Job.from_dict(d) for d in request["jobs"]]
+        records = drive(setup, jobs, Path(request["out"]), options)
+        try:
+            for rec in records:
+                _send(channel, {"record": rec})
+            _send(channel, {"done": True})
+        except Exception as e:  # noqa: BLE001 - the batch's process reports it
+            _send(channel, {"error": error_said(e)})
+        finally:
+            records.close()  # Ray stopped: after the batch has what it needs
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the batch's process is gone
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # Ray's exit handlers ran in drive's shutdown already
