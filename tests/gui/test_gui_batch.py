@@ -4,6 +4,7 @@ them, a rerun that skips, Stop, and the main window's File → Batch queue… ac
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import av
@@ -69,7 +70,14 @@ def test_a_batch_runs_records_the_bad_clip_and_a_rerun_skips(qtbot, batch, clips
     w.jobStarted.connect(started.append)
     seen: dict[str, dict[str, str]] = {}  # each clip's start: how the others stand
     w.jobStarted.connect(lambda name: seen.setdefault(name, _status(w)))
+    said: dict[str, str] = {}  # the summary line as each clip starts
+    w.jobStarted.connect(lambda name: said.setdefault(name, w.summary.text()))
     assert _run(qtbot, w) == "done"
+    # no rate before a second of speech is rendered; then the rate, and the time left unless
+    # under half a second (b's 1 s at the demo's pace): never "ETA 0:00"
+    assert "real time" not in said["a.mp4"] and said["a.mp4"].startswith("Running: 0 done")
+    running = r"Running: 0 done, .*, 1 being written, \d+\.\dx real time(, ETA \d+:\d\d)?"
+    assert re.fullmatch(running, said["b.mp4"]) and "ETA 0:00" not in said["b.mp4"]
     # when b starts, a is rendered and its file's end is being written beside b
     assert seen["b.mp4"] == {"a.mp4": "writing", "b.mp4": "running", "bad.mp4": "queued"}
     out = Path(w.out_dir.text())
