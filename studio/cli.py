@@ -571,7 +571,7 @@ def _raise_if_signalled() -> None:
 
 
 def _inbetween_words(psnr: dict | None) -> str:
-    """", in-betweens M dB mean (p5 P) against full renders" where they were measured."""
+    """ ", in-betweens M dB mean (p5 P) against full renders" where they were measured."""
     if not psnr:
         return ""
     return f", in-betweens {psnr['mean']:.1f} dB mean (p5 {psnr['p5']:.1f}) against full renders"
@@ -663,13 +663,14 @@ def cmd_render(args: argparse.Namespace) -> int:
     controls = _load_controls(args)
     # the pipeline (torch, scipy) after the inputs: a mistake in them is said a second sooner
     imports = time.perf_counter()
-    from studio.render.pipeline import analyze, quality_of, start_video
+    from studio.render.pipeline import analyze, find_silence_aside, quality_of, start_video
 
     with _progress() as progress:
         t0 = time.perf_counter()
         engine = _open_engine(prepared, progress)
         opened = time.perf_counter()
         result = analyze(audio, settings, engine, controls)
+        find_silence_aside(result.audio, result.phon)  # for the quality report, beside frames
         renderer = engine.renderer(settings)
         # export/compile/capture before the first frame, as a stage of its own
         t1 = time.perf_counter()
@@ -841,6 +842,7 @@ def _live_summary(report: dict) -> str:
 def _stop_on_signal(stop) -> Iterator[None]:
     """The first Ctrl-C (or SIGTERM/SIGHUP) ends the live session cleanly (``stop`` set);
     a second one interrupts at once."""
+
     def ask_stop(signum: int, frame: object) -> None:
         if stop.is_set():
             _interrupt(signum, frame)

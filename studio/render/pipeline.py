@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -292,25 +294,62 @@ def quality_of(result: MotionResult, engine: Engine) -> dict:
     return report
 
 
-_SILENCES: weakref.WeakKeyDictionary[Audio, tuple[np.ndarray, str]] = (
+_SILENCES: weakref.WeakKeyDictionary[Audio, Future[tuple[np.ndarray, str]]] = (
     weakref.WeakKeyDictionary()
 )
+_SILENCES_LOCK = threading.Lock()
 
 
 def speech_silence(audio: Audio, phon: PhoneticFrames) -> tuple[np.ndarray, str]:
     """The clip's silent frames and where they come from: Silero VAD (its model ships in its
-    wheel), found once per audio (a GUI re-measures every preview of the same speech); the
-    phonetics' own silence where the VAD cannot run (not installed)."""
+    wheel), found once per audio (a GUI re-measures every preview of the same speech; a
+    render starts it beside its frames, :func:`find_silence_aside`); the phonetics' own
+    silence where the VAD cannot run (not installed). A VAD that failed raises here once;
+    the next call tries again."""
+    found = _silence(audio, phon, aside=False)
+    try:
+        return found.result()
+    except BaseException:
+        with _SILENCES_LOCK:
+            if _SILENCES.get(audio) is found:
+                del _SILENCES[audio]
+        raise
+
+
+def find_silence_aside(audio: Audio, phon: PhoneticFrames) -> None:
+    """Start :func:`speech_silence` on a thread of its own: a render's frames hide the VAD's
+    CPU time (1-2 s for a minute of speech), which its quality report would wait for after
+    the last frame."""
+    _silence(audio, phon, aside=True)
+
+
+def _silence(audio: Audio, phon: PhoneticFrames, aside: bool) -> Future[tuple[np.ndarray, str]]:
+    with _SILENCES_LOCK:
+        found = _SILENCES.get(audio)
+        if found is not None:
+            return found
+        found = _SILENCES[audio] = Future()
+    if aside:
+        threading.Thread(
+            target=_find_silence, args=(found, audio, phon), name="silence", daemon=True
+        ).start()
+    else:
+        _find_silence(found, audio, phon)
+    return found
+
+
+def _find_silence(
+    found: Future[tuple[np.ndarray, str]], audio: Audio, phon: PhoneticFrames
+) -> None:
     from studio.motion.quality import vad_silence
 
-    known = _SILENCES.get(audio)
-    if known is None:
+    try:
         try:
-            known = (vad_silence(audio.samples), "silero-vad")
+            found.set_result((vad_silence(audio.samples), "silero-vad"))
         except RuntimeError:
-            known = (np.asarray(phon.silence, bool), "phonetics")
-        _SILENCES[audio] = known
-    return known
+            found.set_result((np.asarray(phon.silence, bool), "phonetics"))
+    except BaseException as e:  # noqa: BLE001 - the one who waits for it raises it
+        found.set_exception(e)
 
 
 def build_report(result: MotionResult, timings_ms: dict[str, float], rendered: bool) -> dict:

@@ -346,9 +346,7 @@ class LiveSession:
             return self._keys[prev_k]
         rows = np.stack([self._key_rows[prev_k], self._key_rows[next_k], chunk.motion[i]])
         keys = (prev_k, next_k, int(chunk.indices[i]))
-        return make_inbetween(
-            self.renderer, self._keys[prev_k], self._keys[next_k], rows, w, keys
-        )
+        return make_inbetween(self.renderer, self._keys[prev_k], self._keys[next_k], rows, w, keys)
 
     def _frame(self, index: int, image: np.ndarray, fed: float) -> LiveFrame:
         now = self.clock() - self._t0

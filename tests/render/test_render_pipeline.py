@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from studio.audio.io import audio_from_array
 from studio.engines.base import Renderer
@@ -116,6 +117,34 @@ def test_silences_come_from_the_vad_once_per_audio_else_from_the_phonetics(monke
     other = _speech_result("auto")
     silence, source = speech_silence(other.audio, other.phon)
     assert source == "phonetics" and np.array_equal(silence, other.phon.silence)
+
+
+def test_silences_found_aside_a_render_are_the_ones_its_report_gets(monkeypatch):
+    """A render starts the VAD on a thread beside its frames; the quality report then takes
+    that answer (one VAD run), and a VAD that fails is tried again by the next asker."""
+    import threading
+
+    from studio.motion import quality
+    from studio.render.pipeline import find_silence_aside, speech_silence
+
+    runs: list[str] = []
+    vad = quality.vad_silence
+
+    def counted(samples):
+        runs.append(threading.current_thread().name)
+        if len(runs) == 1:
+            raise ValueError("a broken VAD")
+        return vad(samples)
+
+    monkeypatch.setattr(quality, "vad_silence", counted)
+    result = _speech_result("auto")
+    find_silence_aside(result.audio, result.phon)
+    with pytest.raises(ValueError, match="a broken VAD"):
+        speech_silence(result.audio, result.phon)
+    find_silence_aside(result.audio, result.phon)
+    silence, source = speech_silence(result.audio, result.phon)
+    assert source == "silero-vad" and runs == ["silence", "silence"]
+    assert speech_silence(result.audio, result.phon)[0] is silence and len(runs) == 2
 
 
 def test_a_render_measures_its_inbetweens_and_says_so(tmp_path) -> None:
