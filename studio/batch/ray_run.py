@@ -301,8 +301,14 @@ class Driver:
             process_group=0,
         )
         assert self.proc.stdin is not None
-        with self.proc.stdin:
-            self.proc.stdin.write(json.dumps(request))
+        try:
+            with self.proc.stdin:
+                self.proc.stdin.write(json.dumps(request))
+        except BrokenPipeError:  # it ended at once: :meth:`records` says how
+            pass
+        except BaseException:  # Ctrl-C: no driver is left running the batch
+            self.stop()
+            raise
 
     def records(self) -> Iterator[dict[str, Any]]:
         """The jobs' records as they finish; the driver's error raised as this process's
@@ -324,24 +330,30 @@ class Driver:
 
     def stop(self) -> None:
         """The driver's end: waited for when it is over (its local instance stopping), else
-        interrupted first; killed if it does not end in :data:`STOP_WAIT_S`, and what it
-        leaves of its process group (its instance's agents) after a bad end with it."""
+        interrupted first; killed with what is left of its process group (its instance's
+        agents) if it does not end in :data:`STOP_WAIT_S` or a second Ctrl-C comes, or
+        after any bad end."""
         proc = self.proc
         if not self.over and proc.poll() is None:
             proc.send_signal(signal.SIGINT)
         try:
             proc.wait(timeout=STOP_WAIT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        except (subprocess.TimeoutExpired, KeyboardInterrupt) as e:
+            self._kill_group()
             proc.wait()
+            if isinstance(e, KeyboardInterrupt):
+                raise
         if proc.stdout is not None:
             proc.stdout.close()
         if proc.returncode != 0:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            self._kill_group()
             if self.over:  # after the last record: Ray's own, not the batch's
                 self.log()
         self.said.close()
+
+    def _kill_group(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
 
     def log(self) -> None:
         """How the driver ended and what it said on stderr, as a debug record (an internal
