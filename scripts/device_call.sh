@@ -1,30 +1,37 @@
 #!/usr/bin/env bash
 # One call of the device tool for issue 20's warm-start and batch figures (what a session
 # needs on a bare GPU machine). Prepare here first, at no device cost:
-#   echo /.whl/ >> .git/info/exclude; echo /.raybundle/ >> .git/info/exclude
-#   echo /.base/ >> .git/info/exclude
-#   bash scripts/gpu_wheels.sh ray          # .whl (50 MB) and .raybundle (62 MB)
+#   printf '/.whl/\n/.ray1/\n/.ray2/\n/.base/\n' >> .git/info/exclude
+#   bash scripts/gpu_wheels.sh ray          # .whl (50 MB), .ray1 and .ray2 (31 MB each)
 #   mkdir -p .base && git archive BASE | gzip > .base/base.tgz   # for `base` (2 MB)
-# A call carries at most 64 MiB, so carry .whl (and .base) in the first call, whose packages
-# stay in /tmp/site on the warm machine, and .raybundle alone in a Ray call after it; the
+# A call carries at most 64 MiB with the tree, so carry .whl (and .base) in the first call,
+# whose packages stay in /tmp/site on the warm machine; for Ray, .ray1 in a `stage` call and
+# .ray2 in the Ray call after it (the halves are joined and unpacked into /tmp/raysite). The
 # machine is given back 30 s after a call, so chain them. Usage, in the device call:
 #   bash scripts/device_call.sh LABEL warm [studio bench --suite warmstart options]
 #   bash scripts/device_call.sh LABEL base [options]   # the same from .base/base.tgz's tree
+#   bash scripts/device_call.sh LABEL stage            # only keep what this call carries
 # LABEL names the commit of the tree that runs (the copy has no .git). `warm` runs
 # scripts/bench_gpu.sh's warmstart step into /tmp/b (its cache kept for later calls); `base`
 # runs the older tree's against the same cache into /tmp/b2 (an A/B on one machine). Every
 # 10 s, and at the end, the reports and each process's log are copied to $OUT
 # (b.json/b.md, b2.json/b2.md, logs/).
 set -uo pipefail
-label=${1:?usage: scripts/device_call.sh LABEL warm|base [options]}
-step=${2:?usage: scripts/device_call.sh LABEL warm|base [options]}
+label=${1:?usage: scripts/device_call.sh LABEL warm|base|stage [options]}
+step=${2:?usage: scripts/device_call.sh LABEL warm|base|stage [options]}
 shift 2
 site=/tmp/site
 [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
   --upgrade --target "$site" .whl/*.whl
-if [ -f .raybundle/raysite.tar.xz ] && [ ! -d /tmp/raysite ]; then
-  mkdir -p /tmp/raysite && tar -xJf .raybundle/raysite.tar.xz -C /tmp/raysite
+mkdir -p /tmp/raybundle
+for half in 1 2; do
+  [ -f .ray$half/part ] && cp .ray$half/part /tmp/raybundle/part$half
+done
+if [ -f /tmp/raybundle/part1 ] && [ -f /tmp/raybundle/part2 ] && [ ! -d /tmp/raysite ]; then
+  mkdir -p /tmp/raysite
+  cat /tmp/raybundle/part1 /tmp/raybundle/part2 | tar -xJf - -C /tmp/raysite
 fi
+[ "$step" = stage ] && { ls /tmp/site /tmp/raybundle 2>/dev/null | head -3; exit 0; }
 export PYTHONUNBUFFERED=1
 save() {  # the reports and logs so far, to $OUT
   mkdir -p "$OUT/logs"

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The wheels a GPU machine's image lacks for a render, a batch and the warm-start bench
 # (Python 3.12, manylinux x86_64), at the versions this venv holds, into ./.whl (git ignores
-# it: add `/.whl/` to .git/info/exclude once). With `ray`, Ray Data's too, into
-# ./.raybundle/raysite.tar.xz (unpack it with `tar -xJf` and put it on PYTHONPATH). The GPU
-# call installs them with `pip install --no-index --no-deps --target DIR .whl/*.whl`.
+# it: add `/.whl/` to .git/info/exclude once). With `ray`, Ray Data's too: a tar.xz (62 MB)
+# in two halves, ./.ray1/part and ./.ray2/part, since a device call carries at most 64 MiB
+# with the tree (scripts/device_call.sh joins and unpacks them onto PYTHONPATH). The GPU call
+# installs the wheels with `pip install --no-index --no-deps --target DIR .whl/*.whl`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=.venv/bin/python
@@ -27,7 +28,10 @@ if [ "${1:-}" = ray ]; then
   "$py" -m pip install -q --no-deps --no-compile --target "$tmp/site" --python-version 3.12 \
     --implementation cp --only-binary=:all: --platform manylinux2014_x86_64 \
     --platform manylinux_2_17_x86_64 --platform any "$tmp"/w/*.whl
-  mkdir -p .raybundle && tar -cJf .raybundle/raysite.tar.xz -C "$tmp/site" .
+  tar -cJf "$tmp/raysite.tar.xz" -C "$tmp/site" .
+  mkdir -p .ray1 .ray2
+  split -n 2 -d "$tmp/raysite.tar.xz" "$tmp/part"
+  mv "$tmp/part00" .ray1/part && mv "$tmp/part01" .ray2/part
   rm -rf "$tmp"
-  ls -la .raybundle
+  ls -la .ray1 .ray2
 fi
