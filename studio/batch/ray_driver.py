@@ -10,14 +10,19 @@ Interrupted (SIGINT from the batch), it stops its local instance and ends with s
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
+import signal
 import sys
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, TextIO
 
 EXIT_INTERRUPTED = 130
+PR_SET_PDEATHSIG = 1  # prctl(2)
+BATCH_PID_ENV = "STUDIO_RAY_BATCH_PID"  # the batch's process, set by ray_run.Driver
 
 
 def _send(channel: TextIO, event: dict[str, Any]) -> None:
@@ -25,10 +30,25 @@ def _send(channel: TextIO, event: dict[str, Any]) -> None:
     channel.flush()
 
 
+def _stopped_by_the_batch() -> None:
+    """SIGINT, which only the batch sends (this process has a process group of its own),
+    interrupts it, also where the batch's own was ignored (nohup); and it comes when the
+    batch's process dies (Linux ``PR_SET_PDEATHSIG``): a batch killed outright (the OOM
+    killer, SIGKILL) leaves no driver rendering on, and its local instance is stopped as
+    after Ctrl-C. Elsewhere the driver ends at its next record, which finds the pipe gone."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGINT)
+    if str(os.getppid()) != os.environ.get(BATCH_PID_ENV, str(os.getppid())):
+        os.kill(os.getpid(), signal.SIGINT)  # it died before the request was made
+
+
 def main() -> int:
     channel = os.fdopen(os.dup(1), "w")  # the records' own pipe
     os.dup2(2, 1)  # stdout: anything else printed goes to stderr
     try:
+        _stopped_by_the_batch()
         from studio.batch.jobs import Job
         from studio.batch.ray_run import RaySetup, drive, error_said
         from studio.batch.run import EngineOptions

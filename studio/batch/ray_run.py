@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from studio.batch.jobs import Job
+from studio.batch.ray_driver import BATCH_PID_ENV
 from studio.batch.run import EngineCache, EngineOptions, run_in_turn
 from studio.engines.base import Progress
 from studio.errors import OptionError, StudioError
@@ -289,6 +290,7 @@ class Driver:
         env = dict(os.environ)
         root = str(Path(studio.__file__).resolve().parent.parent)  # where this studio is
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+        env[BATCH_PID_ENV] = str(os.getpid())
         self.said = tempfile.TemporaryFile()
         self.over = False  # done or failed, as it said: the rest is Ray's teardown
         self.proc = subprocess.Popen(

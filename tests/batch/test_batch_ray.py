@@ -170,14 +170,9 @@ def _processes() -> dict[int, tuple[bytes, int, int]]:
     return {pid: facts for pid, facts in found.items() if facts[0]}
 
 
-def test_a_ray_driver_that_dies_mid_batch_is_one_line_and_the_batch_keeps_its_report(
-    tmp_path: Path,
-) -> None:
-    """Ray's driver is a child of the batch in a process group of its own: killed (or
-    crashing in Ray's teardown), the batch still ends with its report and one line (the
-    driver's stderr in the error's log file), and its local instance's processes go too."""
-    import os
-    import signal
+def _batch_with_its_driver(tmp_path: Path) -> tuple[subprocess.Popen[str], int, Path]:
+    """A `studio batch --ray` of one demo clip, once its Ray driver's instance has its agents
+    up: (the batch's process, its driver's pid, the output folder)."""
     import time
 
     demo_speech_piece(tmp_path, "a.wav", 0.0, 1.0)
@@ -200,6 +195,31 @@ def test_a_ray_driver_that_dies_mid_batch_is_one_line_and_the_batch_keeps_its_re
         )
         group = {p: f for p, f in procs.items() if driver and f[2] == driver}
     assert b"studio.batch.ray_driver" in group[driver][0]
+    return child, driver, out
+
+
+def _group_gone(driver: int, wait_s: float = 0.0) -> bool:
+    """Whether no process is left in the driver's process group (within ``wait_s``)."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while any(f[2] == driver for f in _processes().values()):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
+def test_a_ray_driver_that_dies_mid_batch_is_one_line_and_the_batch_keeps_its_report(
+    tmp_path: Path,
+) -> None:
+    """Ray's driver is a child of the batch in a process group of its own: killed (or
+    crashing in Ray's teardown), the batch still ends with its report and one line (the
+    driver's stderr in the error's log file), and its local instance's processes go too."""
+    import os
+    import signal
+
+    child, driver, out = _batch_with_its_driver(tmp_path)
     os.kill(driver, signal.SIGKILL)
     _, err = child.communicate(timeout=RAY_TIMEOUT_S)
     assert child.returncode == 1 and "Traceback" not in err, err
@@ -210,5 +230,19 @@ def test_a_ray_driver_that_dies_mid_batch_is_one_line_and_the_batch_keeps_its_re
     report = json.loads((out / REPORT_FILE).read_text())
     assert [r["status"] for r in report["jobs"]] == ["pending"]
     assert not list(out.glob("*.mp4"))
-    left = {p for p, f in _processes().items() if f[2] == driver}
-    assert not left, "Ray processes outlived their driver"
+    assert _group_gone(driver), "Ray processes outlived their driver"
+
+
+def test_a_batch_killed_outright_takes_its_ray_driver_and_instance_with_it(
+    tmp_path: Path,
+) -> None:
+    """The OOM killer or SIGKILL gives the batch no chance to stop its driver: the driver
+    learns it from the kernel (parent-death signal) and stops its local instance."""
+    import os
+    import signal
+
+    child, driver, out = _batch_with_its_driver(tmp_path)
+    os.kill(child.pid, signal.SIGKILL)
+    child.communicate(timeout=RAY_TIMEOUT_S)
+    assert _group_gone(driver, wait_s=60.0), "the driver and its instance outlived the batch"
+    assert not (out / "a.mp4").exists()  # stopped then, not after rendering on for nobody
