@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import sys
-from dataclasses import fields
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -50,23 +49,21 @@ def main() -> int:
     try:
         _stopped_by_the_batch()
         from studio.batch.jobs import Job
-        from studio.batch.ray_run import RaySetup, drive, error_said
+        from studio.batch.ray_run import RaySetup, connected, drive, error_said
         from studio.batch.run import EngineOptions
 
         request = json.load(sys.stdin)
         setup = RaySetup(**request["setup"])
-        names = {f.name for f in fields(EngineOptions)}
-        options = EngineOptions(**{k: v for k, v in request["options"].items() if k in names})
+        options = EngineOptions(**request["options"])
         jobs = [Job.from_dict(d) for d in request["jobs"]]
-        records = drive(setup, jobs, Path(request["out"]), options)
-        try:
-            for rec in records:
-                _send(channel, {"record": rec})
-            _send(channel, {"done": True})
-        except Exception as e:  # noqa: BLE001 - the batch's process reports it
-            _send(channel, {"error": error_said(e)})
-        finally:
-            records.close()  # Ray stopped: after the batch has what it needs
+        with contextlib.ExitStack() as ray_session:  # left (Ray stopped) after the last word
+            try:
+                ray_session.enter_context(connected(setup))
+                for rec in drive(setup, jobs, Path(request["out"]), options):
+                    _send(channel, {"record": rec})
+                _send(channel, {"done": True})
+            except Exception as e:  # noqa: BLE001 - the batch's process reports it
+                _send(channel, {"error": error_said(e)})
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # the batch's process is gone
@@ -78,4 +75,4 @@ if __name__ == "__main__":
     status = main()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(status)  # Ray's exit handlers ran in drive's shutdown already
+    os._exit(status)  # Ray was stopped on leaving its session: its exit handlers are done

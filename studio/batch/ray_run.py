@@ -193,40 +193,50 @@ def _fit(setup: RaySetup) -> tuple[float, float]:
     return gpus, setup.cpus_per_actor
 
 
-def drive(
-    setup: RaySetup, todo: Sequence[Job], out: Path, options: EngineOptions
-) -> Iterator[dict[str, Any]]:
-    """The records of ``todo`` rendered by a pool of actors (in the Ray driver's process,
-    :mod:`studio.batch.ray_driver`); a local instance started here is stopped once the
-    generator is closed or done, which the caller does after the last record is passed on."""
+@contextlib.contextmanager
+def connected(setup: RaySetup) -> Iterator[None]:
+    """Connected to the cluster (a local instance started for the batch) while inside; a
+    local instance stopped on leaving. The Ray driver's process
+    (:mod:`studio.batch.ray_driver`) says everything to the batch before it leaves: Ray's
+    teardown can crash."""
     import ray
-    from ray.data import ActorPoolStrategy
 
     started = _init(setup)
     try:
-        gpus, cpus = _fit(setup)
-        rows = [{"job": json.dumps(job.to_dict())} for job in todo]
-        _quiet()
-        with warnings.catch_warnings():
-            # max_restarts has no named parameter in the Ray this extra pins (< 2.64), and
-            # Ray's default restarts an actor for ever: one that dies opening its engine
-            # (out of GPU memory) would never end the batch
-            warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-            ds = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
-                actor_class(out, options),
-                batch_size=1,
-                compute=ActorPoolStrategy(size=min(setup.actors, len(rows))),
-                num_gpus=gpus,
-                num_cpus=cpus,
-                max_restarts=0,  # a job's failure is its record; a lost actor ends it all
-            )
-        # no prefetch: each record is kept (and the state saved) as soon as its job ends
-        for batch in ds.iter_batches(batch_size=1, batch_format="numpy", prefetch_batches=0):
-            for blob in batch["record"]:
-                yield json.loads(str(blob))
+        yield
     finally:
         if started:
             ray.shutdown()
+
+
+def drive(
+    setup: RaySetup, todo: Sequence[Job], out: Path, options: EngineOptions
+) -> Iterator[dict[str, Any]]:
+    """The records of ``todo`` rendered by a pool of actors, as their jobs end (inside
+    :func:`connected`)."""
+    import ray
+    from ray.data import ActorPoolStrategy
+
+    gpus, cpus = _fit(setup)
+    rows = [{"job": json.dumps(job.to_dict())} for job in todo]
+    _quiet()
+    with warnings.catch_warnings():
+        # max_restarts has no named parameter in the Ray this extra pins (< 2.64), and Ray's
+        # default restarts an actor for ever: one that dies opening its engine (out of GPU
+        # memory) would never end the batch
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+        ds = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
+            actor_class(out, options),
+            batch_size=1,
+            compute=ActorPoolStrategy(size=min(setup.actors, len(rows))),
+            num_gpus=gpus,
+            num_cpus=cpus,
+            max_restarts=0,  # a job's failure is its record; a lost actor ends it all
+        )
+    # no prefetch: each record is kept (and the state saved) as soon as its job ends
+    for batch in ds.iter_batches(batch_size=1, batch_format="numpy", prefetch_batches=0):
+        for blob in batch["record"]:
+            yield json.loads(str(blob))
 
 
 STOP_WAIT_S = 60.0  # how long the driver gets to stop its actors and local instance

@@ -105,20 +105,29 @@ def test_a_cluster_address_nothing_answers_at_is_one_line_before_any_file(tmp_pa
     assert "Traceback" not in err and not out.exists()
 
 
+def _stat(pid: str) -> tuple[bytes, int, int]:
+    """(command line, parent pid, process group) of a process; empty when it is gone."""
+    try:
+        cmd = (Path("/proc") / pid / "cmdline").read_bytes()
+        fields = (Path("/proc") / pid / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return b"", 0, 0
+    return cmd, int(fields[1]), int(fields[2])
+
+
+def _processes() -> dict[int, tuple[bytes, int, int]]:
+    found = {int(p.name): _stat(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()}
+    return {pid: facts for pid, facts in found.items() if facts[0]}
+
+
 def _ray_processes(kind: bytes = b"") -> set[int]:
     """The pids of Ray's own processes on this machine (its daemons and agents; with
     ``kind``, those whose command line holds it)."""
     found = set()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            continue
+    for pid, (cmd, _, _) in _processes().items():
         ray = b"raylet" in cmd or b"gcs_server" in cmd or b"ray::" in cmd or b"/ray/" in cmd
         if ray and kind in cmd:
-            found.add(int(proc.name))
+            found.add(pid)
     return found
 
 
@@ -153,21 +162,6 @@ def test_ctrl_c_while_ray_starts_leaves_none_of_its_processes(tmp_path: Path) ->
     while _ray_processes() - before and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not _ray_processes() - before, "Ray processes outlived the interrupted batch"
-
-
-def _stat(pid: str) -> tuple[bytes, int, int]:
-    """(command line, parent pid, process group) of a process; empty when it is gone."""
-    try:
-        cmd = (Path("/proc") / pid / "cmdline").read_bytes()
-        fields = (Path("/proc") / pid / "stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return b"", 0, 0
-    return cmd, int(fields[1]), int(fields[2])
-
-
-def _processes() -> dict[int, tuple[bytes, int, int]]:
-    found = {int(p.name): _stat(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()}
-    return {pid: facts for pid, facts in found.items() if facts[0]}
 
 
 def _batch_with_its_driver(tmp_path: Path) -> tuple[subprocess.Popen[str], int, Path]:
