@@ -5,22 +5,24 @@ It reads one JSON request on stdin (setup, jobs, output folder, engine options),
 jobs through :func:`~studio.batch.ray_run.drive` and writes one JSON line per event on
 stdout: ``{"record": ...}`` per finished job, then ``{"done": true}`` before Ray is stopped,
 or ``{"error": ...}``. Anything else that writes to stdout (Ray's own notes) goes to stderr.
-Interrupted (SIGINT from the batch), it stops its local instance and ends with status 130.
+Interrupted (SIGINT from the batch), it stops its local instance and ends with status 130;
+the batch's process gone, it kills its own process group.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any, TextIO
 
 EXIT_INTERRUPTED = 130
-PR_SET_PDEATHSIG = 1  # prctl(2)
+WATCH_S = 0.2  # how often the driver looks whether its batch's process is still there
 BATCH_PID_ENV = "STUDIO_RAY_BATCH_PID"  # the batch's process, set by ray_run.Driver
 
 
@@ -31,16 +33,23 @@ def _send(channel: TextIO, event: dict[str, Any]) -> None:
 
 def _stopped_by_the_batch() -> None:
     """SIGINT, which only the batch sends (this process has a process group of its own),
-    interrupts it, also where the batch's own was ignored (nohup); and it comes when the
-    batch's process dies (Linux ``PR_SET_PDEATHSIG``): a batch killed outright (the OOM
-    killer, SIGKILL) leaves no driver rendering on, and its local instance is stopped as
-    after Ctrl-C. Elsewhere the driver ends at its next record, which finds the pipe gone."""
+    interrupts it, also where the batch's own was ignored (nohup). A batch killed outright
+    (the OOM killer, SIGKILL) leaves nobody to report to: a watcher thread then kills this
+    process group (the driver and its local instance's processes) at once, whatever the main
+    thread is held up in (Ray's start, its C++ calls)."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGINT)
-    if str(os.getppid()) != os.environ.get(BATCH_PID_ENV, str(os.getppid())):
-        os.kill(os.getpid(), signal.SIGINT)  # it died before the request was made
+    batch = int(os.environ.get(BATCH_PID_ENV, os.getppid()))
+    threading.Thread(target=_ends_with, args=(batch,), name="batch-watch", daemon=True).start()
+
+
+def _ends_with(batch: int) -> None:
+    """Kill this driver's process group (only itself, where it is not its group's leader)
+    once ``batch`` is no longer its parent."""
+    while os.getppid() == batch:
+        time.sleep(WATCH_S)
+    if os.getpgid(0) == os.getpid():
+        os.killpg(0, signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main() -> int:
