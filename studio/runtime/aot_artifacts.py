@@ -98,14 +98,14 @@ def build(
     module: nn.Module,
     example: tuple[torch.Tensor, ...],
     check: Check | None = None,
-) -> Path | None:
+) -> tuple[Callable[..., Any], bool]:
     """Export ``module`` on ``example``, compile it standalone and save it as ``key``'s
-    artifact (atomically, under its build lock; None where another process saved it
-    meanwhile). RuntimeError where the exported program
-    holds tensors that are not the module's weights (they would be missing when loaded), or
-    where ``check`` refuses what the saved artifact computes."""
+    artifact (atomically, under its build lock); the artifact bound to ``module``'s weights,
+    and whether this call built it (else another process saved it meanwhile). RuntimeError
+    where the exported program holds tensors that are not the module's weights (they would
+    be missing when loaded), or where ``check`` refuses what the saved artifact computes."""
 
-    def make(partial: Path) -> dict[str, Any]:
+    def make(partial: Path) -> tuple[dict[str, Any], Callable[..., Any]]:
         with torch.no_grad():
             exported = torch.export.export(module, example)
         user = torch.export.graph_signature.InputKind.USER_INPUT
@@ -127,10 +127,11 @@ def build(
         specs = [(tuple(t.shape), t.stride(), t.dtype, str(t.device)) for t in args]
         verify_elsewhere(partial, specs, key.network, _VERIFY, "compiled artifact")
         saved = torch._inductor.CompiledArtifact.load(path=str(partial), format="binary")
-        refuse_wrong(_bound(saved, order, module), check, key.network, "compiled artifact")
-        return {"inputs": order}
+        runner = _bound(saved, order, module)
+        refuse_wrong(runner, check, key.network, "compiled artifact")
+        return {"inputs": order}, runner
 
-    present = lambda: load(cache_dir, key, module)[0] is not None  # noqa: E731
+    present = lambda: load(cache_dir, key, module)[0]  # noqa: E731
     return build_file(artifact_file(cache_dir, key), key, present, make)
 
 
@@ -154,5 +155,4 @@ def load_or_build(
         why,
         ABSENT,
         lambda: build(cache_dir, key, module, example, check),
-        lambda: load(cache_dir, key, module),
     )

@@ -39,7 +39,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -61,6 +61,7 @@ _HASHES: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
 # why a compiled runner does not compute its network's outputs (None: it does); given by the
 # engine, which knows the precision's tolerance
 Check = Callable[[Callable[..., Any]], str | None]
+R = TypeVar("R")  # what a compiled file loads as (a package's runner, a bound artifact)
 
 
 def weights_sha256(module: nn.Module) -> str:
@@ -293,47 +294,49 @@ def build(
     module: nn.Module,
     example: tuple[torch.Tensor, ...],
     check: Check | None = None,
-) -> Path | None:
+) -> tuple[Callable, bool]:
     """Export ``module`` on ``example`` and compile it into ``key``'s package (atomically,
-    under the package's build lock; its path, or None where another process finished it
-    meanwhile, which is kept).
+    under the package's build lock); the loaded package, and whether this call built it
+    (else another process finished it meanwhile, which is kept).
     NotPackageable where it needs the proxy executor; RuntimeError where a new process cannot
     load and run it, or where ``check`` refuses its outputs (none is kept)."""
 
-    def make(partial: Path) -> dict[str, Any]:
+    def make(partial: Path) -> tuple[dict[str, Any], Callable]:
         _package_verified(module, example, partial, key.network)
         runner = torch._inductor.aoti_load_package(str(partial))  # safe: it ran elsewhere
         refuse_wrong(runner, check, key.network, "compiled package")
-        return {}
+        return {}, runner
 
-    present = lambda: load(cache_dir, key)[0] is not None  # noqa: E731
-    return build_file(package_file(cache_dir, key), key, present, make)
+    return build_file(package_file(cache_dir, key), key, lambda: load(cache_dir, key)[0], make)
 
 
 def build_file(
     path: Path,
     key: AotKey,
-    present: Callable[[], bool],
-    make: Callable[[Path], dict[str, Any]],
-) -> Path | None:
-    """Write a compiled file for ``key`` at ``path`` once: under its build lock, unless
-    ``present()`` (another process finished it meanwhile: None), ``make(partial)`` writes it
-    to a hidden file (returning what else its metadata keeps), which is then put in place
-    atomically with its metadata (the key and the file's SHA-256); its path."""
+    present: Callable[[], R | None],
+    make: Callable[[Path], tuple[dict[str, Any], R]],
+) -> tuple[R, bool]:
+    """Write a compiled file for ``key`` at ``path`` once, under its build lock: the file's
+    loaded runner, and whether this call wrote it. ``present()`` is the runner of a file
+    another process finished meanwhile (kept), or None; else ``make(partial)`` writes it to
+    a hidden file and returns what else its metadata keeps and the runner it loaded (and
+    checked) from it, so it is loaded once; the file is then put in place atomically with
+    its metadata (the key and the file's SHA-256)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with build_lock(path, f"the compiled {key.network} (batch {key.batch})"):
-        if present():
-            return None
+        there = present()
+        if there is not None:
+            return there, False
         partial = path.with_name(f".{path.name}.{os.getpid()}.partial{path.suffix}")
         try:
-            extra = make(partial)
+            extra, runner = make(partial)
             sha = file_sha256(partial)
             os.replace(partial, path)
         finally:
             partial.unlink(missing_ok=True)
         meta = {"key": asdict(key), "sha256": sha, **extra}
         write_atomic(_meta(path), json.dumps(meta, indent=1))
-    return path
+    return runner, True
 
 
 def _device_of(example: tuple[torch.Tensor, ...]) -> torch.device:
@@ -433,7 +436,6 @@ def load_or_build(
         why,
         "no compiled package yet",
         lambda: build(cache_dir, key, module, example, check),
-        lambda: load(cache_dir, key),
         usable,
     )
 
@@ -456,15 +458,14 @@ def build_then_load(
     key: AotKey,
     why: str,
     absent: str,
-    build_it: Callable[[], Path | None],
-    load_it: Callable[[], tuple[Callable | None, str]],
+    build_it: Callable[[], tuple[R, bool]],
     usable: Callable[[], str | None] = lambda: None,
-) -> tuple[Callable | None, str]:
-    """A compiled file that did not load (``why``) built and loaded: (runner, "built"; or
-    "loaded" where another process built it meanwhile: ``build_it`` returned None), or
-    (None, why not: it failed before, or ``usable()`` says why not here). A failed build is
-    remembered beside it (``<file>.failed.json``), so later processes do not try again; one
-    out of memory or time (:class:`TransientFailure`) is not."""
+) -> tuple[R | None, str]:
+    """A compiled file that did not load (``why``) built, as ``build_it`` loaded it: (runner,
+    "built"; or "loaded" where another process built it meanwhile), or (None, why not: it
+    failed before, or ``usable()`` says why not here). A failed build is remembered beside
+    it (``<file>.failed.json``), so later processes do not try again; one out of memory or
+    time (:class:`TransientFailure`) is not."""
     failed = failed_file(path)
     if failed.is_file():
         return None, f"it failed to compile ahead of time before ({failed.name})"
@@ -474,12 +475,11 @@ def build_then_load(
     if why != absent:
         _log.warning("%s: compiling it again", why)
     try:
-        made = build_it()
+        runner, made = build_it()
     except Exception as e:
         if not isinstance(e, TransientFailure | torch.cuda.OutOfMemoryError):
             reason = f"{type(e).__name__}: {e}"
             failure = json.dumps({"key": asdict(key), "error": reason[:2000]}, indent=1)
             write_atomic(failed, failure)
         raise
-    runner, again = load_it()
-    return runner, (again if runner is None else "built" if made is not None else "loaded")
+    return runner, "built" if made else "loaded"

@@ -249,20 +249,19 @@ def test_a_file_another_process_finished_meanwhile_is_said_loaded_not_built(
     key = aot_cache.AotKey("stitch_network", "0" * 64, "fp32", "", 2, "cpu", "cpu", "t", None)
     path = tmp_path / "stitch.art"
 
-    def make(partial: Path) -> dict:
+    def make(partial: Path) -> tuple[dict, object]:
         raise AssertionError("built again")
 
     def runner() -> None:
         return None
 
-    def build() -> Path | None:  # the other process's file is there once the lock is ours
-        return aot_cache.build_file(path, key, lambda: True, make)
+    def build() -> tuple[object, bool]:  # the other process's file is there once ours locks
+        return aot_cache.build_file(path, key, lambda: runner, make)
 
-    assert build() is None and not path.exists()
-    loads = lambda: (runner, "")  # noqa: E731
-    assert aot_cache.build_then_load(path, key, "absent", "absent", build, loads) == (
+    assert build() == (runner, False) and not path.exists()
+    assert aot_cache.build_then_load(path, key, "absent", "absent", build) == (
         runner,
         "loaded",
     )
-    made_here = aot_cache.build_then_load(path, key, "absent", "absent", lambda: path, loads)
+    made_here = aot_cache.build_then_load(path, key, "absent", "absent", lambda: (runner, True))
     assert made_here == (runner, "built")
