@@ -147,8 +147,16 @@ class SpectralNormConv2d(nn.Module):
     def to_conv2d(self) -> nn.Conv2d:
         """A plain Conv2d holding the effective weight (for folded exports, not for loading)."""
         o, i, k, _ = self.weight_orig.shape
-        conv = nn.Conv2d(i, o, k, padding=self.padding, bias=self.bias is not None)
-        conv = conv.to(device=self.weight_orig.device, dtype=self.weight_orig.dtype)
+        w = self.weight_orig
+        conv = _FilledConv2d(
+            i,
+            o,
+            k,
+            padding=self.padding,
+            bias=self.bias is not None,
+            device=w.device,
+            dtype=w.dtype,
+        )
         conv.weight.copy_(self.compute_weight())
         if self.bias is not None:
             conv.bias.copy_(self.bias)
@@ -157,6 +165,13 @@ class SpectralNormConv2d(nn.Module):
     def extra_repr(self) -> str:
         o, i, k, _ = self.weight_orig.shape
         return f"{i}, {o}, kernel_size={k}, padding={self.padding}, bias={self.bias is not None}"
+
+
+class _FilledConv2d(nn.Conv2d):
+    """A Conv2d made to be filled at once (a folded weight): no random init to overwrite."""
+
+    def reset_parameters(self) -> None:
+        pass
 
 
 def _up2(x: Tensor) -> Tensor:
@@ -273,9 +288,6 @@ def fold_spectral_norm(module: nn.Module) -> nn.Module:
     initializers) or for a hook-free eager module. The copy's state dict has ``weight`` keys, so
     it no longer loads the released ``decoder.pth``: keep the original for loading.
     """
-    folded = copy.deepcopy(module)
-    for parent in list(folded.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, SpectralNormConv2d):
-                setattr(parent, name, child.to_conv2d())
-    return folded
+    # each spectral-norm conv copied as its folded conv: its own weights are never cloned
+    memo = {id(m): m.to_conv2d() for m in module.modules() if isinstance(m, SpectralNormConv2d)}
+    return copy.deepcopy(module, memo)

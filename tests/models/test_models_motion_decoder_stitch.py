@@ -330,6 +330,8 @@ def test_folded_decoder_matches_and_exports_without_sigma_ops(tmp_path):
     folded = dec_mod.fold_spectral_norm(d)
     assert not any(isinstance(m, SpectralNormConv2d) for m in folded.modules())
     assert any(isinstance(m, SpectralNormConv2d) for m in d.modules())  # original untouched
+    kept = {p.data_ptr() for p in d.parameters()} | {b.data_ptr() for b in d.buffers()}
+    assert not any(p.data_ptr() in kept for p in folded.parameters())  # a copy, not a view
     (x,) = d.example_inputs()
     with torch.no_grad():
         torch.testing.assert_close(folded(x), d(x), rtol=1e-5, atol=1e-6)
