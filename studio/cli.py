@@ -236,8 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         const="local",
         metavar="ADDRESS",
-        help="run the jobs through Ray Data: on the cluster at ADDRESS (ray://HOST:10001, "
-        "auto), or without one on a local Ray instance started for the batch",
+        help="run the jobs through Ray Data: on the cluster at ADDRESS (HOST:6379, "
+        "ray://HOST:10001 or auto), or without one on a local Ray instance started for the batch",
     )
     rg.add_argument(
         "--actors", type=int, default=1, metavar="N", help="engines (actors) at once (default 1)"

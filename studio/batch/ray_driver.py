@@ -3,10 +3,11 @@ started by :func:`~studio.batch.ray_run.ray_runner`).
 
 It reads one JSON request on stdin (setup, jobs, output folder, engine options), runs the
 jobs through :func:`~studio.batch.ray_run.drive` and writes one JSON line per event on
-stdout: ``{"record": ...}`` per finished job, then ``{"done": true}`` before Ray is stopped,
-or ``{"error": ...}``. Anything else that writes to stdout (Ray's own notes) goes to stderr.
-Interrupted (SIGINT from the batch), it stops its local instance and ends with status 130;
-the batch's process gone, it kills its own process group.
+stdout: ``{"connected": true}`` once it has its cluster, ``{"record": ...}`` per finished
+job, then ``{"done": true}`` before Ray is stopped, or ``{"error": ...}``. Anything else
+that writes to stdout (Ray's own notes) goes to stderr. Interrupted (SIGINT from the batch),
+it stops its local instance and ends with status 130; the batch's process gone, it kills its
+own process group.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def main() -> int:
         with contextlib.ExitStack() as ray_session:  # left (Ray stopped) after the last word
             try:
                 ray_session.enter_context(connected(setup))
+                _send(channel, {"connected": True})
                 for rec in drive(setup, jobs, Path(request["out"]), options):
                     _send(channel, {"record": rec})
                 _send(channel, {"done": True})

@@ -17,6 +17,7 @@ import importlib.util
 import json
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -38,6 +39,8 @@ from studio.errors import OptionError, StudioError
 from studio.signals import handled
 
 LOCAL = "local"  # --ray without an address: a Ray instance of this machine, for this batch
+AUTO = "auto"  # Ray's own: the cluster started on this machine (`ray start`) or RAY_ADDRESS
+CONNECT_TIMEOUT_S = 30.0  # a cluster's address that does not connect by then is not one
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,14 @@ class RaySetup:
             raise OptionError("--gpus-per-actor", f"{self.gpus_per_actor}: give 0 to 8")
         if not 0 < self.cpus_per_actor <= 256:
             raise OptionError("--cpus-per-actor", f"{self.cpus_per_actor}: give more than 0")
+        if self.address not in (LOCAL, AUTO) and _host_port(self.address) is None:
+            raise OptionError(
+                "--ray",
+                f"{self.address!r} is not a cluster's address: give HOST:PORT (the head's "
+                "GCS port, 6379 unless it was started with another), ray://HOST:PORT (Ray "
+                "Client, 10001), auto (the cluster `ray start` made here), or no address for "
+                "a local instance",
+            )
         return self
 
 
@@ -99,13 +110,22 @@ def _quiet() -> None:
     ctx.print_on_execution_start = False
 
 
-def _reachable(address: str, timeout: float = 5.0) -> None:
-    """StudioError unless something answers at ``address``'s host:port (``auto``, and
-    addresses without a port, are left to Ray): Ray itself would retry for minutes."""
-    where = address.split("://", 1)[-1]
+def _host_port(address: str) -> tuple[str, str] | None:
+    """(host, port) of a HOST:PORT or ray://HOST:PORT address; None for anything else."""
+    scheme, _, where = address.rpartition("://")
     host, _, port = where.rpartition(":")
-    if not host or not port.isdigit():
+    if scheme not in ("", "ray") or not host or not port.isdigit():
+        return None
+    return host, port
+
+
+def _reachable(address: str, timeout: float = 5.0) -> None:
+    """StudioError unless something answers at ``address``'s host:port (``auto`` is left to
+    Ray): Ray itself would retry for minutes."""
+    found = _host_port(address)
+    if found is None:
         return
+    host, port = found
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()
     except OSError as e:
@@ -155,6 +175,12 @@ def _init(setup: RaySetup) -> bool:
             ray.init(address=setup.address, log_to_driver=False, configure_logging=False)
     except BaseException as e:  # Ctrl-C too: what a start began goes with it (no orphans)
         ray.shutdown()
+        if isinstance(e, ConnectionError) and setup.address == AUTO:
+            raise StudioError(
+                "--ray auto: no Ray cluster runs on this machine (none was started with `ray "
+                "start --head`, and RAY_ADDRESS is not set): start one, give a cluster's "
+                "address, or give --ray alone for a local instance"
+            ) from None
         if isinstance(e, ConnectionError):
             raise StudioError(
                 f"--ray {setup.address}: cannot reach the Ray cluster ({e})"
@@ -301,6 +327,7 @@ class Driver:
         root = str(Path(studio.__file__).resolve().parent.parent)  # where this studio is
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         env[BATCH_PID_ENV] = str(os.getpid())
+        self.request = request
         self.said = tempfile.TemporaryFile()
         self.over = False  # done or failed, as it said: the rest is Ray's teardown
         self.proc = subprocess.Popen(
@@ -324,10 +351,24 @@ class Driver:
 
     def records(self) -> Iterator[dict[str, Any]]:
         """The jobs' records as they finish; the driver's error raised as this process's
-        (RuntimeError when it ends without a word)."""
+        (RuntimeError when it ends without a word). StudioError where a cluster's address
+        has not connected within :data:`CONNECT_TIMEOUT_S` (Ray's connect retries for ever
+        where something else listens there)."""
         assert self.proc.stdout is not None
+        address = self.request["setup"]["address"]
+        if address != LOCAL and not self._says_within(CONNECT_TIMEOUT_S):
+            self._kill_group()
+            self.proc.wait()
+            self.over = True
+            raise StudioError(
+                f"--ray {address}: no Ray cluster answered within {CONNECT_TIMEOUT_S:g} s, "
+                "though something listens there: give the address of the cluster's head "
+                "(`ray start --head` prints it)"
+            )
         for line in self.proc.stdout:
             event = json.loads(line)
+            if event.get("connected"):
+                continue
             if "record" in event:
                 yield event["record"]
             elif "error" in event:
@@ -362,6 +403,12 @@ class Driver:
             if self.over:  # after the last record: Ray's own, not the batch's
                 self.log()
         self.said.close()
+
+    def _says_within(self, seconds: float) -> bool:
+        """Whether the driver says something (or ends) within ``seconds``."""
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], seconds)
+        return bool(ready)
 
     def _kill_group(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):

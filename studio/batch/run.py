@@ -12,6 +12,7 @@ done. :func:`run_in_turn` is what a Ray actor runs as well.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -422,9 +423,35 @@ def run_batch(
     on_start)`` yields the records of the jobs to run (default: here, one after another,
     grouped by engine; the Ray path passes its own). ``on_start(job)`` is called as a job
     starts here (not on Ray), ``on_job(record)`` as each job's record is kept (skipped ones
-    first); ``say`` gets the progress lines (default: stderr)."""
+    first); ``say`` gets the progress lines (default: stderr). A runner that cannot start
+    (a StudioError before its first record: a cluster it cannot reach) leaves no report, and
+    no output folder where this batch made it."""
     options = options or EngineOptions()
     out = Path(out_dir)
+    made = not out.exists()
+    try:
+        return _run_batch(
+            jobs, out, options, retry_failed, progress, say, cancel, runner, on_start, on_job
+        )
+    except StudioError:
+        if made:
+            with contextlib.suppress(OSError):
+                out.rmdir()  # only where nothing was written into it
+        raise
+
+
+def _run_batch(
+    jobs: Sequence[Job],
+    out: Path,
+    options: EngineOptions,
+    retry_failed: bool,
+    progress: Progress | None,
+    say: Callable[[str], None] | None,
+    cancel: Callable[[], bool] | None,
+    runner: Callable[..., Iterable[dict[str, Any]]] | None,
+    on_start: Callable[[Job], None] | None,
+    on_job: Callable[[dict[str, Any]], None] | None,
+) -> dict[str, Any]:
     started = time.perf_counter()
     with BatchState.open(out) as state:
         _sweep_partials(out)
@@ -440,6 +467,7 @@ def run_batch(
             if on_job is not None:
                 on_job(rec)
         run = (runner or _run_here)(todo, out, options, progress, cancel, on_start)
+        started_up = True
         try:
             for rec in run:
                 if rec["name"] in again:
@@ -450,11 +478,15 @@ def run_batch(
                 bar.job(rec, seconds.get(rec["name"], 0.0))
                 if on_job is not None:
                     on_job(rec)
+        except StudioError:
+            started_up = len(records) > len(skipped)  # else: the runner could not start
+            raise
         finally:
             if hasattr(run, "close"):  # a job rendered but not recorded is not kept either
                 run.close()
             report = batch_report(jobs, records, time.perf_counter() - started)
-            write_json(out / REPORT_FILE, report)
+            if started_up:
+                write_json(out / REPORT_FILE, report)
     return report
 
 

@@ -80,7 +80,7 @@ def test_more_actors_than_the_cluster_holds_is_a_clear_error(tmp_path: Path) -> 
     refused = _batch(jobs, "--out-dir", out, "--ray", "--actors", "512", "--gpus-per-actor", "0")
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "512 actors of 1 CPU need 512 CPUs; the cluster has" in refused.stderr
-    assert not (tmp_path / "o" / "a.mp4").exists()
+    assert not (tmp_path / "o").exists()  # refused before any job: no folder, no report
     refused = _batch(jobs, "--out-dir", out, "--ray", "--gpus-per-actor", "1")  # no GPU here
     assert refused.returncode == 2 and "give --gpus-per-actor 0 to run on CPUs" in refused.stderr
     with pytest.raises(OptionError, match="--actors"):
@@ -103,6 +103,52 @@ def test_a_cluster_address_nothing_answers_at_is_one_line_before_any_file(tmp_pa
     )
     assert code == 2 and f"nothing answers at 127.0.0.1:{port}" in err
     assert "Traceback" not in err and not out.exists()
+
+
+@pytest.mark.parametrize("address", ["head", "127.0.0.1", "http://127.0.0.1:6379", "h:p"])
+def test_what_is_no_cluster_address_is_refused_before_any_work(tmp_path, capsys, address):
+    demo_speech_piece(tmp_path, "a.wav", 0.0, 0.4)
+    out = tmp_path / "out"
+    code, _, err = run_cli(
+        ["batch", str(tmp_path), "--demo", "--out-dir", str(out), "--ray", address], capsys
+    )
+    assert code == 2 and f"--ray: {address!r} is not a cluster's address: give HOST:PORT" in err
+    assert "Traceback" not in err and not out.exists()
+
+
+def test_an_address_where_something_else_listens_is_one_line_after_a_while(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Something that is not Ray's head answers at the address (Ray's connect would retry
+    for ever): the batch gives up after CONNECT_TIMEOUT_S, kills its driver and leaves no
+    folder or report."""
+    import contextlib
+    import socket
+    import threading
+
+    from studio.batch import ray_run
+    from studio.errors import StudioError
+
+    monkeypatch.setattr(ray_run, "CONNECT_TIMEOUT_S", 3.0)
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []  # accepted, never answered
+
+    def hold() -> None:
+        with contextlib.suppress(OSError):  # closed at the end
+            while True:
+                held.append(server.accept()[0])
+
+    threading.Thread(target=hold, daemon=True).start()
+    demo_speech_piece(tmp_path, "a.wav", 0.0, 0.4)
+    out = tmp_path / "out"
+    address = f"127.0.0.1:{server.getsockname()[1]}"
+    runner = ray_runner(RaySetup(address, gpus_per_actor=0))
+    try:
+        with pytest.raises(StudioError, match="no Ray cluster answered within 3 s"):
+            run_batch(read_jobs(str(tmp_path)), out, say=lambda _: None, runner=runner)
+    finally:
+        server.close()
+    assert held and not out.exists()
 
 
 def _stat(pid: str) -> tuple[bytes, int, int]:
