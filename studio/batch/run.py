@@ -612,8 +612,26 @@ def batch_report(
             "fps": round(sum(r.get("frames", 0) for r in made) / wall_s, 1) if wall_s > 0 else None,
             "peak_host_mb": _most(r.get("peak_host_mb") for r in made),
             "peak_gpu_mb": _most(r.get("peak_gpu_mb") for r in made),  # None: CUDA unused
+            "actors": _per_actor(made),
         },
     }
+
+
+def _per_actor(made: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each process that rendered jobs (a Ray actor, ``host:pid``; ``here``: the batch's
+    own) with its job count and peak host and GPU memory (what sizes a cluster's actors)."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in made:
+        by.setdefault(r.get("actor", "here"), []).append(r)
+    return [
+        {
+            "actor": actor,
+            "jobs": len(rs),
+            "peak_host_mb": _most(r.get("peak_host_mb") for r in rs),
+            "peak_gpu_mb": _most(r.get("peak_gpu_mb") for r in rs),
+        }
+        for actor, rs in by.items()
+    ]
 
 
 def _most(values: Iterable[float | None]) -> float | None:

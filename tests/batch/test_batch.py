@@ -164,6 +164,9 @@ def test_a_batch_finishes_the_good_jobs_records_the_bad_and_a_rerun_skips(clips:
     s = report["summary"]
     assert (s["done"], s["failed"], s["total"]) == (2, 2, 4) and s["frames"] == 55
     assert s["peak_host_mb"] > 0 and any("real time so far" in line for line in lines)
+    assert s["actors"] == [
+        {"actor": "here", "jobs": 2, "peak_host_mb": s["peak_host_mb"], "peak_gpu_mb": None}
+    ]  # the batch's own process rendered both (no GPU here)
     done = report["jobs"][0]
     assert done["realtime"] > 0 and done["frames"] == 30 and "render" in done["timings_ms"]
     assert done["warmup_ms"]["open_engine"] > 0  # the first job opened the engine
