@@ -74,6 +74,11 @@ def test_built_once_loaded_by_a_new_process_and_rebuilt_when_corrupt(
     meta_file.write_text(json.dumps(meta))
     runner, why = aot_cache.load(tmp_path, key)
     assert runner is None and "stale" in why and "torch_version '0.0.1'" in why
+    caplog.clear()
+    with caplog.at_level("WARNING"):  # the next compiled engine builds it again, saying why
+        assert compiled_stitch(net, tmp_path).aot == "built"
+    assert "is stale (torch_version '0.0.1'" in caplog.text and "compiling it again" in caplog.text
+    assert aot_cache.load(tmp_path, key)[1] == "loaded"
 
 
 def test_other_weights_or_batch_make_another_package(tmp_path: Path) -> None:
