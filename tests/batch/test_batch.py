@@ -553,3 +553,33 @@ def test_pace_is_the_rate_of_rendered_speech_and_the_time_left_at_it():
     assert pace(30.0, 90.0, 3.0) == (10.0, "0:09")  # 90 s more at 10x
     assert pace(30.0, 4.0, 3.0) == (10.0, "")  # 0.4 s left: no ETA
     assert pace(30.0, -5.0, 3.0) == (10.0, "")  # more done than planned: nothing left
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_ditto_job_whose_avatar_has_no_face_fails_alone(
+    ditto_assets: dict, tmp_path: Path, capsys
+) -> None:
+    """The issue's other bad input: an avatar without a face is that job's one-line failure;
+    the job with a face is rendered by the Ditto engine (reduced random tree, CPU)."""
+    from conftest import write_png
+
+    from studio.fixtures.face_standins import face_image
+
+    wall = write_png(tmp_path / "wall.png", face_image((200, 300), []))  # no face drawn
+    audio = str(ditto_assets["audio"])
+    lines = [
+        {"audio": audio, "avatar": str(wall), "output": "wall.mp4"},
+        {"audio": audio, "avatar": str(ditto_assets["face"]), "output": "face.mp4"},
+    ]
+    (tmp_path / "jobs.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    out = tmp_path / "out"
+    argv = ["batch", str(tmp_path / "jobs.jsonl"), "--out-dir", str(out), "--checkpoints"]
+    argv += [str(ditto_assets["tree"]), "--avatar-cache", str(tmp_path / "avatars")]
+    argv += ["--steps", "2", "--device", "cpu", "--x264-preset", "ultrafast"]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 1 and "Traceback" not in err
+    report = json.loads((out / REPORT_FILE).read_text())
+    wall_job, face_job = report["jobs"]
+    assert wall_job["status"] == "failed" and "no face found in" in wall_job["error"]
+    assert "wall.png" in wall_job["error"] and "wall.mp4" not in {p.name for p in out.iterdir()}
+    assert face_job["status"] == "done" and len(_frames(out / "face.mp4")) == face_job["frames"]
