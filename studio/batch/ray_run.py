@@ -127,7 +127,7 @@ def _reachable(address: str, timeout: float = 5.0) -> None:
         return
     host, port = found
     try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()  # [v6]
     except OSError as e:
         raise StudioError(
             f"--ray {address}: nothing answers at {host}:{port} ({e.strerror or e}); start "
