@@ -641,7 +641,8 @@ def _most(values: Iterable[float | None]) -> float | None:
 
 
 def summary_table(report: dict[str, Any]) -> str:
-    """The report as a table for people: a row per job, then the totals."""
+    """The report as a table for people: a row per job, then the totals (and each Ray
+    actor's jobs and peak memory)."""
     rows = [("job", "status", "speech", "wall", "x real time", "error")]
     for r in report["jobs"]:
         ran = r["status"] == "done"  # a skipped row's figures are an earlier run's
@@ -670,6 +671,11 @@ def summary_table(report: dict[str, Any]) -> str:
         + f" of {s['total']}; {s['audio_s']:.1f} s of speech in {s['wall_s']:.1f} s{rate}"
         + f" ({s['frames']} frames at {s['fps']} fps)" * bool(s["frames"])
     )
+    for a in s.get("actors", []):
+        if a["actor"] != "here" and a.get("peak_host_mb"):  # a Ray actor: what it held
+            gpu = f", {a['peak_gpu_mb']:,.0f} MB GPU" if a.get("peak_gpu_mb") else ""
+            jobs = f"{a['jobs']} job{'s' * (a['jobs'] != 1)}"
+            lines.append(f"actor {a['actor']}: {jobs}, peak {a['peak_host_mb']:,.0f} MB host{gpu}")
     stale = sum(r.get("was") == "failed" for r in report["jobs"])
     if stale:
         lines.append(f"{stale} failed before and not retried: --retry-failed runs them again")

@@ -21,7 +21,7 @@ from test_batch import SIZE, _frames  # noqa: E402
 
 from studio.batch.jobs import read_jobs  # noqa: E402
 from studio.batch.ray_run import RaySetup, ray_runner  # noqa: E402
-from studio.batch.run import REPORT_FILE, run_batch  # noqa: E402
+from studio.batch.run import REPORT_FILE, run_batch, summary_table  # noqa: E402
 from studio.batch.state import BatchState  # noqa: E402
 from studio.errors import OptionError  # noqa: E402
 
@@ -68,6 +68,8 @@ def test_ray_actors_make_the_local_paths_videos(tmp_path: Path) -> None:
         r["actor"] for r in report["jobs"] if r["status"] == "done"
     }
     assert sum(a["jobs"] for a in actors) == 2 and all(a["peak_host_mb"] > 100 for a in actors)
+    table = summary_table(report)
+    assert all(f"actor {a['actor']}: {a['jobs']} job" in table for a in actors)
     assert BatchState(ray_out).jobs["a.mp4"]["status"] == "done"
     # the same state file: a rerun on Ray skips what is done, without starting Ray at all
     runner = ray_runner(RaySetup(actors=2, gpus_per_actor=0))
