@@ -360,10 +360,10 @@ class Driver:
             self._kill_group()
             self.proc.wait()
             self.over = True
+            there = ", though something listens there" if _host_port(address) else ""
             raise StudioError(
-                f"--ray {address}: no Ray cluster answered within {CONNECT_TIMEOUT_S:g} s, "
-                "though something listens there: give the address of the cluster's head "
-                "(`ray start --head` prints it)"
+                f"--ray {address}: no Ray cluster answered within {CONNECT_TIMEOUT_S:g} s"
+                f"{there}: give the address of the cluster's head (`ray start --head` prints it)"
             )
         for line in self.proc.stdout:
             event = json.loads(line)
