@@ -81,7 +81,8 @@ def test_the_wait_shows_the_builds_last_stage() -> None:
             threading.Timer(0.3, hold.set).start()
 
     t0 = time.perf_counter()
-    done = analyze_while_building(_audio(1.0), RenderSettings(size=64), _Engine(hold), progress=progress)
+    settings = RenderSettings(size=64)
+    done = analyze_while_building(_audio(1.0), settings, _Engine(hold), progress=progress)
     assert ("building engines: torch, batch 16", 0, 1) in calls
     assert done.waited_s >= 0.25 and time.perf_counter() - t0 < 8.0
 
