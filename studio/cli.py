@@ -671,7 +671,8 @@ def cmd_render(args: argparse.Namespace) -> int:
         engine = _open_engine(prepared, progress)
         opened = time.perf_counter()
         # export/compile/capture before the first frame, beside the motion's analysis
-        done = analyze_while_building(audio, settings, engine, controls, progress)
+        renderer = engine.renderer(settings)
+        done = analyze_while_building(audio, settings, engine, renderer, controls, progress)
         result = done.result
         find_silence_aside(result.audio, result.phon)  # for the quality report, beside frames
         report = start_video(

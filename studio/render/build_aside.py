@@ -24,13 +24,13 @@ from studio.render.pipeline import MotionResult, analyze
 from studio.runtime.base import own_stream
 from studio.settings import RenderSettings
 
-__all__ = ["Analysed", "analyze_while_building"]
+__all__ = ["AnalysisAndBuild", "analyze_while_building"]
 
 POLL_S = 0.2  # how often the wait for the build passes its latest report on
 
 
 @dataclass
-class Analysed:
+class AnalysisAndBuild:
     """The clip's motion, its renderer with the engines built, and the build's seconds: its
     own (on its thread) and those the render waited for after the analysis."""
 
@@ -84,14 +84,15 @@ def analyze_while_building(
     audio: Audio,
     settings: RenderSettings,
     engine: Engine,
+    renderer: Renderer,
     controls: ControlTracks | None = None,
     progress: Progress | None = None,
-) -> Analysed:
-    """:func:`~studio.render.pipeline.analyze` of the clip while ``engine.renderer(settings)``
-    builds the engines of a full batch (or of the clip's frames, if fewer) on a daemon thread;
-    then the rest the clip's keyframes need, reported on ``progress``. An error of either is
-    raised here; a build still running when the analysis fails is left to the process's end."""
-    renderer = engine.renderer(settings)
+) -> AnalysisAndBuild:
+    """:func:`~studio.render.pipeline.analyze` of the clip while ``renderer`` (``engine``'s for
+    ``settings``, used by nothing else meanwhile) builds the engines of a full batch (or of the
+    clip's frames, if fewer) on a daemon thread; then the rest the clip's keyframes need,
+    reported on ``progress``. An error of either is raised here; a build still running when
+    the analysis fails is left to the process's end."""
     latest, built = _Latest(), Future[float]()
     first = max(1, min(int(audio.num_frames), int(renderer.batch)))
     threading.Thread(
@@ -101,4 +102,4 @@ def analyze_while_building(
     t0 = time.perf_counter()
     build_s = _wait(built, latest, progress)
     renderer.build_engines(int(result.plan.keyframes.size), progress)  # what is left, if any
-    return Analysed(result, renderer, build_s, time.perf_counter() - t0)
+    return AnalysisAndBuild(result, renderer, build_s, time.perf_counter() - t0)

@@ -56,7 +56,7 @@ def _audio(seconds: float):
 def test_the_full_batch_is_built_on_its_own_thread_and_the_motion_is_the_same() -> None:
     settings = RenderSettings(stride="1", size=64)
     engine = _Engine()
-    done = analyze_while_building(_audio(2.4), settings, engine, progress=None)
+    done = analyze_while_building(_audio(2.4), settings, engine, engine.renderer(settings))
     want = analyze(_audio(2.4), settings, DemoEngine())
     np.testing.assert_array_equal(done.result.smoothed, want.smoothed)
     assert done.renderer is engine.made[0]
@@ -67,7 +67,8 @@ def test_the_full_batch_is_built_on_its_own_thread_and_the_motion_is_the_same() 
 
 
 def test_a_clip_shorter_than_a_batch_builds_its_own_frames() -> None:
-    done = analyze_while_building(_audio(0.6), RenderSettings(size=64), _Engine())
+    engine, settings = _Engine(), RenderSettings(size=64)
+    done = analyze_while_building(_audio(0.6), settings, engine, engine.renderer(settings))
     assert done.renderer.builds[0] == ("studio-build", 15)  # 0.6 s at 25 fps
 
 
@@ -81,12 +82,14 @@ def test_the_wait_shows_the_builds_last_stage() -> None:
             threading.Timer(0.3, hold.set).start()
 
     t0 = time.perf_counter()
-    settings = RenderSettings(size=64)
-    done = analyze_while_building(_audio(1.0), settings, _Engine(hold), progress=progress)
+    engine, settings = _Engine(hold), RenderSettings(size=64)
+    renderer = engine.renderer(settings)
+    done = analyze_while_building(_audio(1.0), settings, engine, renderer, progress=progress)
     assert ("building engines: torch, batch 16", 0, 1) in calls
     assert done.waited_s >= 0.25 and time.perf_counter() - t0 < 8.0
 
 
 def test_a_failed_build_is_the_renders_error() -> None:
     with pytest.raises(RuntimeError, match="no room for the engines"):
-        analyze_while_building(_audio(1.0), RenderSettings(size=64), _Engine(fail=True))
+        engine, settings = _Engine(fail=True), RenderSettings(size=64)
+        analyze_while_building(_audio(1.0), settings, engine, engine.renderer(settings))
