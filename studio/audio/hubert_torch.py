@@ -27,7 +27,7 @@ from torch import Tensor
 
 from studio.audio.hubert_signature import INPUT_NAME, OUTPUT_NAME, check_signature
 from studio.errors import InputError, OptionError
-from studio.runtime.base import capture_cuda_graph, cudnn_autotune, math_mode
+from studio.runtime.base import capture_cuda_graph, math_mode
 from studio.runtime.onnx_torch import OnnxTorchGraph, onnx_ports, read_onnx
 from studio.runtime.precision import DEFAULT_PRECISION
 
@@ -85,8 +85,7 @@ class TorchHubert:
     @contextlib.contextmanager
     def _mode(self) -> Iterator[None]:
         with torch.no_grad(), math_mode(self.precision, self.device):
-            with cudnn_autotune(self.device, False):  # also beside a render's engine build
-                yield
+            yield
 
     def _compute(self, chunks: Tensor) -> Tensor:
         """[K, split_len] -> [K * kept / 2, 1024]: encode, keep, average pairs."""

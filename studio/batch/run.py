@@ -151,11 +151,6 @@ class EngineCache:
                 raise
         return self.engines[key].with_settings(job.settings)
 
-    def has_renderer(self, job: Job, engine: Any) -> bool:
-        """Whether :meth:`renderer` has one for ``job`` already (its engines built)."""
-        kept = self.renderers.get(engine_key(job, self.options))
-        return kept is not None and kept[0] == engine.renderer_key(job.settings)
-
     def renderer(self, job: Job, engine: Any) -> Any:
         key = engine_key(job, self.options)
         want = engine.renderer_key(job.settings)
@@ -178,20 +173,15 @@ class Analysed:
     result: Any = None
     error: BaseException | None = None
     turn: float | None = None  # when its render could start (its analysis may be earlier)
-    built: float = 0.0  # seconds its renderer's engines took beside its analysis
 
 
 def analyse_job(job: Job, out_dir: Path, cache: EngineCache, quiet: bool = False) -> Analysed:
     """The first half of a job: its engine (opened on the group's first job), its audio and
     controls read, its motion made (:func:`studio.render.pipeline.analyze`). A job's own
     problem is kept in ``error``; Cancelled and KeyboardInterrupt go through. ``quiet``: the
-    engine copy reports no stages (analysed beside a render, whose progress is the one shown).
-    A renderer new to the batch (a group's first job) builds its engines beside the analysis
-    (:func:`studio.render.build_aside.analyze_while_building`), unless ``quiet``: then a
-    render is using the GPU and the renderers."""
+    engine copy reports no stages (analysed beside a render, whose progress is the one shown)."""
     from studio.audio.io import load_audio
     from studio.motion.controls import ControlTracks
-    from studio.render.build_aside import analyze_while_building
     from studio.render.pipeline import analyze
 
     done = Analysed(job, _record(job, out_dir, cache.options), time.perf_counter())
@@ -203,14 +193,7 @@ def analyse_job(job: Job, out_dir: Path, cache: EngineCache, quiet: bool = False
         done.opened = time.perf_counter()
         audio = load_audio(job.audio)
         controls = None if job.controls is None else ControlTracks.load(job.controls)
-        if quiet or cache.has_renderer(job, done.engine):
-            done.result = analyze(audio, job.settings, done.engine, controls)
-        else:
-            renderer = cache.renderer(job, done.engine)
-            both = analyze_while_building(
-                audio, job.settings, done.engine, renderer, controls, cache.progress
-            )
-            done.result, done.built = both.result, both.build_s
+        done.result = analyze(audio, job.settings, done.engine, controls)
     except (Cancelled, KeyboardInterrupt):
         raise
     except Exception as e:  # noqa: BLE001 - one job's failure is recorded, never fatal
@@ -259,7 +242,7 @@ def start_job(
         renderer = cache.renderer(job, done.engine)
         t1 = time.perf_counter()
         renderer.build_engines(int(done.result.plan.keyframes.size), progress)
-        flight.built = done.built + time.perf_counter() - t1
+        flight.built = time.perf_counter() - t1
         flight.video = start_video(
             done.result, renderer, rec["output"], job.settings, cancel=cancel, progress=progress
         )

@@ -402,22 +402,6 @@ def _write_tf32(value: tuple[bool, bool]) -> None:
 TF32 = SharedFlags(_read_tf32, _write_tf32)
 
 
-def _write_benchmark(on: bool) -> None:
-    torch.backends.cudnn.benchmark = on
-
-
-CUDNN_AUTOTUNE = SharedFlags(lambda: torch.backends.cudnn.benchmark, _write_benchmark)
-
-
-def cudnn_autotune(device: torch.device, on: bool) -> contextlib.AbstractContextManager[None]:
-    """cuDNN's autotuner on or off on a GPU (held: it is process-wide). Render engines tune
-    their first calls and captures; HuBERT runs untuned (cuDNN's own choice, the same in every
-    process), also while a render's engines are built beside it."""
-    if device.type != "cuda":
-        return contextlib.nullcontext()
-    return CUDNN_AUTOTUNE.hold(on)
-
-
 @contextlib.contextmanager
 def math_mode(precision: str, device: torch.device) -> Iterator[None]:
     """TF32 on for ``tf32``, off for everything else (strict fp32), on CUDA; restored after

@@ -34,14 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from studio.runtime.base import (
-    HALF_DTYPES,
-    EngineBase,
-    TensorSpec,
-    capture_cuda_graph,
-    cudnn_autotune,
-    math_mode,
-)
+from studio.runtime.base import HALF_DTYPES, EngineBase, TensorSpec, capture_cuda_graph, math_mode
 
 _log = logging.getLogger(__name__)
 
@@ -451,7 +444,7 @@ class TorchEngine(EngineBase):
         inputs = tuple(
             TensorSpec(n, tuple(t.shape), t.dtype) for n, t in zip(names, example, strict=True)
         )
-        with self._tuned():
+        with self.context():
             outs = self._call(example)
         outputs = tuple(
             TensorSpec(n, tuple(t.shape), t.dtype)
@@ -463,13 +456,6 @@ class TorchEngine(EngineBase):
     def context(self) -> Iterator[None]:
         """no_grad + the TF32 setting of the precision (CUDA)."""
         with torch.no_grad(), math_mode(self.adapter.precision, self.adapter.device_):
-            yield
-
-    @contextlib.contextmanager
-    def _tuned(self) -> Iterator[None]:
-        """:meth:`context` with cuDNN's autotuner on: the first call and the capture pick
-        the convolutions' fastest kernels (later calls keep them)."""
-        with self.context(), cudnn_autotune(self.adapter.device_, True):
             yield
 
     def _call(self, args: tuple[Tensor, ...] | list[Tensor]) -> tuple[Tensor, ...]:
@@ -516,7 +502,7 @@ class TorchEngine(EngineBase):
             buf = torch.zeros(s.shape, dtype=s.dtype, device=self.device)
             static[s.name] = buf.contiguous(memory_format=fmt or torch.contiguous_format)
         args = [static[n] for n in self.input_names]
-        graph, out = capture_cuda_graph(lambda: self._fn(*args), warmup, self._tuned)
+        graph, out = capture_cuda_graph(lambda: self._fn(*args), warmup, self.context)
         self._graph, self._static_out = graph, out
         self.static_inputs = static
         return True

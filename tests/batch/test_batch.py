@@ -437,7 +437,6 @@ def test_the_next_job_is_analysed_while_this_one_renders(
     import time
 
     import studio.batch.run as batch_run
-    import studio.render.build_aside as build_aside
     import studio.render.pipeline as pipeline
 
     jobs = read_jobs(clips / "jobs.jsonl")[:2]
@@ -463,7 +462,6 @@ def test_the_next_job_is_analysed_while_this_one_renders(
         return threading.current_thread().name
 
     monkeypatch.setattr(pipeline, "analyze", spy_analyze)
-    monkeypatch.setattr(build_aside, "analyze", spy_analyze)  # a group's first job's
     monkeypatch.setattr(pipeline, "start_video", spy_render)
     monkeypatch.setattr(batch_run, "AHEAD", ahead)
     report = run_batch(jobs, clips / "out", say=lambda _: None)

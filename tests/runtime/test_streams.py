@@ -126,30 +126,3 @@ def test_two_threads_capture_at_once_and_keep_one_stream_each() -> None:
     for streams, ok in results.values():
         assert ok and streams[0] == streams[1]  # one stream per thread, kept
     assert results[0][0][0] != results[1][0][0]
-
-
-def test_cudnn_autotune_is_held_on_a_gpu_only_and_an_untuned_run_waits_for_a_tuned_one() -> None:
-    """HuBERT's untuned runs and a render engine's tuned first call never overlap: the flag is
-    process-wide. On the CPU nothing is held."""
-    from studio.runtime.base import cudnn_autotune
-
-    before = torch.backends.cudnn.benchmark
-    with cudnn_autotune(torch.device("cpu"), not before):
-        assert torch.backends.cudnn.benchmark == before
-    gpu = torch.device("cuda")  # only the flag is touched: no GPU is needed
-    seen: list[bool] = []
-    tuned = threading.Event()
-
-    def untuned() -> None:
-        tuned.wait(5.0)
-        with cudnn_autotune(gpu, False):
-            seen.append(torch.backends.cudnn.benchmark)
-
-    other = threading.Thread(target=untuned)
-    other.start()
-    with cudnn_autotune(gpu, True):
-        tuned.set()
-        other.join(0.3)
-        assert other.is_alive() and torch.backends.cudnn.benchmark  # it waits for us
-    other.join(5.0)
-    assert seen == [False] and torch.backends.cudnn.benchmark == before

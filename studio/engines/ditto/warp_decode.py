@@ -21,6 +21,7 @@ compiled) graphs instead of building new ones for every length.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -31,7 +32,7 @@ from studio.models.channel_pad import TENSOR_CORE_MULTIPLE, pad_conv_channels
 from studio.models.decoder import fold_spectral_norm
 from studio.models.depth_split import split_deep_conv3d
 from studio.models.warp_network import FEATURE_SIZE
-from studio.runtime.base import HALF_DTYPES, EngineBase, release_cached_memory
+from studio.runtime.base import HALF_DTYPES, EngineBase, SharedFlags, release_cached_memory
 from studio.runtime.factory import make_engine
 from studio.runtime.precision import parse_precision, precision_support
 from studio.runtime.torch_backend import PrecisionAdapter
@@ -68,6 +69,20 @@ def static_batch(frames: int, cap: int) -> int:
     if n >= cap:
         return cap
     return min(cap, next((r for r in _LADDER if r >= n), cap))
+
+
+def _write_benchmark(on: bool) -> None:
+    torch.backends.cudnn.benchmark = on
+
+
+CUDNN_AUTOTUNE = SharedFlags(lambda: torch.backends.cudnn.benchmark, _write_benchmark)
+
+
+def _cudnn_autotune(device: torch.device) -> contextlib.AbstractContextManager[None]:
+    """cuDNN's autotuner on while engines are built on a GPU (held: it is process-wide)."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return CUDNN_AUTOTUNE.hold(True)
 
 
 def render_precisions(precision: str, runtime: str, device: torch.device) -> dict[str, str]:
@@ -203,17 +218,18 @@ class WarpDecodeEngines:
                 if self.cuda:
                     release_cached_memory()
             built: dict[str, EngineBase] = {}
-            for name in RENDER_NETWORKS:
-                built[name] = make_engine(
-                    name,
-                    self.runtime,
-                    self.precisions[name],
-                    self.device,
-                    module=self._module(name),
-                    batch=batch,
-                    cuda_graph=self.graphs,
-                    **self._options(name),
-                )
+            with _cudnn_autotune(self.device):
+                for name in RENDER_NETWORKS:
+                    built[name] = make_engine(
+                        name,
+                        self.runtime,
+                        self.precisions[name],
+                        self.device,
+                        module=self._module(name),
+                        batch=batch,
+                        cuda_graph=self.graphs,
+                        **self._options(name),
+                    )
             self._engines[batch] = built
         return self._engines[batch]
 
