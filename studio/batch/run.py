@@ -228,10 +228,13 @@ def start_job(
     cache: EngineCache,
     progress: Progress | None = None,
     cancel: Callable[[], bool] | None = None,
+    ahead: int | None = None,
 ) -> InFlight:
-    """The second half of a job up to its last frame: engines built, every frame rendered and
-    handed to the job's encoder (:func:`studio.render.pipeline.start_video`). A job's own
-    error is recorded in its record; Cancelled and KeyboardInterrupt go through."""
+    """The second half of a job up to its last frame: engines built (``ahead``: the frames
+    the batch will render on them, :meth:`~studio.engines.base.Renderer.build_engines`), every
+    frame rendered and handed to the job's encoder (:func:`studio.render.pipeline.
+    start_video`). A job's own error is recorded in its record; Cancelled and
+    KeyboardInterrupt go through."""
     from studio.render.pipeline import start_video
 
     job, rec = done.job, done.rec
@@ -241,7 +244,7 @@ def start_job(
             raise done.error
         renderer = cache.renderer(job, done.engine)
         t1 = time.perf_counter()
-        renderer.build_engines(int(done.result.plan.keyframes.size), progress)
+        renderer.build_engines(int(done.result.plan.keyframes.size), progress, ahead)
         flight.built = time.perf_counter() - t1
         flight.video = start_video(
             done.result, renderer, rec["output"], job.settings, cancel=cancel, progress=progress
@@ -534,6 +537,9 @@ def run_in_turn(
     keeps one stream. Off by default (:data:`AHEAD`) until measured on a GPU."""
     from concurrent.futures import Future, ThreadPoolExecutor
 
+    from studio.layout import FPS
+
+    frames_ahead = round(sum(audio_seconds(job) for job in jobs) * FPS)  # every job's, at most
     with (
         ThreadPoolExecutor(1, thread_name_prefix="studio-analysis") as pool,
         ThreadPoolExecutor(1, thread_name_prefix="studio-encode-tail") as tails,
@@ -566,7 +572,7 @@ def run_in_turn(
                 if ahead and key in cache.engines:  # its engine is open: analyse it beside
                     pending = pool.submit(_analyse_aside, nxt, out, cache)
                 yield from records(keep=0, wait=False)  # files written while this was analysed
-                flight = start_job(done, cache, progress, cancel)
+                flight = start_job(done, cache, progress, cancel, frames_ahead)
                 unrecorded.append((tails.submit(finish_job, flight, True), flight))
                 yield from records(keep=1)  # the last job's, finished beside this render
             yield from records(keep=0)

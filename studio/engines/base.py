@@ -249,9 +249,13 @@ class Renderer:
         """The renderer's own stage split in ms (empty: the pipeline times "render" whole)."""
         return {}
 
-    def build_engines(self, frames: int, progress: Progress | None = None) -> None:
+    def build_engines(
+        self, frames: int, progress: Progress | None = None, ahead: int | None = None
+    ) -> None:
         """Build what rendering ``frames`` keyframes needs before the first one (compile,
-        export, capture), as a stage of its own; nothing to build by default."""
+        export, capture), as a stage of its own; nothing to build by default. ``ahead``: the
+        keyframes these engines will render in all (a batch's clips; default ``frames``),
+        for choices that pay off only over many frames."""
 
     def describe(self) -> dict[str, Any]:
         """What renders: backend, device, precision, and for device engines runtime and

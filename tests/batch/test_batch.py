@@ -583,3 +583,24 @@ def test_a_ditto_job_whose_avatar_has_no_face_fails_alone(
     assert wall_job["status"] == "failed" and "no face found in" in wall_job["error"]
     assert "wall.png" in wall_job["error"] and "wall.mp4" not in {p.name for p in out.iterdir()}
     assert face_job["status"] == "done" and len(_frames(out / "face.mp4")) == face_job["frames"]
+
+
+def test_the_batch_builds_its_engines_for_every_jobs_frames(clips: Path, monkeypatch) -> None:
+    """The engines are built knowing the frames of the whole batch (their cuDNN search pays
+    off over many frames), not only the first job's."""
+    from studio.engines.base import Renderer
+
+    seen: list[tuple[int, int | None]] = []
+    build = Renderer.build_engines
+
+    def spy(self, frames, progress=None, ahead=None):
+        seen.append((frames, ahead))
+        return build(self, frames, progress, ahead)
+
+    monkeypatch.setattr(Renderer, "build_engines", spy)
+    jobs = read_jobs(clips / "jobs.jsonl")[:2]
+    report = run_batch(jobs, clips / "out", say=lambda _: None)
+    assert [r["status"] for r in report["jobs"]] == ["done"] * 2
+    total = sum(round(r["duration_s"] * 25) for r in report["jobs"])
+    assert [a for _, a in seen] == [total, total]
+    assert all(f <= total for f, _ in seen)

@@ -88,6 +88,7 @@ def test_report_splits_ditto_timings_and_names_the_engine(rendered):
     precisions = {"warp_network": "fp32", "decoder": "fp32"}  # the CPU: no half kernels
     want = {"precision": precisions, "cuda_graphs": False, "compiled": False}
     want |= {"channel_pad": 0, "depth_split": False, "compiled_packages": ["off"]}
+    want |= {"cudnn_autotune": False}  # a GPU's choice only
     assert eng["render"] == {"runtime": "torch", **want}
     assert report["settings"]["backend"] == "ditto"
     assert str(cache) in eng["avatar"]

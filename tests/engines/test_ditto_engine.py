@@ -693,3 +693,20 @@ def test_a_video_avatars_own_motion_is_its_frames_in_playback_order() -> None:
     )
     np.testing.assert_array_equal(looped[6], frame[0])
     assert DittoEngine.source_motion(SimpleNamespace(avatar=_Avatar()), 9, s) is None
+
+
+def test_engines_for_a_short_clip_skip_cudnns_kernel_search(render_nets) -> None:
+    """cuDNN's search pays for itself only over many frames: a render's own clip under
+    AUTOTUNE_MIN_FRAMES builds without it, a batch with many frames ahead builds with it.
+    The choice is reported only where it runs (a GPU)."""
+    from studio.engines.ditto.warp_decode import AUTOTUNE_MIN_FRAMES
+
+    r = _renderer(render_nets)
+    assert r.warp_decode.autotune  # engines built on demand (a preview) search as before
+    r.build_engines(5)
+    assert not r.warp_decode.autotune
+    r.build_engines(5, ahead=AUTOTUNE_MIN_FRAMES)
+    assert r.warp_decode.autotune
+    r.build_engines(AUTOTUNE_MIN_FRAMES - 1)
+    assert not r.warp_decode.autotune
+    assert r.warp_decode.describe()["cudnn_autotune"] is False  # the CPU has no cuDNN

@@ -39,7 +39,11 @@ from studio.avatar.video import MIN_VIDEO_FRAMES, VIDEO_FPS, is_video, read_vide
 from studio.engines.base import EngineRequest, InbetweenWarp, Prepared, Progress, Renderer
 from studio.engines.ditto import CAPABILITIES
 from studio.engines.ditto.crops import KeyframeCrops
-from studio.engines.ditto.warp_decode import WarpDecodeEngines, render_precisions
+from studio.engines.ditto.warp_decode import (
+    AUTOTUNE_MIN_FRAMES,
+    WarpDecodeEngines,
+    render_precisions,
+)
 from studio.engines.ditto.warp_graphs import WarpGraphs
 from studio.errors import InputError, OptionError
 from studio.export.yuv import rgb_to_yuv420p
@@ -693,15 +697,20 @@ class DittoRenderer(Renderer):
         """Accumulated stitching, warp_decode and putback time in ms."""
         return self.clock.ms()
 
-    def build_engines(self, frames: int, progress: Progress | None = None) -> None:
+    def build_engines(
+        self, frames: int, progress: Progress | None = None, ahead: int | None = None
+    ) -> None:
         """Build now the warp + decoder engines that rendering ``frames`` frames in batches of
         :attr:`batch` will use (ONNX export, torch.compile, CUDA graph capture: minutes on a
         first run), reporting the stage "building engines" with counts, so that the wait has a
         name and the frame count that follows measures frames only. Built engines are reused.
+        With fewer than :data:`~studio.engines.ditto.warp_decode.AUTOTUNE_MIN_FRAMES` frames
+        ``ahead`` (default ``frames``) they are built without cuDNN's kernel search.
         """
         from studio.runtime.onnx_cache import export_purpose
 
         wd = self.warp_decode
+        wd.autotune = (frames if ahead is None else ahead) >= AUTOTUNE_MIN_FRAMES
         full, rest = divmod(max(0, int(frames)), self.batch)
         sizes = ([self.batch] if full else []) + ([rest] if rest else [])  # chunk lengths
         runtime = _RUNTIME_NAMES.get(wd.runtime, wd.runtime)

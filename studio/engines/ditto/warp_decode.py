@@ -8,8 +8,9 @@ convolutions. Half precision casts the weights of both, once for the engines of 
 size (grid sampling still runs in fp32): on the H200 that is 10% faster than the warp network
 under autocast, at a cosine of 0.99995 to fp32 eager for the full-size networks
 (docs/benchmarks.md, render suite).
-On CUDA each engine is built with cuDNN's autotuner on and captured as a CUDA graph (the
-algorithms are fixed then, so replays pay nothing for it), except a compiled artifact's engine
+On CUDA each engine is built with cuDNN's autotuner on (unless the work ahead is short:
+:data:`AUTOTUNE_MIN_FRAMES`) and captured as a CUDA graph (the algorithms are fixed then, so
+replays pay nothing for it), except a compiled artifact's engine
 of a large batch (``torch_backend.UNCAPTURED_BATCH``), which runs as it is on the algorithms
 the build chose; the avatar's f_s is written into the warp graph's static buffer (or a kept
 copy) once per renderer, not copied per batch. Engines exist only for the batch
@@ -78,11 +79,19 @@ def _write_benchmark(on: bool) -> None:
 CUDNN_AUTOTUNE = SharedFlags(lambda: torch.backends.cudnn.benchmark, _write_benchmark)
 
 
-def _cudnn_autotune(device: torch.device) -> contextlib.AbstractContextManager[None]:
-    """cuDNN's autotuner on while engines are built on a GPU (held: it is process-wide)."""
+# cuDNN's search for the fastest convolution kernels, at an engine's first calls, costs a new
+# process about 2.4 s and makes compiled engines' frames about 4% faster (H100: 292.6 against
+# 305.5 frames/s, build 2.39 s of torch.convolution in a warm render's profile,
+# docs/benchmarks.md): it pays for itself from about 16,000 frames (11 minutes at 25 fps)
+AUTOTUNE_MIN_FRAMES = 16_000
+
+
+def _cudnn_autotune(device: torch.device, on: bool) -> contextlib.AbstractContextManager[None]:
+    """cuDNN's autotuner on or off while engines are built on a GPU (held: it is
+    process-wide)."""
     if device.type != "cuda":
         return contextlib.nullcontext()
-    return CUDNN_AUTOTUNE.hold(True)
+    return CUDNN_AUTOTUNE.hold(on)
 
 
 def render_precisions(precision: str, runtime: str, device: torch.device) -> dict[str, str]:
@@ -161,6 +170,9 @@ class WarpDecodeEngines:
                 f"half_mode and channels_last are the torch runtime's, not {runtime}'s"
             )
         self.cuda = self.device.type == "cuda"
+        # engines built from now on tune cuDNN's kernels (a renderer with a short clip ahead
+        # turns it off: DittoRenderer.build_engines)
+        self.autotune = True
         self.graphs = self.cuda and torch_runtime and cuda_graphs is not False
         self.compiled = compile and self.graphs
         self.half_mode = half_mode
@@ -191,7 +203,7 @@ class WarpDecodeEngines:
     def describe(self) -> dict[str, object]:
         """What runs, for reports: runtime, per-network precision, CUDA graphs (False, or the
         batch sizes whose engines replay one: a compiled artifact's large batch runs without),
-        torch.compile."""
+        torch.compile, cuDNN's kernel search."""
         return {
             "runtime": self.runtime,
             "precision": dict(self.precisions),
@@ -203,6 +215,7 @@ class WarpDecodeEngines:
             ),
             "channel_pad": self.channel_pad,
             "depth_split": self.depth_split,
+            "cudnn_autotune": self.cuda and self.autotune,  # for engines built from now on
         }
 
     def engines(self, batch: int) -> dict[str, EngineBase]:
@@ -218,7 +231,7 @@ class WarpDecodeEngines:
                 if self.cuda:
                     release_cached_memory()
             built: dict[str, EngineBase] = {}
-            with _cudnn_autotune(self.device):
+            with _cudnn_autotune(self.device, self.autotune):
                 for name in RENDER_NETWORKS:
                     built[name] = make_engine(
                         name,
