@@ -203,6 +203,30 @@ def load_audio(path: str | os.PathLike) -> Audio:
     return Audio(path=str(p), samples=samples, source=source, original_rate=dec.rate)
 
 
+def declared_seconds(path: str | os.PathLike) -> float | None:
+    """The audio's length as its header (libsndfile) or container (FFmpeg) declares it,
+    without decoding; None where the file cannot be opened or declares none. For estimates
+    made before a file is loaded (a batch's time left, the frames its engines will render)."""
+    p = Path(path)
+    try:
+        info = sf.info(str(p))
+        if info.samplerate > 0 and info.frames > 0:
+            return float(info.frames) / float(info.samplerate)
+    except (sf.LibsndfileError, RuntimeError, OSError, ValueError):
+        pass  # not a format libsndfile reads: FFmpeg's
+    container, _ = _open_container(p)
+    if container is None:
+        return None
+    with container:
+        if not container.streams.audio:
+            return None
+        try:
+            size = p.stat().st_size
+        except OSError:
+            return None
+        return _container_length(container, container.streams.audio[0], size)[0]
+
+
 def audio_from_array(samples: np.ndarray, rate: int, path: str | None = None) -> Audio:
     """Build an Audio from ``[n]`` or ``[n, channels]`` samples at ``rate`` Hz.
 

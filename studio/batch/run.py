@@ -357,14 +357,11 @@ def clock(seconds: float) -> str:
 
 
 def audio_seconds(job: Job) -> float:
-    """The job's speech length from its header (0 where it cannot be read: it will fail)."""
-    try:
-        import soundfile
+    """The job's speech length as its file declares it (0 where it cannot be read: it will
+    fail), for the time left and the frames ahead."""
+    from studio.audio.io import declared_seconds
 
-        info = soundfile.info(job.audio)
-        return float(info.frames) / float(info.samplerate)
-    except Exception:  # noqa: BLE001 - PyAV formats, or a bad file: no estimate
-        return 0.0
+    return declared_seconds(job.audio) or 0.0
 
 
 def _sweep_partials(out: Path) -> None:

@@ -25,6 +25,7 @@ from studio.audio.io import (
     OriginalFile,
     _Mono,
     audio_from_array,
+    declared_seconds,
     load_audio,
 )
 from studio.errors import InputError
@@ -564,3 +565,18 @@ def test_cli_refuses_a_fifo_with_one_line(tmp_path):
     )  # fmt: skip
     assert run.returncode == 2 and len(run.stderr.splitlines()) == 1, run.stderr
     assert "named pipe" in run.stderr and not out.exists()
+
+
+def test_declared_seconds_reads_headers_and_containers_without_decoding(tmp_path):
+    """A batch's estimates: the length a WAV's or MP3's header (libsndfile) or an M4A's
+    container (FFmpeg) declares; None for what is not audio or not there."""
+    wav = write(tmp_path / "a.wav", tone(2.5, 22050), 22050)
+    mp3 = write(tmp_path / "a.mp3", tone(3.0, 44100), 44100, format="MP3")
+    m4a = encode(tmp_path / "a.m4a", "mp4", "aac", seconds=2.0)
+    assert declared_seconds(wav) == pytest.approx(2.5)
+    assert declared_seconds(mp3) == pytest.approx(3.0, abs=0.06)
+    assert declared_seconds(m4a) == pytest.approx(2.0, abs=0.05)
+    text = tmp_path / "notes.wav"
+    text.write_text("not audio\n")
+    assert declared_seconds(text) is None
+    assert declared_seconds(tmp_path / "missing.wav") is None
