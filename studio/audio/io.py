@@ -206,23 +206,26 @@ def load_audio(path: str | os.PathLike) -> Audio:
 def declared_seconds(path: str | os.PathLike) -> float | None:
     """The audio's length as its header (libsndfile) or container (FFmpeg) declares it,
     without decoding; None where the file cannot be opened or declares none. For estimates
-    made before a file is loaded (a batch's time left, the frames its engines will render)."""
+    made before a file is loaded (a batch's time left, the frames its engines will render).
+    Only a non-empty regular file is opened (:func:`_open_regular`): a FIFO never blocks it."""
     p = Path(path)
     try:
-        info = sf.info(str(p))
-        if info.samplerate > 0 and info.frames > 0:
-            return float(info.frames) / float(info.samplerate)
-    except (sf.LibsndfileError, RuntimeError, OSError, ValueError):
-        pass  # not a format libsndfile reads: FFmpeg's
+        fh = _open_regular(p, p.name)
+    except InputError:
+        return None
+    with fh:
+        size = os.fstat(fh.fileno()).st_size
+        try:
+            info = sf.info(fh)
+            if info.samplerate > 0 and info.frames > 0:
+                return float(info.frames) / float(info.samplerate)
+        except (RuntimeError, OSError, ValueError):  # LibsndfileError: FFmpeg's format
+            pass
     container, _ = _open_container(p)
     if container is None:
         return None
     with container:
         if not container.streams.audio:
-            return None
-        try:
-            size = p.stat().st_size
-        except OSError:
             return None
         return _container_length(container, container.streams.audio[0], size)[0]
 

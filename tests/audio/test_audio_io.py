@@ -580,3 +580,10 @@ def test_declared_seconds_reads_headers_and_containers_without_decoding(tmp_path
     text.write_text("not audio\n")
     assert declared_seconds(text) is None
     assert declared_seconds(tmp_path / "missing.wav") is None
+    fifo = tmp_path / "pipe.wav"
+    os.mkfifo(fifo)  # no writer: opening it to read would block
+    got: list[float | None] = []
+    reader = threading.Thread(target=lambda: got.append(declared_seconds(fifo)), daemon=True)
+    reader.start()
+    reader.join(10.0)
+    assert got == [None]
