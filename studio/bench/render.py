@@ -437,9 +437,9 @@ def sized_warp(warp: nn.Module, size: int) -> nn.Module:
 
     def example_inputs(self: nn.Module, batch: int = 1) -> tuple[Tensor, Tensor, Tensor]:
         _, x_s, x_d = type(self).example_inputs(self, batch)
-        g = torch.Generator().manual_seed(0)
+        g = torch.Generator(x_s.device).manual_seed(0)
         shape = (batch, self.reshape_channel, self.reshape_depth, size, size)
-        return torch.randn(*shape, generator=g).to(x_s.device), x_s, x_d
+        return torch.randn(*shape, generator=g, device=x_s.device), x_s, x_d
 
     warp.example_inputs = types.MethodType(example_inputs, warp)
     return warp

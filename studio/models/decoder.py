@@ -275,10 +275,12 @@ class Decoder(nn.Module):
         return torch.sigmoid(self.conv_img(F.leaky_relu(x, _LRELU_SLOPE)))
 
     def example_inputs(self, batch: int = 1) -> tuple[Tensor]:
-        """Deterministic inputs with the static ONNX shapes (``feature`` [batch,256,64,64])."""
-        g = torch.Generator().manual_seed(0)
+        """Deterministic inputs with the static ONNX shapes (``feature`` [batch,256,64,64]),
+        drawn on the weights' device (a GPU engine's are not drawn on the CPU and copied up)."""
+        device = self.fc.weight.device
+        g = torch.Generator(device).manual_seed(0)
         s = self.feature_size
-        return (torch.randn(batch, self.in_channels, s, s, generator=g),)
+        return (torch.randn(batch, self.in_channels, s, s, generator=g, device=device),)
 
 
 def fold_spectral_norm(module: nn.Module) -> nn.Module:

@@ -201,11 +201,14 @@ class WarpNetwork(nn.Module):
         return out
 
     def example_inputs(self, batch: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The static-shape ONNX inputs (seeded random f_s and nearby keypoint pairs)."""
-        g = torch.Generator().manual_seed(0)
-        shape = (batch, self.reshape_channel, self.reshape_depth, FEATURE_SIZE, FEATURE_SIZE)
-        feature_3d = torch.randn(*shape, generator=g)
-        kp_source = (torch.rand(batch, self.num_kp, KP_DIMS, generator=g) * 2 - 1) * 0.6
-        kp_driving = kp_source + 0.05 * torch.randn(batch, self.num_kp, KP_DIMS, generator=g)
+        """The static-shape ONNX inputs (seeded random f_s and nearby keypoint pairs), drawn on
+        the weights' device: a GPU engine's f_s (67 M values at batch 32) is not drawn on the
+        CPU and copied up in every new process."""
         device = self.fourth.weight.device
-        return feature_3d.to(device), kp_source.to(device), kp_driving.to(device)
+        g = torch.Generator(device).manual_seed(0)
+        shape = (batch, self.reshape_channel, self.reshape_depth, FEATURE_SIZE, FEATURE_SIZE)
+        kp_shape = (batch, self.num_kp, KP_DIMS)
+        feature_3d = torch.randn(*shape, generator=g, device=device)
+        kp_source = (torch.rand(*kp_shape, generator=g, device=device) * 2 - 1) * 0.6
+        kp_driving = kp_source + 0.05 * torch.randn(*kp_shape, generator=g, device=device)
+        return feature_3d, kp_source, kp_driving
