@@ -56,7 +56,7 @@ __all__ = [
 # "max-autotune-no-cudagraphs" was still autotuning GEMMs after 4 minutes. Graph capture
 # stays ours either way.
 COMPILE_MODE = "default"
-GRAPH_WARMUP = 2  # eager loops before a capture (cuBLAS workspaces, SDPA kernel choice)
+GRAPH_WARMUP = 1  # eager loops before a capture: one runs every op once (lazy inits), more add time
 WINDOW = (1, SEQ_FRAMES, MOTION_DIM)  # batch 1, one 80-frame window
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")  # the runtime's names; half types cast weights
 
