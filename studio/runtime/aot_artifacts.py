@@ -21,6 +21,8 @@ and rebuilt as a package is.
 from __future__ import annotations
 
 import functools
+import importlib
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,37 @@ art(*[torch.zeros_like(torch.empty_strided(shape, stride, dtype=dtype, device=de
 if torch.cuda.is_available():
     torch.cuda.synchronize()
 """
+
+
+# what loading a GPU artifact imports: Inductor's loader and what its Python wrapper names
+# (Triton, its kernel wrapper); 1-2.6 s of a new process's engine build (H100 profile,
+# docs/benchmarks.md)
+LOADER_MODULES = (
+    "torch._inductor.standalone_compile",
+    "torch._inductor.async_compile",
+    "torch._inductor.select_algorithm",
+    "triton",
+    "triton.language",
+    "torch._inductor.runtime.triton_heuristics",
+)
+
+
+def import_loader_aside() -> threading.Thread:
+    """Import :data:`LOADER_MODULES` on a daemon thread (started; those that are missing,
+    Triton on a CPU machine, are skipped): a process that will load artifacts starts it while
+    it opens its engine and analyses the clip, which wait on files and the GPU for much of
+    their time, so the engines' build later finds the modules imported."""
+
+    def run() -> None:
+        for name in LOADER_MODULES:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                continue
+
+    thread = threading.Thread(target=run, name="import-artifact-loader", daemon=True)
+    thread.start()
+    return thread
 
 
 def artifact_file(cache_dir: str | Path, key: AotKey) -> Path:

@@ -59,6 +59,7 @@ from studio.motion.condition import (
 from studio.motion.generator import WindowMemo, generate_motion
 from studio.motion.live_lmdm import LiveMotion, live_plan
 from studio.motion.stitch import StitchConfig, StitchControls, stitch_motion, video_config
+from studio.runtime.aot_artifacts import import_loader_aside
 from studio.runtime.base import HALF_DTYPES, resolve_device
 from studio.settings import RenderSettings
 
@@ -1020,9 +1021,13 @@ def prepare(request: EngineRequest) -> Prepared:
 
 
 def open_prepared(prepared: Prepared, progress: Progress | None = None) -> DittoEngine:
-    """Register (or reopen from its cache) the avatar, then load the networks."""
+    """Register (or reopen from its cache) the avatar, then load the networks. Where the
+    engines will be compiled artifacts (``--compile`` on a GPU), their loader's imports start
+    beside this (:func:`~studio.runtime.aot_artifacts.import_loader_aside`)."""
     r = prepared.resolved
     s = prepared.request.settings
+    if s.compile and _compile_note(s, r["device"]) is None:
+        import_loader_aside()
     framing = RegistrationSettings(
         crop_scale=s.crop_scale, crop_vy_ratio=s.crop_vy, crop_vx_ratio=s.crop_vx
     )
