@@ -10,12 +10,13 @@
 # machine is given back 30 s after a call, so chain them. Usage, in the device call:
 #   bash scripts/device_call.sh LABEL warm [studio bench --suite warmstart options]
 #   bash scripts/device_call.sh LABEL base [options]   # the same from .base/base.tgz's tree
+#     (BASE_TGZ=.base/other.tgz BASE_OUT=/tmp/b3 for a second older tree in the same call)
 #   bash scripts/device_call.sh LABEL stage            # only keep what this call carries
 # LABEL names the commit of the tree that runs (the copy has no .git). `warm` runs
 # scripts/bench_gpu.sh's warmstart step into /tmp/b (its cache kept for later calls); `base`
 # runs the older tree's against the same cache into /tmp/b2 (an A/B on one machine). Every
 # 10 s, and at the end, the reports and each process's log are copied to $OUT
-# (b.json/b.md, b2.json/b2.md, logs/).
+# (b.json/b.md, b2.json/b2.md, b3.json/b3.md, logs.tgz).
 set -uo pipefail
 label=${1:?usage: scripts/device_call.sh LABEL warm|base|stage [options]}
 step=${2:?usage: scripts/device_call.sh LABEL warm|base|stage [options]}
@@ -33,22 +34,24 @@ if [ -f /tmp/raybundle/part1 ] && [ -f /tmp/raybundle/part2 ] && [ ! -d /tmp/ray
 fi
 [ "$step" = stage ] && { ls /tmp/site /tmp/raybundle 2>/dev/null | head -3; exit 0; }
 export PYTHONUNBUFFERED=1
-save() {  # the reports and logs so far, to $OUT
-  mkdir -p "$OUT/logs"
-  for d in b b2; do
+save() {  # the reports so far, and every process's log in one tar (at most 8 files return)
+  local logs=()
+  for d in b b2 b3; do
     [ -f /tmp/$d/warmstart.json ] && cp /tmp/$d/warmstart.json "$OUT/$d.json"
     [ -f /tmp/$d/warmstart.md ] && cp /tmp/$d/warmstart.md "$OUT/$d.md"
-    cp /tmp/$d/logs/* "$OUT/logs/" 2>/dev/null
+    [ -d /tmp/$d/logs ] && logs+=("$d/logs")
   done
+  [ ${#logs[@]} -gt 0 ] && tar -czf "$OUT/logs.tgz.part" -C /tmp "${logs[@]}" 2>/dev/null &&
+    mv "$OUT/logs.tgz.part" "$OUT/logs.tgz"
   return 0
 }
 (while sleep 10; do save; done) &
 saver=$!
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 tree=$PWD out=/tmp/b
-if [ "$step" = base ]; then
-  tree=/tmp/base out=/tmp/b2
-  rm -rf "$tree" && mkdir -p "$tree" "$out" && tar -xzf .base/base.tgz -C "$tree"
+if [ "$step" = base ]; then  # BASE_TGZ (default .base/base.tgz) into BASE_OUT (default /tmp/b2)
+  tree=/tmp/base out=${BASE_OUT:-/tmp/b2}
+  rm -rf "$tree" && mkdir -p "$tree" "$out" && tar -xzf "${BASE_TGZ:-.base/base.tgz}" -C "$tree"
   ln -sfn /tmp/b/cache "$out/cache"  # the same compiled engines
 fi
 (
