@@ -67,11 +67,15 @@ LOADER_MODULES = (
 )
 
 
+_LOADER_THREAD: list[threading.Thread] = []  # the process's one import thread, once started
+_LOADER_LOCK = threading.Lock()
+
+
 def import_loader_aside() -> threading.Thread:
-    """Import :data:`LOADER_MODULES` on a daemon thread (started; those that are missing,
-    Triton on a CPU machine, are skipped): a process that will load artifacts starts it while
-    it opens its engine and analyses the clip, which wait on files and the GPU for much of
-    their time, so the engines' build later finds the modules imported."""
+    """Import :data:`LOADER_MODULES` on a daemon thread, once per process (this call's or an
+    earlier one's thread; modules that are missing, Triton on a CPU machine, are skipped). A
+    process that will load artifacts starts it as it analyses the clip, where the main thread
+    mostly waits on the GPU, so the engines' build later finds the modules imported."""
 
     def run() -> None:
         for name in LOADER_MODULES:
@@ -80,9 +84,12 @@ def import_loader_aside() -> threading.Thread:
             except ImportError:
                 continue
 
-    thread = threading.Thread(target=run, name="import-artifact-loader", daemon=True)
-    thread.start()
-    return thread
+    with _LOADER_LOCK:
+        if not _LOADER_THREAD:
+            thread = threading.Thread(target=run, name="import-artifact-loader", daemon=True)
+            thread.start()
+            _LOADER_THREAD.append(thread)
+        return _LOADER_THREAD[0]
 
 
 def artifact_file(cache_dir: str | Path, key: AotKey) -> Path:

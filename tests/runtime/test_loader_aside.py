@@ -15,6 +15,7 @@ before = [n for n in names if n in sys.modules]
 thread = aot_artifacts.import_loader_aside()
 assert thread.daemon and thread.name == "import-artifact-loader"
 thread.join(120)
+assert aot_artifacts.import_loader_aside() is thread  # once per process
 print(before)
 print([n for n in names if n in sys.modules])
 """

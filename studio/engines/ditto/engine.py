@@ -818,7 +818,13 @@ class DittoEngine:
         self.networks.warp_decode(settings.precision, settings.compile, settings.runtime)
 
     def generate(self, audio: Audio, phon: PhoneticFrames, seed: int) -> np.ndarray:
-        """[N, 265] motion: HuBERT features, the 1103-wide condition, LMDM windows."""
+        """[N, 265] motion: HuBERT features, the 1103-wide condition, LMDM windows. Where the
+        render engines will be compiled artifacts (``--compile`` on a GPU), their loader's
+        imports start beside this (:func:`~studio.runtime.aot_artifacts.import_loader_aside`:
+        the main thread mostly waits on the GPU here; beside the networks' load, on an H100,
+        they slowed it by as much as they saved the build)."""
+        if self.settings.compile and _compile_note(self.settings, self.device) is None:
+            import_loader_aside()
         t0 = time.perf_counter()
         self._report(STAGE_HUBERT, 0, 1)  # one call: counted as one step
         feats = self.hubert.offline(audio.samples)
@@ -1021,13 +1027,9 @@ def prepare(request: EngineRequest) -> Prepared:
 
 
 def open_prepared(prepared: Prepared, progress: Progress | None = None) -> DittoEngine:
-    """Register (or reopen from its cache) the avatar, then load the networks. Where the
-    engines will be compiled artifacts (``--compile`` on a GPU), their loader's imports start
-    beside this (:func:`~studio.runtime.aot_artifacts.import_loader_aside`)."""
+    """Register (or reopen from its cache) the avatar, then load the networks."""
     r = prepared.resolved
     s = prepared.request.settings
-    if s.compile and _compile_note(s, r["device"]) is None:
-        import_loader_aside()
     framing = RegistrationSettings(
         crop_scale=s.crop_scale, crop_vy_ratio=s.crop_vy, crop_vx_ratio=s.crop_vx
     )
