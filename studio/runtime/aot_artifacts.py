@@ -92,6 +92,16 @@ def import_loader_aside() -> threading.Thread:
         return _LOADER_THREAD[0]
 
 
+def _load_file(path: Path) -> Any:
+    """The artifact saved at ``path``, its Triton kernels loaded in this process. With more
+    than one compile thread Inductor would start its pool of compile workers (a sidecar
+    process importing torch) for the first kernel of a new process, only to load every
+    kernel from the cache itself while the pool starts; the process's exit then waits for
+    that pool to shut down (the 1-2 s ``exit`` of an H100 render that loaded artifacts)."""
+    with torch._inductor.config.patch(compile_threads=1):
+        return torch._inductor.CompiledArtifact.load(path=str(path), format="binary")
+
+
 def artifact_file(cache_dir: str | Path, key: AotKey) -> Path:
     """Where ``key``'s artifact lives (beside its package's place)."""
     return package_file(cache_dir, key).with_suffix(".art")
@@ -124,7 +134,7 @@ def load(
         return None, why
     try:
         order = [None if n is None else str(n) for n in meta["inputs"]]
-        art = torch._inductor.CompiledArtifact.load(path=str(path), format="binary")
+        art = _load_file(path)
         return _bound(art, order, module), "loaded"
     except (KeyError, TypeError, AttributeError) as e:
         return None, f"{path.name} does not fit this network ({type(e).__name__}: {e})"
@@ -166,7 +176,7 @@ def build(
         art.save(path=str(partial), format="binary")
         specs = [(tuple(t.shape), t.stride(), t.dtype, str(t.device)) for t in args]
         verify_elsewhere(partial, specs, key.network, _VERIFY, "compiled artifact")
-        saved = torch._inductor.CompiledArtifact.load(path=str(partial), format="binary")
+        saved = _load_file(partial)
         runner = _bound(saved, order, module)
         refuse_wrong(runner, check, key.network, "compiled artifact")
         return {"inputs": order}, runner
