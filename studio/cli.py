@@ -671,6 +671,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         opened = time.perf_counter()
         result = analyze(audio, settings, engine, controls)
         find_silence_aside(result.audio, result.phon)  # for the quality report, beside frames
+        analysed = time.perf_counter()
         renderer = engine.renderer(settings)
         # export/compile/capture before the first frame, as a stage of its own
         t1 = time.perf_counter()
@@ -680,8 +681,11 @@ def cmd_render(args: argparse.Namespace) -> int:
             result, renderer, str(out), settings, progress=progress, started=started
         ).finish()
     report["warmup_ms"] = {
+        # the command's checks (the engine's: its device started), the inputs read
+        "inputs": round((imports - started) * 1000.0, 2),
         "imports": round((t0 - imports) * 1000.0, 2),  # the pipeline's, after the inputs
         "open_engine": round((opened - t0) * 1000.0, 2),
+        "renderer": round((t1 - analysed) * 1000.0, 2),  # the avatar to the device
         "build_engines": round((built - t1) * 1000.0, 2),
     }
     from studio.runtime.base import peak_memory_mb

@@ -28,7 +28,9 @@ def test_renders_and_a_batch_as_new_processes_with_their_figures(tmp_path: Path)
         r = rows[name]
         assert r["exit"] == 0 and r["wall_s"] > 0 and r["peak_host_mb"] > 50  # torch is in it
         assert r["frames"] == round(float(name.split()[1]) * 25)
-        assert set(r["warmup_ms"]) == {"imports", "open_engine", "build_engines"}
+        assert set(r["warmup_ms"]) == {
+            "inputs", "imports", "open_engine", "renderer", "build_engines"
+        }
         # the interpreter and imports, before the engine opens: part of the wall, not all
         assert 0 < r["startup_ms"] < r["wall_s"] * 1000.0
         # the wall is the start, the command's total, its report, and the exit (10 ms steps)

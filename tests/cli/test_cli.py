@@ -80,11 +80,12 @@ def test_report_has_every_key(demo_render):
     assert {"features", "motion", "cadence", "smoothing", "render", "encode", "total"} <= set(
         r["timings_ms"]
     )
-    # the pipeline's imports (after the inputs are checked), opening the engine and building
-    # its engines, apart from the stages
+    # the checks and inputs, the pipeline's imports, opening the engine, the renderer and
+    # building its engines, apart from the stages: every part of the command's total
     warm = r["warmup_ms"]
-    assert set(warm) == {"imports", "open_engine", "build_engines"}
-    assert all(v >= 0 for v in warm.values())
+    assert set(warm) == {"inputs", "imports", "open_engine", "renderer", "build_engines"}
+    assert all(v >= 0 for v in warm.values()) and warm["inputs"] > 0
+    assert sum(warm.values()) < r["timings_ms"]["total"]
     peak = r["peak_memory_mb"]  # the process's own: torch alone is past 100 MB resident
     assert peak["host"] > 100 and set(peak) == {"host", "gpu"}  # gpu: None until CUDA starts
     k = r["kinematics"]
