@@ -46,6 +46,7 @@ ABSENT = "no compiled artifact yet"
 _VERIFY = """
 import faulthandler, sys, torch
 faulthandler.enable()
+torch._inductor.config.compile_threads = 1  # its kernels loaded here: no pool of workers
 art = torch._inductor.CompiledArtifact.load(path=sys.argv[1], format="binary")
 art(*[torch.zeros_like(torch.empty_strided(shape, stride, dtype=dtype, device=device))
       for shape, stride, dtype, device in torch.load(sys.argv[2])])
@@ -96,8 +97,9 @@ def _load_file(path: Path) -> Any:
     """The artifact saved at ``path``, its Triton kernels loaded in this process. With more
     than one compile thread Inductor would start its pool of compile workers (a sidecar
     process importing torch) for the first kernel of a new process, only to load every
-    kernel from the cache itself while the pool starts; the process's exit then waits for
-    that pool to shut down (the 1-2 s ``exit`` of an H100 render that loaded artifacts)."""
+    kernel from the cache itself while the pool starts; the process's exit handlers then
+    wait for that pool to shut down (thought to be much of the 1-2 s ``exit`` of an H100
+    render that loaded artifacts)."""
     with torch._inductor.config.patch(compile_threads=1):
         return torch._inductor.CompiledArtifact.load(path=str(path), format="binary")
 
