@@ -517,7 +517,7 @@ def _open_project(args: argparse.Namespace) -> None:
 
 def _load_audio(args: argparse.Namespace):
     from studio.audio.io import load_audio
-    from studio.engines.demo.engine import demo_audio_path
+    from studio.engines.demo import demo_audio_path
 
     return load_audio(args.audio if args.audio else demo_audio_path())
 
@@ -806,7 +806,7 @@ def _live_source(args: argparse.Namespace):
         return sources.open_socket_source(args.audio, fmt)
     if args.browser_mic:
         return None  # made with the WebRTC sink
-    from studio.engines.demo.engine import demo_audio_path
+    from studio.engines.demo import demo_audio_path
 
     return sources.FileSource(args.audio or str(demo_audio_path()), loop=args.loop)
 

@@ -306,7 +306,7 @@ def demo_speech_piece(folder, name, start_s, seconds):
     """A piece of the demo speech (``seconds`` from ``start_s``) written to ``folder/name``."""
     import soundfile as sf
 
-    from studio.engines.demo.engine import demo_audio_path
+    from studio.engines.demo import demo_audio_path
 
     data, rate = sf.read(demo_audio_path(), dtype="float32")
     a = int(start_s * rate)

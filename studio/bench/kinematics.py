@@ -41,7 +41,8 @@ from studio.bench.report import (
     write_plots,
 )
 from studio.bench.timing import device_facts, git_commit, measure, utc_now
-from studio.engines.demo.engine import DemoEngine, demo_audio_path
+from studio.engines.demo import demo_audio_path
+from studio.engines.demo.engine import DemoEngine
 from studio.errors import StudioError
 from studio.motion.cadence import plan_cadence, sample_motion
 from studio.motion.kinematics import pose_jerk, smooth_motion, stride_transitions

@@ -661,7 +661,7 @@ class LivePanel(QWidget):
             record = str(check_output_path(text or unused_name(Path.home() / "live.mp4")))
         path = None
         if self.source_kind() == "file":
-            from studio.engines.demo.engine import demo_audio_path
+            from studio.engines.demo import demo_audio_path
 
             path = self.file_edit.text().strip() or context.audio_path or str(demo_audio_path())
         latency = str(self.latency_box.currentData())

@@ -27,7 +27,7 @@ from PySide6.QtCore import QObject, QThread, Signal, SignalInstance, Slot
 
 from studio.audio.io import Audio, load_audio
 from studio.engines.base import EngineRequest
-from studio.engines.demo.engine import demo_audio_path
+from studio.engines.demo import demo_audio_path
 from studio.errors import Cancelled, StudioError
 from studio.motion.controls import ControlTracks
 from studio.render.engines import (

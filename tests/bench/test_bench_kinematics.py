@@ -9,7 +9,7 @@ import pytest
 
 from studio.audio.io import load_audio
 from studio.cli import main as cli_main
-from studio.engines.demo.engine import demo_audio_path
+from studio.engines.demo import demo_audio_path
 
 FIXTURES = [
     Path(__file__).resolve().parents[3] / "shared" / "fixtures",

@@ -15,7 +15,7 @@ from conftest import run_cli as _run
 from conftest import sigint_as_from_a_terminal
 
 from studio.cli import _summary, main
-from studio.engines.demo.engine import demo_audio_path
+from studio.engines.demo import demo_audio_path
 
 
 @pytest.fixture(scope="module")
@@ -1231,3 +1231,24 @@ def test_a_render_process_ends_without_the_interpreters_teardown(tmp_path, comma
             assert sum(1 for _ in c.decode(video=0)) == 25
     else:
         assert said == ["exit handlers ran", "teardown ran"]
+
+
+def test_reading_the_speech_imports_no_engine_motion():
+    """A render reads its speech before it opens an engine: the demo speech's path (every
+    engine's default) comes without the demo engine's motion, whose SciPy signal module took
+    a second of a GPU render's start."""
+    import subprocess
+
+    check = (
+        "import argparse, sys\n"
+        "from studio import cli\n"
+        "from studio.engines.demo import demo_audio_path\n"
+        "for audio in (str(demo_audio_path()), None):\n"
+        "    assert cli._load_audio(argparse.Namespace(audio=audio)).num_frames > 0\n"
+        "print(sorted(m for m in ('scipy.signal', 'studio.engines.demo.engine')"
+        " if m in sys.modules))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert run.stdout.strip().splitlines()[-1] == "[]"

@@ -24,7 +24,7 @@ STUDIO = [sys.executable, "-m", "studio"]
 
 def speech(path, seconds):
     from studio.audio.io import load_audio
-    from studio.engines.demo.engine import demo_audio_path
+    from studio.engines.demo import demo_audio_path
 
     x = np.resize(load_audio(demo_audio_path()).samples, int(seconds * SAMPLE_RATE))
     sf.write(path, x, SAMPLE_RATE)

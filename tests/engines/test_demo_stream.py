@@ -11,8 +11,8 @@ from studio import layout
 from studio.audio.io import load_audio
 from studio.audio.phonetics import PhoneticFrames, analyze
 from studio.engines.base import LATENCIES
-from studio.engines.demo import rig
-from studio.engines.demo.engine import DemoEngine, demo_audio_path
+from studio.engines.demo import demo_audio_path, rig
+from studio.engines.demo.engine import DemoEngine
 from studio.engines.demo.motion import BLINK_SHAPE, LOOKAHEAD, DemoMotion, generate_motion
 
 FPS = layout.FPS

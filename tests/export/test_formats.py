@@ -12,7 +12,8 @@ from conftest import run_cli
 
 from studio import layout
 from studio.audio.io import load_audio
-from studio.engines.demo.engine import DemoEngine, demo_audio_path
+from studio.engines.demo import demo_audio_path
+from studio.engines.demo.engine import DemoEngine
 from studio.export.video import ENCODERS, VideoWriter, encoder_available, hardware_encoder
 from studio.motion.retime import output_frames, retime
 from studio.render.pipeline import generate

@@ -22,7 +22,7 @@ CLIP_S = 2.5
 @pytest.fixture
 def speech(tmp_path):
     """The demo speech cut to CLIP_S seconds (16 kHz mono WAV)."""
-    from studio.engines.demo.engine import demo_audio_path
+    from studio.engines.demo import demo_audio_path
 
     x, rate = sf.read(str(demo_audio_path()), dtype="float32")
     path = tmp_path / "speech.wav"

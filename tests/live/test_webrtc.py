@@ -15,7 +15,8 @@ import pytest
 from conftest import sigint_as_from_a_terminal
 
 from studio.audio.io import audio_from_array, load_audio
-from studio.engines.demo.engine import DemoEngine, demo_audio_path
+from studio.engines.demo import demo_audio_path
+from studio.engines.demo.engine import DemoEngine
 from studio.layout import FPS, SAMPLE_RATE, SAMPLES_PER_FRAME
 from studio.live.webrtc import WebRTCSink
 from studio.render.pipeline import analyze, iter_frames

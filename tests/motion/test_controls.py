@@ -12,8 +12,8 @@ from conftest import run_cli
 
 from studio import layout
 from studio.audio.io import load_audio
-from studio.engines.demo import rig
-from studio.engines.demo.engine import DemoEngine, demo_audio_path
+from studio.engines.demo import demo_audio_path, rig
+from studio.engines.demo.engine import DemoEngine
 from studio.errors import InputError
 from studio.motion.controls import ControlTracks, Key, apply_controls
 from studio.render.pipeline import generate

@@ -9,8 +9,7 @@ import pytest
 from studio import layout
 from studio.audio.io import load_audio
 from studio.audio.phonetics import PhoneticFrames, analyze
-from studio.engines.demo import rig
-from studio.engines.demo.engine import demo_audio_path
+from studio.engines.demo import demo_audio_path, rig
 from studio.engines.demo.motion import generate_motion
 from studio.motion import quality as q
 

@@ -9,7 +9,8 @@ import pytest
 from scipy.ndimage import gaussian_filter
 
 from studio.audio.io import SAMPLE_RATE, audio_from_array, load_audio
-from studio.engines.demo.engine import DemoEngine, demo_audio_path
+from studio.engines.demo import demo_audio_path
+from studio.engines.demo.engine import DemoEngine
 from studio.render import pipeline
 from studio.render.fidelity import inbetween_fidelity, psnr, ssim, summarize
 from studio.settings import RenderSettings
@@ -111,7 +112,8 @@ def test_subsampling_and_no_inbetweens(short_clip):
 
 def test_inbetween_psnr_scores_made_frames_against_full_renders() -> None:
     from studio.audio.io import load_audio
-    from studio.engines.demo.engine import DemoEngine, demo_audio_path
+    from studio.engines.demo import demo_audio_path
+    from studio.engines.demo.engine import DemoEngine
     from studio.render.fidelity import inbetween_psnr, sample_inbetweens
     from studio.render.pipeline import analyze
     from studio.settings import RenderSettings

@@ -9,8 +9,8 @@ import torch
 from studio import layout
 from studio.audio.io import load_audio
 from studio.engines.base import Renderer, crossfade
-from studio.engines.demo import rig
-from studio.engines.demo.engine import DemoEngine, demo_audio_path
+from studio.engines.demo import demo_audio_path, rig
+from studio.engines.demo.engine import DemoEngine
 from studio.motion.cadence import (
     CadenceThresholds,
     blend_weights,

@@ -10,7 +10,7 @@ import pytest
 from studio import layout
 from studio.audio.io import load_audio
 from studio.engines.base import LATENCIES
-from studio.engines.demo.engine import demo_audio_path
+from studio.engines.demo import demo_audio_path
 from studio.layout import FPS, SAMPLE_RATE, SAMPLES_PER_FRAME
 from studio.render.engines import open_engine
 from studio.render.stream import LiveSession, ReplayClock

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from studio.engines.demo.engine import demo_audio_path
+from studio.engines.demo import demo_audio_path
 from studio.errors import InputError
 from studio.motion.controls import ControlTracks
 from studio.render.project import Project

@@ -86,7 +86,7 @@ def test_cadence_bounds_the_gaps_of_an_avatar_that_moves_by_itself() -> None:
     renders every frame, however still the driving motion is."""
     from studio import layout
     from studio.audio.io import load_audio
-    from studio.engines.demo.engine import demo_audio_path
+    from studio.engines.demo import demo_audio_path
     from studio.render.pipeline import generate, postprocess
 
     audio = load_audio(demo_audio_path())

@@ -6,6 +6,9 @@ checks of a request and the opening of the engine (:mod:`studio.engines.demo.eng
 
 from __future__ import annotations
 
+from importlib import resources
+from pathlib import Path
+
 from studio.engines.base import Capabilities, EngineRequest, Prepared, Progress
 from studio.errors import OptionError
 
@@ -16,6 +19,13 @@ CAPABILITIES = Capabilities(
     precisions=("fp32",),
     why_cpu="the demo engine renders on the CPU in float32",
 )
+
+
+def demo_audio_path() -> Path:
+    """The built-in demo speech (16 kHz mono WAV shipped with the package): every engine's
+    speech when none is given. Here, not beside the engine, so that a command reading it
+    does not import the engine's motion (SciPy's signal module: 1 s on a GPU machine)."""
+    return Path(str(resources.files("studio.resources") / "demo" / "speech.wav"))
 
 
 def prepare(request: EngineRequest) -> Prepared:

@@ -7,8 +7,6 @@ differ.
 
 from __future__ import annotations
 
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,11 +19,6 @@ from studio.engines.demo import CAPABILITIES, rig
 from studio.engines.demo.avatar import DemoAvatar
 from studio.engines.demo.motion import LOOKAHEAD, OFFLINE_LATENCY, DemoMotion, generate_motion
 from studio.settings import RenderSettings
-
-
-def demo_audio_path() -> Path:
-    """The built-in demo speech (16 kHz mono WAV shipped with the package)."""
-    return Path(str(resources.files("studio.resources") / "demo" / "speech.wav"))
 
 
 class DemoEngine:
