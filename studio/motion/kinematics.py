@@ -317,9 +317,12 @@ def limit_acceleration(y: np.ndarray, limit: float | np.ndarray, max_iter: int =
     return limit_acceleration_stats(y, limit, max_iter)[0]
 
 
+SMOOTHING_MODULES = ("scipy.signal",)  # imported by savgol on first use (a caller may ahead)
+
+
 def savgol(x: np.ndarray, window: int, order: int) -> np.ndarray:
     """Savitzky–Golay along axis 0 with polynomial edges; the window shrinks for short clips."""
-    from scipy.signal import savgol_filter  # here: scipy.signal's import takes ~0.5 s
+    from scipy.signal import savgol_filter  # here: scipy.signal's import takes 0.5-1 s
 
     n = x.shape[0]
     win = min(window, n if n % 2 else n - 1)

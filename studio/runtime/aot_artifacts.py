@@ -21,8 +21,6 @@ and rebuilt as a package is.
 from __future__ import annotations
 
 import functools
-import importlib
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -57,7 +55,7 @@ if torch.cuda.is_available():
 
 # what loading a GPU artifact imports: Inductor's loader and what its Python wrapper names
 # (Triton, its kernel wrapper); 1-2.6 s of a new process's engine build (H100 profile,
-# docs/benchmarks.md)
+# docs/benchmarks.md), which a caller can import ahead (studio.imports.import_aside)
 LOADER_MODULES = (
     "torch._inductor.standalone_compile",
     "torch._inductor.async_compile",
@@ -66,31 +64,6 @@ LOADER_MODULES = (
     "triton.language",
     "torch._inductor.runtime.triton_heuristics",
 )
-
-
-_LOADER_THREAD: list[threading.Thread] = []  # the process's one import thread, once started
-_LOADER_LOCK = threading.Lock()
-
-
-def import_loader_aside() -> threading.Thread:
-    """Import :data:`LOADER_MODULES` on a daemon thread, once per process (this call's or an
-    earlier one's thread; modules that are missing, Triton on a CPU machine, are skipped). A
-    process that will load artifacts starts it as it analyses the clip, where the main thread
-    mostly waits on the GPU, so the engines' build later finds the modules imported."""
-
-    def run() -> None:
-        for name in LOADER_MODULES:
-            try:
-                importlib.import_module(name)
-            except ImportError:
-                continue
-
-    with _LOADER_LOCK:
-        if not _LOADER_THREAD:
-            thread = threading.Thread(target=run, name="import-artifact-loader", daemon=True)
-            thread.start()
-            _LOADER_THREAD.append(thread)
-        return _LOADER_THREAD[0]
 
 
 def _load_file(path: Path) -> Any:

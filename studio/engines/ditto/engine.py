@@ -47,6 +47,7 @@ from studio.engines.ditto.warp_decode import (
 from studio.engines.ditto.warp_graphs import WarpGraphs
 from studio.errors import InputError, OptionError
 from studio.export.yuv import rgb_to_yuv420p
+from studio.imports import import_aside
 from studio.layout import MOTION_DIM, NUM_KP, motion_from_info
 from studio.models.checkpoints import CheckpointSet, discover, load_cfg
 from studio.motion.condition import (
@@ -57,9 +58,10 @@ from studio.motion.condition import (
     source_indices,
 )
 from studio.motion.generator import WindowMemo, generate_motion
+from studio.motion.kinematics import SMOOTHING_MODULES
 from studio.motion.live_lmdm import LiveMotion, live_plan
 from studio.motion.stitch import StitchConfig, StitchControls, stitch_motion, video_config
-from studio.runtime.aot_artifacts import import_loader_aside
+from studio.runtime.aot_artifacts import LOADER_MODULES
 from studio.runtime.base import HALF_DTYPES, resolve_device
 from studio.settings import RenderSettings
 
@@ -818,13 +820,11 @@ class DittoEngine:
         self.networks.warp_decode(settings.precision, settings.compile, settings.runtime)
 
     def generate(self, audio: Audio, phon: PhoneticFrames, seed: int) -> np.ndarray:
-        """[N, 265] motion: HuBERT features, the 1103-wide condition, LMDM windows. Where the
-        render engines will be compiled artifacts (``--compile`` on a GPU), their loader's
-        imports start beside this (:func:`~studio.runtime.aot_artifacts.import_loader_aside`:
-        the main thread mostly waits on the GPU here; beside the networks' load, on an H100,
-        they slowed it by as much as they saved the build)."""
-        if self.settings.compile and _compile_note(self.settings, self.device) is None:
-            import_loader_aside()
+        """[N, 265] motion: HuBERT features, the 1103-wide condition, LMDM windows. From the
+        first window on, what the render's next steps import is imported beside the windows
+        (:meth:`_imports_ahead`; :func:`~studio.imports.import_aside`): the main thread only
+        waits on the GPU there. Beside the networks' load or HuBERT, which run Python, they
+        slowed those by about as much as they saved (H100, docs/benchmarks.md)."""
         t0 = time.perf_counter()
         self._report(STAGE_HUBERT, 0, 1)  # one call: counted as one step
         feats = self.hubert.offline(audio.samples)
@@ -836,6 +836,8 @@ class DittoEngine:
         kp_source = torch.from_numpy(motion_from_info(_first_info(self.avatar)))
 
         def on_window(done: int, total: int) -> None:
+            if done == 1 and self.device.type == "cuda":
+                import_aside(self._imports_ahead())
             self._report(STAGE_LMDM, done, total)
 
         motion = generate_motion(
@@ -850,6 +852,13 @@ class DittoEngine:
         host = motion.cpu().numpy()  # the one read-back: cadence, smoothing and plots need it
         self.last_timings = {"hubert": t_hubert, "lmdm": (time.perf_counter() - t0) * 1000.0}
         return host
+
+    def _imports_ahead(self) -> tuple[str, ...]:
+        """The heavy modules a clip's steps after LMDM import on first use: SciPy's signal
+        module (the pose smoothing) and, where the render engines will be compiled
+        artifacts (``--compile`` on a GPU), their loader."""
+        compiled = self.settings.compile and _compile_note(self.settings, self.device) is None
+        return (*SMOOTHING_MODULES, *(LOADER_MODULES if compiled else ()))
 
     def motion_stream(
         self, seed: int, latency: str = "balanced", *, overlap: int | None = None
