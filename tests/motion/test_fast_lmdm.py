@@ -142,6 +142,26 @@ def test_window_graph_uncaptured_on_the_cpu_equals_the_module_loop():
         torch.testing.assert_close(graph.run(cf, cond, x_t), ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
+@pytest.mark.parametrize("steps", [1, 3])
+def test_window_graph_captured_on_a_gpu_equals_the_module_loop(steps):
+    """On a GPU the window's whole loop is captured after a one-step warm-up
+    (WARMUP_STEPS): every replay, window after window, is the module's DDIM loop."""
+    import copy
+
+    torch.manual_seed(0)
+    model = random_biases(LMDM(**REDUCED_KWARGS).eval())
+    on_gpu = copy.deepcopy(model).to("cuda")
+    graphed = graphed_lmdm(on_gpu)
+    for seed in (3, 4):
+        cf, cond, sched, x_t, noises, ref = _window(model, steps, seed)
+        graph = graphed.window_graph(sched, WINDOW)
+        assert graph.graph is not None
+        graph.set_noises(noises.cuda())
+        out = graph.run(cf.cuda(), cond.cuda(), x_t.cuda()).cpu()
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
 def test_path_spec_names_a_runtime_precision():
     assert fp32_spec(tf32=True) == PathSpec("fast_tf32_window", "tf32")
     with pytest.raises(ValueError, match="precision 'float16'"):
