@@ -12,6 +12,7 @@
 #   bash scripts/device_call.sh LABEL base [options]   # the same from .base/base.tgz's tree
 #     (BASE_TGZ=.base/other.tgz BASE_OUT=/tmp/b3 for a second older tree in the same call)
 #   bash scripts/device_call.sh LABEL stage            # only keep what this call carries
+#   bash scripts/device_call.sh LABEL tests            # LMDM's and the engine's CUDA tests
 # LABEL names the commit of the tree that runs (the copy has no .git). `warm` runs
 # scripts/bench_gpu.sh's warmstart step into /tmp/b (its cache kept for later calls); `base`
 # runs the older tree's against the same cache into /tmp/b2 (an A/B on one machine). Every
@@ -45,6 +46,16 @@ save() {  # the reports so far, and every process's log in one tar (at most 8 fi
     mv "$OUT/logs.tgz.part" "$OUT/logs.tgz"
   return 0
 }
+if [ "$step" = tests ]; then  # the GPU tests of LMDM's captured windows and the Ditto engine
+  mkdir -p /tmp/b/logs "$OUT"
+  [ -e studio/resources ] || ln -sfn ../resources studio/resources
+  PYTHONPATH=/tmp/site:$PWD timeout 300 python3 -m pytest -q -p no:cacheprovider \
+    tests/motion/test_fast_lmdm.py tests/engines/test_ditto_engine.py "$@" \
+    >/tmp/b/logs/tests.log 2>&1
+  echo "tests: exit $? ($(tail -n 1 /tmp/b/logs/tests.log))"
+  save
+  exit 0
+fi
 (while sleep 10; do save; done) &
 saver=$!
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
