@@ -225,9 +225,10 @@ def declared_seconds(path: str | os.PathLike) -> float | None:
     if container is None:
         return None
     with container:
-        if not container.streams.audio:
+        stream = container.streams.best("audio")  # the stream load_audio decodes
+        if stream is None:
             return None
-        return _container_length(container, container.streams.audio[0], size)[0]
+        return _container_length(container, stream, size)[0]
 
 
 def audio_from_array(samples: np.ndarray, rate: int, path: str | None = None) -> Audio:
