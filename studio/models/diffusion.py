@@ -192,15 +192,11 @@ class DeviceDDIM:
         self.noises = noises.to(self.device, torch.float32).contiguous()
         self.out = torch.empty(self.shape, dtype=torch.float32, device=self.device)
 
-    def sample(
-        self, denoiser: Denoiser, x_t: torch.Tensor, steps: int | None = None
-    ) -> torch.Tensor:
-        """Run all steps from x_T, or the first ``steps`` only (a warm-up before a capture:
-        every op of the loop, on the same shapes, once); returns the persistent output buffer
-        (copy it to keep it)."""
+    def sample(self, denoiser: Denoiser, x_t: torch.Tensor) -> torch.Tensor:
+        """Run all steps from x_T; returns the persistent output buffer (copy it to keep it)."""
         x = x_t
         i = 0
-        for step, final in enumerate(self._final[:steps]):
+        for step, final in enumerate(self._final):
             pred_noise, x_start = denoiser(x, self.time_cond[step])
             if final:
                 x = x_start

@@ -1,12 +1,12 @@
-"""The fast LMDM path: the window step under a precision, compiled, one CUDA graph per window.
+"""The fast LMDM path: the window step under a precision, compiled, one CUDA graph per step.
 
 :class:`FastLMDM` runs :mod:`studio.motion.lmdm_hoist`'s window step (the condition encoder,
 time embeddings, FiLM, cross-attention keys and values and the ``cond_frame`` projection
 computed once per window, in 3 stacked matmuls; 50 matmuls a step instead of 98) on static
 condition buffers, in the precision a :class:`PathSpec` names: the weights are the runtime's
 (:class:`~studio.runtime.torch_backend.PrecisionAdapter`: fp32, or a cast copy in bf16/fp16),
-optionally through ``torch.compile``. :class:`WindowGraph` captures a window's whole DDIM loop
-once per step count and window shape into a CUDA graph and replays it per window;
+optionally through ``torch.compile``. :class:`WindowGraph` runs a window's DDIM loop as one
+step (captured once per step count and window shape into a CUDA graph) replayed per step;
 :func:`graphed_lmdm` keeps those graphs for the loaded LMDM in fp32 (the released set's
 precision). :func:`studio.motion.generator.generate_motion` uses them on CUDA, and the
 ``lmdm`` bench suite measures the precisions and compiled paths of :class:`FastLMDM`.
@@ -17,9 +17,10 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from studio.layout import MOTION_DIM, SEQ_FRAMES
@@ -56,10 +57,7 @@ __all__ = [
 # "max-autotune-no-cudagraphs" was still autotuning GEMMs after 4 minutes. Graph capture
 # stays ours either way.
 COMPILE_MODE = "default"
-GRAPH_WARMUP = 1  # eager warm-ups before a capture: one runs every op once (lazy inits)
-# DDIM steps of that warm-up: every step runs the same ops on the same shapes, so one step
-# (the window's constants, a guided step, the update) does what the 50-step loop did in 0.47 s
-WARMUP_STEPS = 1
+GRAPH_WARMUP = 1  # eager steps before a capture: one runs every op once (lazy inits)
 WINDOW = (1, SEQ_FRAMES, MOTION_DIM)  # batch 1, one 80-frame window
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")  # the runtime's names; half types cast weights
 
@@ -156,9 +154,8 @@ class FastLMDM:
         with self.context():
             return self.step(x, time_cond)
 
-    def sample(self, sampler: DeviceDDIM, x_t: Tensor, steps: int | None = None) -> Tensor:
-        """The whole DDIM loop into ``sampler.out`` (capturable: no host reads, static shapes);
-        its first ``steps`` only, to warm up before a capture."""
+    def sample(self, sampler: DeviceDDIM, x_t: Tensor) -> Tensor:
+        """The whole DDIM loop into ``sampler.out`` (capturable: no host reads, static shapes)."""
         if sampler.shape[0] != 1:
             raise ValueError(f"FastLMDM runs batch 1, got {sampler.shape[0]}")
         with self.context():
@@ -170,15 +167,22 @@ class FastLMDM:
                 x0 = self._step_x0(self.model, x, next(per_step), 0, self.sdpa)
                 return predict_noise_from_start(x, time_cond, x0, self.noise_tables), x0
 
-            return sampler.sample(denoise, x_t, steps)
+            return sampler.sample(denoise, x_t)
 
 
 class WindowGraph:
-    """One window's whole DDIM loop for one step count, on static buffers.
+    """One window's DDIM loop for one step count, on static buffers, as one guided step run
+    per DDIM step.
 
-    On CUDA the loop is captured once into a CUDA graph and :meth:`run` replays it; on the
-    CPU :meth:`run` runs the same loop eagerly on the same buffers. Set the clip's per-step
-    noises with :meth:`set_noises`; each :meth:`run` copies a window's condition and x_T in.
+    A window first computes its constants for every step (:meth:`FastLMDM._window_constants`,
+    eagerly) into one packed buffer, a row per step. Each step then gathers its row and its
+    schedule scalars by a step index held on the device, runs the guided step and the DDIM
+    update, and advances the index. On CUDA that step is captured once into a CUDA graph and
+    replayed ``steps`` times per window: a capture of one step's ops instead of the whole
+    loop's (the 50-step loop took about 1.1 s of each process to warm up and capture on an
+    H100), for one more gather a step. On the CPU the same step runs eagerly. Set the clip's
+    per-step noises with :meth:`set_noises`; each :meth:`run` copies a window's condition and
+    x_T in. The results are :meth:`FastLMDM.sample`'s.
     """
 
     def __init__(
@@ -186,32 +190,106 @@ class WindowGraph:
     ) -> None:
         dev = fast.device
         shape = tuple(shape)
+        if shape[0] != 1:
+            raise ValueError(f"FastLMDM runs batch 1, got {shape[0]}")
         self.fast = fast
         self.shape = shape
-        self.x_t = torch.zeros(shape, device=dev)
-        noises = torch.zeros((schedule.num_noises, *shape), device=dev)
-        self.sampler = DeviceDDIM(schedule, shape, noises, dev)
+        self.steps = schedule.steps
+        self.times = torch.tensor([t for t, _ in schedule.time_pairs], device=dev)  # [T] long
+        # [T]: the final step's row is never used (its x0 is the window's output)
+        scalars = (schedule.alpha_next_sqrt, schedule.c, schedule.sigma)
+        self.alpha_next_sqrt, self.c, self.sigma = (
+            F.pad(v.to(dev, torch.float32), (0, 1)) for v in scalars
+        )
+        self.noises = torch.zeros((self.steps, *shape), device=dev)
+        self.x = torch.zeros(shape, device=dev)  # x_T, then each step's x
+        self.index = torch.zeros(1, dtype=torch.long, device=dev)
+        with fast.context():
+            consts = fast._window(self.times, fast.sdpa)  # its layout (and a warm-up)
+        per_step = _per_step(consts)
+        dtypes = {t.dtype for t in per_step}
+        if len(dtypes) != 1:
+            raise ValueError(f"a window's constants must share one dtype, got {dtypes}")
+        width = sum(t[0].numel() for t in per_step)
+        self.packed = torch.zeros((self.steps, width), dtype=per_step[0].dtype, device=dev)
+        self.staged = torch.zeros((1, width), dtype=self.packed.dtype, device=dev)
+        self._packed_views = _row_views(self.packed, per_step)
+        self.input_bias = torch.zeros_like(consts.input_bias)
+        staged = _with_per_step(consts, _row_views(self.staged, per_step))
+        self.consts = replace(staged, input_bias=self.input_bias)
+        self.out = torch.zeros(shape, device=dev)  # the last step's x0: the window's motion
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.out = self.sampler.out
         if dev.type == "cuda":
-            self.graph, self.out = capture_cuda_graph(
-                lambda: fast.sample(self.sampler, self.x_t),
-                GRAPH_WARMUP,
-                warm=lambda: fast.sample(self.sampler, self.x_t, WARMUP_STEPS),
-            )
+            self.graph, _ = capture_cuda_graph(self._step, GRAPH_WARMUP, fast.context)
 
     def set_noises(self, noises: Tensor) -> None:
         """The clip's per-step noises [T-1, *shape] (shared by every window)."""
-        self.sampler.noises.copy_(noises)
+        self.noises[: self.steps - 1].copy_(noises)
+
+    def _load_window(self) -> None:
+        """Every step's constants of the loaded condition into the packed rows; index 0."""
+        with self.fast.context():
+            consts = self.fast._window(self.times, self.fast.sdpa)
+            for view, value in zip(self._packed_views, _per_step(consts), strict=True):
+                view.copy_(value)
+            self.input_bias.copy_(consts.input_bias)
+            self.index.zero_()
+
+    def _step(self) -> None:
+        """The step at the device's index (capturable: no host reads, static buffers): its
+        constants' row staged, the guided x0 into :attr:`out`, the DDIM update into ``x``."""
+        fast, k = self.fast, self.index
+        torch.index_select(self.packed, 0, k, out=self.staged)
+        x0 = fast._step_x0(fast.model, self.x, self.consts, 0, fast.sdpa)
+        pred_noise = predict_noise_from_start(
+            self.x, self.times.index_select(0, k), x0, fast.noise_tables
+        )
+        self.out.copy_(x0)
+        update = (
+            x0 * self.alpha_next_sqrt.index_select(0, k)
+            + self.c.index_select(0, k) * pred_noise
+            + self.sigma.index_select(0, k) * self.noises.index_select(0, k)[0]
+        )
+        self.x.copy_(update)
+        self.index.add_(1)
 
     def run(self, cond_frame: Tensor, cond: Tensor, x_t: Tensor) -> Tensor:
         """x0 [*shape] of one window; a static buffer the next run overwrites (clone to keep)."""
         self.fast.load_condition(cond_frame, cond)
-        self.x_t.copy_(x_t)
-        if self.graph is None:
-            return self.fast.sample(self.sampler, self.x_t)
-        self.graph.replay()
+        self.x.copy_(x_t)
+        self._load_window()
+        for _ in range(self.steps):
+            if self.graph is not None:
+                self.graph.replay()
+            else:
+                with self.fast.context():
+                    self._step()
         return self.out
+
+
+def _per_step(consts: WindowConstants) -> list[Tensor]:
+    """The constants with a leading step axis, in one order: every layer's FiLMs, keys, values."""
+    return [*(f for films in consts.films for f in films), *consts.keys, *consts.values]
+
+
+def _row_views(buffer: Tensor, like: list[Tensor]) -> list[Tensor]:
+    """Views of ``buffer`` [R, width] shaped [R, *t.shape[1:]] for each of ``like``, side by
+    side along a row (each row holds one step's constants, contiguous)."""
+    views, start = [], 0
+    for t in like:
+        size = t[0].numel()
+        views.append(buffer[:, start : start + size].unflatten(1, t.shape[1:]))
+        start += size
+    return views
+
+
+def _with_per_step(consts: WindowConstants, flat: list[Tensor]) -> WindowConstants:
+    """``consts`` with its per-step tensors replaced by ``flat`` (in :func:`_per_step`'s order)."""
+    given = iter(flat)
+    films = [tuple(next(given) for _ in layer) for layer in consts.films]
+    keys = [next(given) for _ in consts.keys]
+    values = [next(given) for _ in consts.values]
+    return replace(consts, films=films, keys=keys, values=values)
 
 
 class GraphedLMDM:

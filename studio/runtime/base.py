@@ -243,20 +243,15 @@ def peak_memory_mb() -> dict[str, float | None]:
 
 
 def capture_cuda_graph(
-    fn: Callable[[], Any],
-    warmup: int = 3,
-    context: Callable[[], Any] | None = None,
-    warm: Callable[[], Any] | None = None,
+    fn: Callable[[], Any], warmup: int = 3, context: Callable[[], Any] | None = None
 ) -> tuple[torch.cuda.CUDAGraph, Any]:
     """Capture ``fn`` into a CUDA graph: warm-up on a side stream, then one capture.
 
     ``fn`` must read only static buffers (filled with ``copy_`` before each replay) and must
-    not synchronize with the host. ``warm`` (default ``fn``) is what the ``warmup`` runs call:
-    a cheaper call running every op of ``fn`` on the same shapes (a loop's first turn) does
-    the lazy initialisation a capture must not meet. ``context()`` (e.g. no_grad + autocast)
-    wraps both the warm-up and the capture; it is entered before :data:`GPU_LOCK` is taken, so
-    a thread waiting for a math mode (:func:`math_mode`) never holds the lock. Returns (graph,
-    fn's output, which replays overwrite).
+    not synchronize with the host. ``context()`` (e.g. no_grad + autocast) wraps both the
+    warm-up and the capture; it is entered before :data:`GPU_LOCK` is taken, so a thread
+    waiting for a math mode (:func:`math_mode`) never holds the lock. Returns (graph, fn's
+    output, which replays overwrite).
     """
     ctx = context or contextlib.nullcontext
     with ctx(), GPU_LOCK:
@@ -264,7 +259,7 @@ def capture_cuda_graph(
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(max(1, warmup)):
-                (warm or fn)()
+                fn()
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()

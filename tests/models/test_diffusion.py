@@ -130,26 +130,6 @@ def test_device_ddim_equals_reference_loop_and_reuses_buffers(steps):
     torch.testing.assert_close(again, ref, rtol=0, atol=0)
 
 
-def test_a_warm_up_runs_the_first_steps_only():
-    """``steps`` (a warm-up before a capture) runs the loop's first turns: one denoiser call
-    of the first timestep and its update, left in the output buffer; the next full run
-    is the reference's again."""
-    s = D.make_schedule(10)
-    g = torch.Generator().manual_seed(7)
-    x_t, noises = D.draw_noises(s, (1, 8, 265), g)
-    den, seen = _toy_denoiser(), []
-    counted = lambda x, t: seen.append(int(t[0])) or den(x, t)  # noqa: E731
-    dev = D.DeviceDDIM(s, (1, 8, 265), noises)
-    first = dev.sample(counted, x_t, 1).clone()
-    assert seen == [s.time_pairs[0][0]]
-    pred_noise, x_start = den(x_t, dev.time_cond[0])
-    update = x_start * dev.alpha_next_sqrt[0] + dev.c[0] * pred_noise + dev.sigma[0] * noises[0]
-    torch.testing.assert_close(first, update, rtol=0, atol=0)
-    full = dev.sample(counted, x_t)
-    assert len(seen) == 1 + 10
-    torch.testing.assert_close(full, D.ddim_sample(den, x_t, noises, s), rtol=0, atol=0)
-
-
 def test_device_ddim_loop_reads_nothing_back_to_host(host_reads):
     """No .item()/.tolist()/.cpu() inside the loop: the denoiser sees only device tensors."""
     s = D.make_schedule(4)

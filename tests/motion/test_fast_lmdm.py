@@ -15,6 +15,7 @@ from studio.motion.fast_lmdm import (
     WINDOW,
     FastLMDM,
     PathSpec,
+    WindowGraph,
     fp32_spec,
     graphed_lmdm,
 )
@@ -142,11 +143,42 @@ def test_window_graph_uncaptured_on_the_cpu_equals_the_module_loop():
         torch.testing.assert_close(graph.run(cf, cond, x_t), ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("steps", [1, 4])
+def test_window_graph_steps_equal_the_fast_loop_exactly(steps):
+    """The window graph's packed constants, step by step (each gathered by the device's step
+    index, with its schedule scalars), compute exactly what the fast path's whole loop does;
+    a second window overwrites the first's output buffer."""
+    torch.manual_seed(0)
+    model = random_biases(LMDM(**REDUCED_KWARGS).eval())
+    fast = FastLMDM(model, fp32_spec(), "cpu")
+    graph = WindowGraph(fast, make_schedule(steps), WINDOW)
+    assert graph.packed.shape[0] == steps and graph.staged.shape[0] == 1
+    outs = []
+    for seed in (3, 4):
+        cf, cond, sched, x_t, noises, _ = _window(model, steps, seed)
+        graph.set_noises(noises)
+        out = graph.run(cf, cond, x_t)
+        assert out.data_ptr() == graph.out.data_ptr()
+        outs.append(out.clone())
+        fast.load_condition(cf, cond)
+        want = fast.sample(DeviceDDIM(sched, WINDOW, noises, "cpu"), x_t)
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+        assert int(graph.index) == steps  # every step ran once
+    assert not torch.equal(outs[0], outs[1])
+
+
+def test_window_graph_runs_batch_one_only():
+    model = LMDM(**REDUCED_KWARGS).eval()
+    fast = FastLMDM(model, fp32_spec(), "cpu")
+    with pytest.raises(ValueError, match="batch 1"):
+        WindowGraph(fast, make_schedule(2), (2, SEQ_FRAMES, MOTION_DIM))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
 @pytest.mark.parametrize("steps", [1, 3])
 def test_window_graph_captured_on_a_gpu_equals_the_module_loop(steps):
-    """On a GPU the window's whole loop is captured after a one-step warm-up
-    (WARMUP_STEPS): every replay, window after window, is the module's DDIM loop."""
+    """On a GPU one step is captured and replayed per DDIM step: every window, window
+    after window, is the module's DDIM loop."""
     import copy
 
     torch.manual_seed(0)
