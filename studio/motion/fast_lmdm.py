@@ -1,12 +1,13 @@
-"""The fast LMDM path: the window step under a precision, compiled, one CUDA graph per step.
+"""The fast LMDM path: the window step under a precision, compiled, captured in CUDA graphs.
 
 :class:`FastLMDM` runs :mod:`studio.motion.lmdm_hoist`'s window step (the condition encoder,
 time embeddings, FiLM, cross-attention keys and values and the ``cond_frame`` projection
 computed once per window, in 3 stacked matmuls; 50 matmuls a step instead of 98) on static
 condition buffers, in the precision a :class:`PathSpec` names: the weights are the runtime's
 (:class:`~studio.runtime.torch_backend.PrecisionAdapter`: fp32, or a cast copy in bf16/fp16),
-optionally through ``torch.compile``. :class:`WindowGraph` runs a window's DDIM loop as one
-step (captured once per step count and window shape into a CUDA graph) replayed per step;
+optionally through ``torch.compile``. :class:`WindowGraph` runs a window's DDIM loop as two
+CUDA graphs captured once per step count and window shape (the window's constants, then a few
+steps replayed until the loop is done);
 :func:`graphed_lmdm` keeps those graphs for the loaded LMDM in fp32 (the released set's
 precision). :func:`studio.motion.generator.generate_motion` uses them on CUDA, and the
 ``lmdm`` bench suite measures the precisions and compiled paths of :class:`FastLMDM`.
@@ -47,17 +48,22 @@ __all__ = [
     "GraphedLMDM",
     "PathSpec",
     "PRECISIONS",
+    "STEPS_PER_GRAPH",
     "WINDOW",
     "WindowGraph",
     "fp32_spec",
     "graphed_lmdm",
+    "steps_per_graph",
 ]
 
 # "default" compiles the step in ~20-30 s on an H200 and cut its replay by ~1.6x there;
 # "max-autotune-no-cudagraphs" was still autotuning GEMMs after 4 minutes. Graph capture
 # stays ours either way.
 COMPILE_MODE = "default"
-GRAPH_WARMUP = 1  # eager steps before a capture: one runs every op once (lazy inits)
+GRAPH_WARMUP = 1  # eager runs before a capture: one runs every op once (lazy inits)
+# DDIM steps a window's steps graph holds at most (a divisor of the step count): its capture
+# costs the ops of that many steps, and a window takes steps / that many replays
+STEPS_PER_GRAPH = 10
 WINDOW = (1, SEQ_FRAMES, MOTION_DIM)  # batch 1, one 80-frame window
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")  # the runtime's names; half types cast weights
 
@@ -171,18 +177,20 @@ class FastLMDM:
 
 
 class WindowGraph:
-    """One window's DDIM loop for one step count, on static buffers, as one guided step run
-    per DDIM step.
+    """One window's DDIM loop for one step count, on static buffers, as two graphs.
 
-    A window first computes its constants for every step (:meth:`FastLMDM._window_constants`,
-    eagerly) into one packed buffer, a row per step. Each step then gathers its row and its
-    schedule scalars by a step index held on the device, runs the guided step and the DDIM
-    update, and advances the index. On CUDA that step is captured once into a CUDA graph and
-    replayed ``steps`` times per window: a capture of one step's ops instead of the whole
-    loop's (the 50-step loop took about 1.1 s of each process to warm up and capture on an
-    H100), for one more gather a step. On the CPU the same step runs eagerly. Set the clip's
-    per-step noises with :meth:`set_noises`; each :meth:`run` copies a window's condition and
-    x_T in. The results are :meth:`FastLMDM.sample`'s.
+    The window's graph computes the constants of every step
+    (:meth:`FastLMDM._window_constants`) into one packed buffer, a row per step, and sets a
+    step index held on the device to 0. Each step then gathers its row and its schedule
+    scalars by that index, runs the guided step and the DDIM update, and advances the index;
+    the steps' graph holds :func:`steps_per_graph` of them and replays until the window's
+    steps are done (5 replays of 10 steps for 50). On CUDA both are captured once: a capture
+    of a tenth of the loop's ops (capturing the whole 50-step loop took about 1.1 s of each
+    H100 process with its warm-up), for one more gather a step and a few replays a window (few:
+    a replay gives up the interpreter, which an import thread may then hold for its switch
+    interval). On the CPU the same functions run eagerly. Set the clip's per-step noises with
+    :meth:`set_noises`; each :meth:`run` copies a window's condition and x_T in. The results
+    are :meth:`FastLMDM.sample`'s.
     """
 
     def __init__(
@@ -195,6 +203,7 @@ class WindowGraph:
         self.fast = fast
         self.shape = shape
         self.steps = schedule.steps
+        self.chunk = steps_per_graph(self.steps)
         self.times = torch.tensor([t for t, _ in schedule.time_pairs], device=dev)  # [T] long
         # [T]: the final step's row is never used (its x0 is the window's output)
         scalars = (schedule.alpha_next_sqrt, schedule.c, schedule.sigma)
@@ -218,9 +227,11 @@ class WindowGraph:
         staged = _with_per_step(consts, _row_views(self.staged, per_step))
         self.consts = replace(staged, input_bias=self.input_bias)
         self.out = torch.zeros(shape, device=dev)  # the last step's x0: the window's motion
-        self.graph: torch.cuda.CUDAGraph | None = None
+        self.graphs: tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph] | None = None
         if dev.type == "cuda":
-            self.graph, _ = capture_cuda_graph(self._step, GRAPH_WARMUP, fast.context)
+            window, _ = capture_cuda_graph(self._load_window, GRAPH_WARMUP, fast.context)
+            steps, _ = capture_cuda_graph(self._run_chunk, GRAPH_WARMUP, fast.context)
+            self.graphs = (window, steps)
 
     def set_noises(self, noises: Tensor) -> None:
         """The clip's per-step noises [T-1, *shape] (shared by every window)."""
@@ -228,12 +239,11 @@ class WindowGraph:
 
     def _load_window(self) -> None:
         """Every step's constants of the loaded condition into the packed rows; index 0."""
-        with self.fast.context():
-            consts = self.fast._window(self.times, self.fast.sdpa)
-            for view, value in zip(self._packed_views, _per_step(consts), strict=True):
-                view.copy_(value)
-            self.input_bias.copy_(consts.input_bias)
-            self.index.zero_()
+        consts = self.fast._window(self.times, self.fast.sdpa)
+        for view, value in zip(self._packed_views, _per_step(consts), strict=True):
+            view.copy_(value)
+        self.input_bias.copy_(consts.input_bias)
+        self.index.zero_()
 
     def _step(self) -> None:
         """The step at the device's index (capturable: no host reads, static buffers): its
@@ -253,18 +263,32 @@ class WindowGraph:
         self.x.copy_(update)
         self.index.add_(1)
 
+    def _run_chunk(self) -> None:
+        for _ in range(self.chunk):
+            self._step()
+
     def run(self, cond_frame: Tensor, cond: Tensor, x_t: Tensor) -> Tensor:
         """x0 [*shape] of one window; a static buffer the next run overwrites (clone to keep)."""
         self.fast.load_condition(cond_frame, cond)
         self.x.copy_(x_t)
-        self._load_window()
-        for _ in range(self.steps):
-            if self.graph is not None:
-                self.graph.replay()
-            else:
-                with self.fast.context():
-                    self._step()
+        chunks = self.steps // self.chunk
+        if self.graphs is not None:
+            window, steps = self.graphs
+            window.replay()
+            for _ in range(chunks):
+                steps.replay()
+            return self.out
+        with self.fast.context():
+            self._load_window()
+            for _ in range(chunks):
+                self._run_chunk()
         return self.out
+
+
+def steps_per_graph(steps: int, most: int = STEPS_PER_GRAPH) -> int:
+    """DDIM steps in one replay of a window's steps graph: the largest divisor of ``steps``
+    up to ``most``, so that whole replays make the window (50 -> 10, 4 -> 4, 13 -> 1)."""
+    return max(c for c in range(1, min(steps, most) + 1) if steps % c == 0)
 
 
 def _per_step(consts: WindowConstants) -> list[Tensor]:

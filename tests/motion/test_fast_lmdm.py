@@ -12,12 +12,14 @@ from studio.models.diffusion import DeviceDDIM, ddim_sample, draw_noises, make_s
 from studio.models.lmdm import LMDM, REDUCED_KWARGS
 from studio.motion.fast_lmdm import (
     COMPILE_MODE,
+    STEPS_PER_GRAPH,
     WINDOW,
     FastLMDM,
     PathSpec,
     WindowGraph,
     fp32_spec,
     graphed_lmdm,
+    steps_per_graph,
 )
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -138,20 +140,21 @@ def test_window_graph_uncaptured_on_the_cpu_equals_the_module_loop():
     for seed in (3, 4):  # two windows through one kept graph
         cf, cond, sched, x_t, noises, ref = _window(model, 3, seed)
         graph = graphed.window_graph(sched, WINDOW)
-        assert graph is graphed.window_graph(sched, WINDOW) and graph.graph is None
+        assert graph is graphed.window_graph(sched, WINDOW) and graph.graphs is None
         graph.set_noises(noises)
         torch.testing.assert_close(graph.run(cf, cond, x_t), ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("steps", [1, 4])
-def test_window_graph_steps_equal_the_fast_loop_exactly(steps):
+@pytest.mark.parametrize(("steps", "chunk"), [(1, 1), (4, 4), (12, 6)])
+def test_window_graph_steps_equal_the_fast_loop_exactly(steps, chunk):
     """The window graph's packed constants, step by step (each gathered by the device's step
-    index, with its schedule scalars), compute exactly what the fast path's whole loop does;
-    a second window overwrites the first's output buffer."""
+    index, with its schedule scalars) in chunks of steps, compute exactly what the fast path's
+    whole loop does; a second window overwrites the first's output buffer."""
     torch.manual_seed(0)
     model = random_biases(LMDM(**REDUCED_KWARGS).eval())
     fast = FastLMDM(model, fp32_spec(), "cpu")
     graph = WindowGraph(fast, make_schedule(steps), WINDOW)
+    assert graph.chunk == chunk and graph.graphs is None
     assert graph.packed.shape[0] == steps and graph.staged.shape[0] == 1
     outs = []
     for seed in (3, 4):
@@ -167,6 +170,12 @@ def test_window_graph_steps_equal_the_fast_loop_exactly(steps):
     assert not torch.equal(outs[0], outs[1])
 
 
+def test_steps_per_graph_divides_the_loop():
+    assert STEPS_PER_GRAPH == 10
+    assert [steps_per_graph(t) for t in (1, 4, 10, 12, 13, 25, 50)] == [1, 4, 10, 6, 1, 5, 10]
+    assert steps_per_graph(50, most=50) == 50
+
+
 def test_window_graph_runs_batch_one_only():
     model = LMDM(**REDUCED_KWARGS).eval()
     fast = FastLMDM(model, fp32_spec(), "cpu")
@@ -175,10 +184,10 @@ def test_window_graph_runs_batch_one_only():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
-@pytest.mark.parametrize("steps", [1, 3])
+@pytest.mark.parametrize("steps", [1, 3, 12])
 def test_window_graph_captured_on_a_gpu_equals_the_module_loop(steps):
-    """On a GPU one step is captured and replayed per DDIM step: every window, window
-    after window, is the module's DDIM loop."""
+    """On a GPU the window's constants and a chunk of its steps are captured and replayed:
+    every window, window after window, is the module's DDIM loop."""
     import copy
 
     torch.manual_seed(0)
@@ -188,7 +197,7 @@ def test_window_graph_captured_on_a_gpu_equals_the_module_loop(steps):
     for seed in (3, 4):
         cf, cond, sched, x_t, noises, ref = _window(model, steps, seed)
         graph = graphed.window_graph(sched, WINDOW)
-        assert graph.graph is not None
+        assert graph.graphs is not None
         graph.set_noises(noises.cuda())
         out = graph.run(cf.cuda(), cond.cuda(), x_t.cuda()).cpu()
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)

@@ -820,11 +820,13 @@ class DittoEngine:
         self.networks.warp_decode(settings.precision, settings.compile, settings.runtime)
 
     def generate(self, audio: Audio, phon: PhoneticFrames, seed: int) -> np.ndarray:
-        """[N, 265] motion: HuBERT features, the 1103-wide condition, LMDM windows. From the
-        first window on, what the render's next steps import is imported beside the windows
-        (:meth:`_imports_ahead`; :func:`~studio.imports.import_aside`): the main thread only
-        waits on the GPU there. Beside the networks' load or HuBERT, which run Python, they
-        slowed those by about as much as they saved (H100, docs/benchmarks.md)."""
+        """[N, 265] motion: HuBERT features, the 1103-wide condition, LMDM windows. Once every
+        window is queued on the GPU, what the render's next steps import is imported beside
+        the windows' work (:meth:`_imports_ahead`; :func:`~studio.imports.import_aside`): the
+        main thread then only waits for the motion, with the interpreter released. Beside
+        the networks' load or HuBERT, which run Python, the imports slowed those by about as
+        much as they saved; beside the windows' replays, each of which gives up the
+        interpreter, they slowed the queueing (H100, docs/benchmarks.md)."""
         t0 = time.perf_counter()
         self._report(STAGE_HUBERT, 0, 1)  # one call: counted as one step
         feats = self.hubert.offline(audio.samples)
@@ -836,7 +838,7 @@ class DittoEngine:
         kp_source = torch.from_numpy(motion_from_info(_first_info(self.avatar)))
 
         def on_window(done: int, total: int) -> None:
-            if done == 1 and self.device.type == "cuda":
+            if done == total and self.device.type == "cuda":
                 import_aside(self._imports_ahead())
             self._report(STAGE_LMDM, done, total)
 
