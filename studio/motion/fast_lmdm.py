@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
@@ -323,12 +324,15 @@ class GraphedLMDM:
         self.base = base
         self.fast = FastLMDM(base, fp32_spec(tf32), base.device)
         self._graphs: dict[tuple[int, tuple[int, ...]], WindowGraph] = {}
+        self.made_ms = 0.0  # spent making (capturing, on CUDA) the graphs so far: a warm-up
 
     def window_graph(self, schedule: DDIMSchedule, shape: tuple[int, ...]) -> WindowGraph:
         """The (cached) graph for ``schedule.steps`` and ``shape``; captured on first use."""
         key = (schedule.steps, tuple(shape))
         if key not in self._graphs:
+            t0 = time.perf_counter()
             self._graphs[key] = WindowGraph(self.fast, schedule, shape)
+            self.made_ms += (time.perf_counter() - t0) * 1000.0
         return self._graphs[key]
 
 
