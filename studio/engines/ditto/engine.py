@@ -839,7 +839,7 @@ class DittoEngine:
         kp_source = torch.from_numpy(motion_from_info(_first_info(self.avatar)))
 
         def on_window(done: int, total: int) -> None:
-            if done == total and self.device.type == "cuda":
+            if done == 1 and self.device.type == "cuda":
                 import_aside(self._imports_ahead())
             self._report(STAGE_LMDM, done, total)
 
