@@ -3,9 +3,9 @@
 A new process pays for every heavy import on its main thread the first time a stage needs
 the module (SciPy's signal module for the smoothing, Inductor and Triton to load compiled
 engines: about a second each on a GPU machine). A stage that keeps the GPU busy while its
-thread only waits (the read-back of LMDM's queued windows) can have them imported beside it
-instead. Beside a stage whose thread runs Python (loading networks, HuBERT's op-by-op runner)
-the imports only take the interpreter from it.
+thread mostly waits (LMDM's window graphs) can have them imported beside it instead. Beside a
+stage whose thread runs Python (loading networks, HuBERT's op-by-op runner) the imports only
+take the interpreter from it.
 """
 
 from __future__ import annotations

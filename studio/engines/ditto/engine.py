@@ -821,13 +821,15 @@ class DittoEngine:
         self.networks.warp_decode(settings.precision, settings.compile, settings.runtime)
 
     def generate(self, audio: Audio, phon: PhoneticFrames, seed: int) -> np.ndarray:
-        """[N, 265] motion: HuBERT features, the 1103-wide condition, LMDM windows. Once every
-        window is queued on the GPU, what the render's next steps import is imported beside
-        the windows' work (:meth:`_imports_ahead`; :func:`~studio.imports.import_aside`): the
-        main thread then only waits for the motion, with the interpreter released. Beside
-        the networks' load or HuBERT, which run Python, the imports slowed those by about as
-        much as they saved; beside the windows' replays, each of which gives up the
-        interpreter, they slowed the queueing (H100, docs/benchmarks.md)."""
+        """[N, 265] motion: HuBERT features, the 1103-wide condition, LMDM windows. From the
+        first window on, what the render's next steps import is imported beside the windows
+        (:meth:`_imports_ahead`; :func:`~studio.imports.import_aside`), where the main thread
+        mostly waits on the GPU. Measured (docs/benchmarks.md): beside the networks' load or
+        HuBERT, which run Python, the imports slowed those by about as much as they saved;
+        started once every window was queued, they hid nowhere (CUDA's launch queue keeps the
+        main thread only a few steps ahead of the GPU); from the first window they slow the
+        windows by about half of what they take. ``lmdm_capture`` in :attr:`last_timings` is
+        the time spent capturing LMDM's window graphs (a process's first clip, on a GPU)."""
         t0 = time.perf_counter()
         self._report(STAGE_HUBERT, 0, 1)  # one call: counted as one step
         feats = self.hubert.offline(audio.samples)
