@@ -8,9 +8,9 @@ window; both come from one generator seeded by the render seed, so a render is r
 
 On CUDA each window runs through :mod:`studio.motion.fast_lmdm`: the condition encoder and
 time embeddings hoisted out of the steps, and a window's DDIM loop captured once per step
-count as two CUDA graphs (its constants, then a few steps; :class:`~studio.motion.fast_lmdm.
-WindowGraph`, kept for the loaded LMDM) and replayed with the window's condition and x_T
-copied into its static buffers. LMDM stays fp32 there (the released set's
+count as two CUDA graphs (its constants, then a few steps: a
+:class:`~studio.motion.fast_lmdm.WindowGraph`, kept for the loaded LMDM) and replayed with the
+window's condition and x_T copied into its static buffers. LMDM stays fp32 there (the released set's
 choice); ``tf32=True`` allows TF32 matmuls. On the CPU the eager loop runs.
 
 :func:`stream_motion` is the live composition of the same stages: one :class:`WindowSampler`
