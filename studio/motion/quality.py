@@ -293,6 +293,27 @@ def _silero() -> tuple[Any, Any]:
     return get_speech_timestamps, load_silero_vad
 
 
+class WindowProbabilities:
+    """Silero's speech probability of every 512-sample window of ``audio`` (16 kHz), computed
+    by one call of its TorchScript ``audio_forward`` (the model's own loop: states reset, the
+    last window zero-padded, as ``get_speech_timestamps`` calls it window by window), and
+    handed back in order to ``get_speech_timestamps`` in the model's place.
+
+    Called window by window from Python, the model gives up the interpreter on each of its
+    1,875 calls for a minute of speech; beside a render thread running Python, each call then
+    waited for that thread's switch interval: 0.35 s alone became 13 s (measured here), and a
+    render's report waited seconds for it after the last frame. One call waits once."""
+
+    def __init__(self, model: Any, audio: Any) -> None:
+        self._probs = iter(model.audio_forward(audio, 16000)[0].tolist())
+
+    def reset_states(self) -> None:
+        """Nothing: the probabilities were computed from reset states."""
+
+    def __call__(self, chunk: Any, sampling_rate: int) -> np.float64:
+        return np.float64(next(self._probs))  # read back with .item(), as the model's tensor
+
+
 def vad_silence(samples16k: np.ndarray, threshold: float = 0.5) -> np.ndarray:
     """[frames] bool silence mask at 25 fps from Silero VAD (the ``silero-vad`` package, whose
     wheel ships its model; it needs torch only, not torchaudio). Optional: the phonetics'
@@ -300,9 +321,9 @@ def vad_silence(samples16k: np.ndarray, threshold: float = 0.5) -> np.ndarray:
     import torch
 
     get_speech_timestamps, load_silero_vad = _silero()
-    model = load_silero_vad()
     audio = torch.from_numpy(np.ascontiguousarray(samples16k, np.float32))
-    spans = get_speech_timestamps(audio, model, threshold=threshold, sampling_rate=16000)
+    probs = WindowProbabilities(load_silero_vad(), audio)
+    spans = get_speech_timestamps(audio, probs, threshold=threshold, sampling_rate=16000)
     silence = np.ones(frame_count(len(samples16k)), bool)
     for span in spans:
         a, b = (round(span[k] / layout.SAMPLES_PER_FRAME) for k in ("start", "end"))

@@ -247,6 +247,54 @@ def test_vad_silence_agrees_with_the_phonetics_on_the_demo_speech(demo_clip):
     assert np.mean(mask == phon.silence) > 0.9
 
 
+def test_vad_probabilities_are_the_models_own_window_by_window():
+    """One ``audio_forward`` call gives exactly what the model gives called per 512-sample
+    window from reset states, the last window zero-padded (get_speech_timestamps' loop)."""
+    import torch
+
+    get_speech_timestamps, load = q._silero()
+    audio = torch.from_numpy(load_audio(demo_audio_path()).samples[: 16000 * 3 + 100])
+    model = load()
+    model.reset_states()
+    windows = [audio[i : i + 512] for i in range(0, len(audio), 512)]
+    want = [model(torch.nn.functional.pad(w, (0, 512 - len(w))), 16000).item() for w in windows]
+    probs = q.WindowProbabilities(load(), audio)
+    probs.reset_states()
+    assert [probs(w, 16000).item() for w in windows] == want
+    with pytest.raises(StopIteration):
+        probs(windows[-1], 16000)
+    spans = get_speech_timestamps(audio, load(), sampling_rate=16000)
+    assert spans and get_speech_timestamps(audio, q.WindowProbabilities(load(), audio)) == spans
+
+
+def test_vad_calls_its_model_once_for_the_whole_speech(monkeypatch):
+    """Called per window from Python, the model gave up the interpreter on every window: beside
+    a render thread running Python each call then waited for its switch interval (0.35 s of
+    VAD became 13 s here). The mask comes from one audio_forward call."""
+    get_speech_timestamps, load = q._silero()
+    calls = {"forward": 0, "audio_forward": 0}
+
+    class Counted:
+        def __init__(self):
+            self.model = load()
+
+        def __call__(self, *args):
+            calls["forward"] += 1
+            return self.model(*args)
+
+        def reset_states(self):
+            self.model.reset_states()
+
+        def audio_forward(self, *args):
+            calls["audio_forward"] += 1
+            return self.model.audio_forward(*args)
+
+    monkeypatch.setattr(q, "_silero", lambda: (get_speech_timestamps, Counted))
+    mask = q.vad_silence(load_audio(demo_audio_path()).samples)
+    assert calls == {"forward": 0, "audio_forward": 1}
+    assert mask.any() and not mask.all()
+
+
 def test_envelope_lag_finds_the_offset():
     rng = np.random.default_rng(1)
     level = np.convolve(rng.random(400), np.ones(3) / 3, "same")
