@@ -186,12 +186,12 @@ class WindowGraph:
     scalars by that index, runs the guided step and the DDIM update, and advances the index;
     the steps' graph holds :func:`steps_per_graph` of them and replays until the window's
     steps are done (5 replays of 10 steps for 50). On CUDA both are captured once: a capture
-    of a tenth of the loop's ops (capturing the whole 50-step loop took about 1.1 s of each
-    H100 process with its warm-up), for one more gather a step and a few replays a window (few:
-    a replay gives up the interpreter, which an import thread may then hold for its switch
-    interval). On the CPU the same functions run eagerly. Set the clip's per-step noises with
-    :meth:`set_noises`; each :meth:`run` copies a window's condition and x_T in. The results
-    are :meth:`FastLMDM.sample`'s.
+    of a tenth of the loop's ops, for one more gather a step and a few replays a window (few:
+    each replay gives up the interpreter to any thread beside it). A 60 s clip's windows and
+    capture took 2.47 s on an H200, against 3.44 s with the whole 50-step loop captured
+    (docs/benchmarks.md). On the CPU the same functions run eagerly. Set the clip's per-step
+    noises with :meth:`set_noises`; each :meth:`run` copies a window's condition and x_T in.
+    The results are :meth:`FastLMDM.sample`'s.
     """
 
     def __init__(
