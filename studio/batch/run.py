@@ -260,6 +260,7 @@ def finish_job(flight: InFlight, aside: bool = False) -> dict[str, Any]:
     """The job's file written (its encoder's tail; ``aside``: beside the next job's render);
     its record: status ``done`` or ``failed`` with the one-line error, frames, seconds of
     audio and of work, peak memory."""
+    from studio.render.pipeline import warmup_of
     from studio.runtime.base import peak_memory_mb
 
     done, rec = flight.done, flight.done.rec
@@ -282,6 +283,7 @@ def finish_job(flight: InFlight, aside: bool = False) -> dict[str, Any]:
         warmup_ms={
             "open_engine": round((done.opened - done.t0) * 1000.0, 2) if done.first else 0.0,
             "build_engines": round(flight.built * 1000.0, 2),
+            **warmup_of(report),  # LMDM's graph capture, a GPU process's first clip
         },
         realtime=round(report["duration_s"] / wall, 2) if wall > 0 else None,
         timings_ms=report["timings_ms"],

@@ -352,6 +352,18 @@ def _find_silence(
         found.set_exception(e)
 
 
+# stages an engine reports among its timings that are warm-up, paid by a process's first clip:
+# capturing LMDM's window graphs (the Ditto engine on a GPU)
+WARMUP_STAGES = ("lmdm_capture",)
+
+
+def warmup_of(report: dict) -> dict[str, float]:
+    """The engine's warm-up stages (:data:`WARMUP_STAGES`), taken out of a render report's
+    ``timings_ms``, for its ``warmup_ms``: the stages then measure the clip's work only."""
+    timings = report["timings_ms"]
+    return {name: timings.pop(name) for name in WARMUP_STAGES if name in timings}
+
+
 def build_report(result: MotionResult, timings_ms: dict[str, float], rendered: bool) -> dict:
     """The report: frame counts, stride histogram, timings and kinematics."""
     n = result.num_frames

@@ -8,7 +8,7 @@ import pytest
 from studio.audio.io import audio_from_array
 from studio.engines.base import Renderer
 from studio.engines.demo.engine import DemoEngine
-from studio.render.pipeline import analyze, iter_frames
+from studio.render.pipeline import WARMUP_STAGES, analyze, iter_frames, warmup_of
 from studio.settings import RenderSettings
 
 
@@ -167,3 +167,13 @@ def test_a_render_measures_its_inbetweens_and_says_so(tmp_path) -> None:
     measuring = [c for c in calls if c[0] == MEASURE_STAGE]
     assert measuring and measuring[-1] == (MEASURE_STAGE, psnr["measured"], psnr["measured"])
     assert calls.index(measuring[0]) > max(i for i, c in enumerate(calls) if c[0] == "render")
+
+
+def test_an_engines_warm_up_stages_move_from_the_stages_to_the_warm_up():
+    """LMDM's graph capture (a GPU process's first clip) is warm-up: a render's report gives it
+    in warmup_ms, so that its stages measure the clip's work only."""
+    assert WARMUP_STAGES == ("lmdm_capture",)
+    report = {"timings_ms": {"hubert": 300.0, "lmdm_capture": 280.0, "lmdm": 2190.0}}
+    assert warmup_of(report) == {"lmdm_capture": 280.0}
+    assert report["timings_ms"] == {"hubert": 300.0, "lmdm": 2190.0}
+    assert warmup_of(report) == {}  # a later clip of the process: nothing captured
