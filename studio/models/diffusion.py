@@ -124,6 +124,19 @@ def predict_noise_from_start(
     return a.reshape(shape) * x_t - x0 / b.reshape(shape)
 
 
+def ddim_next(
+    x_start: torch.Tensor,
+    pred_noise: torch.Tensor,
+    alpha_next_sqrt: torch.Tensor,
+    c: torch.Tensor,
+    sigma: torch.Tensor,
+    noise: torch.Tensor,
+) -> torch.Tensor:
+    """One DDIM update: x <- sqrt(a') x0 + c eps + sigma z (the step's scalars as tensors of
+    one value, on x's device; every sampler's arithmetic, in this order)."""
+    return x_start * alpha_next_sqrt + c * pred_noise + sigma * noise
+
+
 def x0_denoiser(predict_x0: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Denoiser:
     """Adapt an x0-predicting network (the LMDM decoder with guidance) to a Denoiser."""
     tables = noise_tables(alphas_cumprod())
@@ -150,10 +163,13 @@ def ddim_sample(
         if t_next < 0:
             x = x_start
             continue
-        x = (
-            x_start * schedule.alpha_next_sqrt[i].to(dev)
-            + schedule.c[i].to(dev) * pred_noise
-            + schedule.sigma[i].to(dev) * noises[i]
+        x = ddim_next(
+            x_start,
+            pred_noise,
+            schedule.alpha_next_sqrt[i].to(dev),
+            schedule.c[i].to(dev),
+            schedule.sigma[i].to(dev),
+            noises[i],
         )
         i += 1
     return x
@@ -201,10 +217,13 @@ class DeviceDDIM:
             if final:
                 x = x_start
                 break
-            x = (
-                x_start * self.alpha_next_sqrt[i]
-                + self.c[i] * pred_noise
-                + self.sigma[i] * self.noises[i]
+            x = ddim_next(
+                x_start,
+                pred_noise,
+                self.alpha_next_sqrt[i],
+                self.c[i],
+                self.sigma[i],
+                self.noises[i],
             )
             i += 1
         self.out.copy_(x)

@@ -30,6 +30,7 @@ from studio.models.diffusion import (
     DDIMSchedule,
     DeviceDDIM,
     alphas_cumprod,
+    ddim_next,
     noise_tables,
     predict_noise_from_start,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "WindowGraph",
     "fp32_spec",
     "graphed_lmdm",
+    "graphs_made_ms",
     "steps_per_graph",
 ]
 
@@ -256,12 +258,9 @@ class WindowGraph:
             self.x, self.times.index_select(0, k), x0, fast.noise_tables
         )
         self.out.copy_(x0)
-        update = (
-            x0 * self.alpha_next_sqrt.index_select(0, k)
-            + self.c.index_select(0, k) * pred_noise
-            + self.sigma.index_select(0, k) * self.noises.index_select(0, k)[0]
-        )
-        self.x.copy_(update)
+        scalars = (v.index_select(0, k) for v in (self.alpha_next_sqrt, self.c, self.sigma))
+        noise = self.noises.index_select(0, k)[0]
+        self.x.copy_(ddim_next(x0, pred_noise, *scalars, noise))
         self.index.add_(1)
 
     def _run_chunk(self) -> None:
@@ -324,7 +323,6 @@ class GraphedLMDM:
         self.base = base
         self.fast = FastLMDM(base, fp32_spec(tf32), base.device)
         self._graphs: dict[tuple[int, tuple[int, ...]], WindowGraph] = {}
-        self.made_ms = 0.0  # spent making (capturing, on CUDA) the graphs so far: a warm-up
 
     def window_graph(self, schedule: DDIMSchedule, shape: tuple[int, ...]) -> WindowGraph:
         """The (cached) graph for ``schedule.steps`` and ``shape``; captured on first use."""
@@ -332,12 +330,20 @@ class GraphedLMDM:
         if key not in self._graphs:
             t0 = time.perf_counter()
             self._graphs[key] = WindowGraph(self.fast, schedule, shape)
-            self.made_ms += (time.perf_counter() - t0) * 1000.0
+            with _GRAPHED_LOCK:
+                _MADE_MS[0] += (time.perf_counter() - t0) * 1000.0
         return self._graphs[key]
 
 
 _GRAPHED: dict[bool, GraphedLMDM] = {}
 _GRAPHED_LOCK = threading.Lock()
+_MADE_MS = [0.0]  # spent making window graphs in this process
+
+
+def graphs_made_ms() -> float:
+    """Milliseconds this process has spent making (on CUDA: capturing) LMDM's window graphs,
+    of every LMDM and precision: a warm-up, which a caller reads before and after a clip."""
+    return _MADE_MS[0]
 
 
 def graphed_lmdm(base: LMDM, tf32: bool = False) -> GraphedLMDM:

@@ -57,7 +57,7 @@ from studio.motion.condition import (
     emotion_from_weights,
     source_indices,
 )
-from studio.motion.fast_lmdm import graphed_lmdm
+from studio.motion.fast_lmdm import graphs_made_ms
 from studio.motion.generator import WindowMemo, generate_motion
 from studio.motion.kinematics import SMOOTHING_MODULES
 from studio.motion.live_lmdm import LiveMotion, live_plan
@@ -845,8 +845,7 @@ class DittoEngine:
                 import_aside(self._imports_ahead())
             self._report(STAGE_LMDM, done, total)
 
-        graphs = graphed_lmdm(self.networks.lmdm) if self.device.type == "cuda" else None
-        made = graphs.made_ms if graphs is not None else 0.0
+        made = graphs_made_ms()
         motion = generate_motion(
             self.networks.lmdm,
             torch.from_numpy(cond),  # on the host: its windows' digests read it there
@@ -859,8 +858,8 @@ class DittoEngine:
         host = motion.cpu().numpy()  # the one read-back: cadence, smoothing and plots need it
         t_lmdm = (time.perf_counter() - t0) * 1000.0
         self.last_timings = {"hubert": t_hubert, "lmdm": t_lmdm}
-        if graphs is not None:  # the window graphs' capture (first clip only): a warm-up
-            capture = graphs.made_ms - made
+        if self.device.type == "cuda":  # the window graphs' capture (first clip only): a warm-up
+            capture = graphs_made_ms() - made
             self.last_timings.update(lmdm_capture=capture, lmdm=t_lmdm - capture)
         return host
 
