@@ -189,19 +189,32 @@ def test_random_weights_exercise_norms_and_spectral_norm() -> None:
 # --- strict loading ---------------------------------------------------------------------------
 
 
+_DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=pytest.mark.skipif(
+            not torch.cuda.is_available(),
+            reason="needs a CUDA GPU (checked after the upload there)",
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("device", _DEVICES)
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_nan_or_inf_weights_are_a_clear_error_naming_the_tensor(
-    bad: float, reduced_tree: Path, tmp_path: Path
+    bad: float, device: str, reduced_tree: Path, tmp_path: Path
 ) -> None:
     path = _pth(reduced_tree, "stitch_network")
     raw = torch.load(path, map_location="cpu", weights_only=True)
     sd = state_dict_from_container("stitch_network", raw, path)
-    key = next(k for k, v in sd.items() if v.is_floating_point())
+    key = [k for k, v in sd.items() if v.is_floating_point()][2]  # the first bad one is named
     sd[key].view(-1)[0] = bad  # the container holds the same tensors
     damaged = tmp_path / path.name
     torch.save(raw, damaged)
     with pytest.raises(InputError, match=rf"{damaged.name}.*{key}.*NaN or infinity.*download"):
-        load_network("stitch_network", damaged)
+        load_network("stitch_network", damaged, device)
 
 
 @pytest.mark.parametrize("name", NETWORK_NAMES)
