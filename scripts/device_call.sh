@@ -27,6 +27,7 @@ shift 2
 site=/tmp/site
 [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
   --upgrade --target "$site" .whl/*.whl
+export PATH=$site/bin:$PATH  # py-spy (the bench's --sample)
 mkdir -p /tmp/raybundle
 for half in 1 2; do
   [ -f .ray$half/part ] && cp .ray$half/part /tmp/raybundle/part$half

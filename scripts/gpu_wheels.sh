@@ -20,7 +20,7 @@ get() {  # DIR NAME...: the wheels of NAME... at this venv's versions, into DIR
 }
 mkdir -p .whl
 get .whl av soundfile cffi pycparser soxr pydantic pydantic_core annotated-types \
-  typing-inspection platformdirs shtab silero-vad
+  typing-inspection platformdirs shtab silero-vad py-spy
 ls .whl
 if [ "${1:-}" = ray ]; then
   tmp=$(mktemp -d)

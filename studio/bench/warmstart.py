@@ -62,6 +62,7 @@ def run_process(
     env: dict[str, str] | None = None,
     keep: Path | None = None,
     profile: bool = False,
+    sample: bool = False,
 ) -> dict[str, Any]:
     """``python -m studio ARGV`` as a new process: exit status, wall seconds, peak host MB.
 
@@ -69,9 +70,13 @@ def run_process(
     ``env``: variables set for it on top of this process's. ``keep``: a folder the log is
     copied to when the process ends (a run cut off later keeps what ended before), and with
     ``profile`` its main thread's profile (``STUDIO_PROFILE``): ``LOGNAME.prof`` there,
-    summed up in ``LOGNAME.txt``."""
+    summed up in ``LOGNAME.txt``; with ``sample``, every thread sampled from outside by
+    py-spy (``LOGNAME.speedscope.json``, summed up in ``LOGNAME.samples.txt``)."""
     cmd = [sys.executable, "-m", "studio", *argv]
     prof = keep / f"{log.stem}.prof" if keep is not None and profile else None
+    samples = keep / f"{log.stem}.speedscope.json" if keep is not None and sample else None
+    if samples is not None:
+        cmd = [*sampler_command(samples), *cmd]
     if prof is not None:
         env = {**(env or {}), "STUDIO_PROFILE": str(prof)}  # studio.cli.PROFILE_ENV
     with open(log, "w") as out:
@@ -102,6 +107,8 @@ def run_process(
         shutil.copyfile(log, keep / log.name)
     if prof is not None and prof.is_file():
         write_profile_summary(prof, prof.with_suffix(".txt"))
+    if samples is not None and samples.is_file():
+        write_sample_summary(samples, keep / f"{log.stem}.samples.txt")
 
     return {"exit": code, "wall_s": round(wall, 3), "peak_host_mb": round(maxrss_mb(usage), 1)}
 
@@ -117,6 +124,79 @@ def write_profile_summary(prof: Path, out: Path, lines: int = 60) -> None:
     stats.sort_stats("cumulative").print_stats(lines)
     stats.sort_stats("tottime").print_stats(lines)
     out.write_text(text.getvalue())
+
+
+SAMPLE_RATE = 200  # py-spy samples a second: 5 ms steps, little cost to the sampled process
+
+
+def sampler_command(out: Path) -> list[str]:
+    """py-spy's command line that runs a process and samples all its threads, waiting ones
+    too, from outside (no tracing inside it: its timings stay those of an unprofiled run)."""
+    beside = Path(sys.executable).with_name("py-spy")  # the environment's own, then PATH's
+    spy = str(beside) if beside.is_file() else shutil.which("py-spy")
+    if spy is None:
+        raise ValueError("--sample needs py-spy: pip install py-spy")
+    rate = str(SAMPLE_RATE)
+    opts = ["--format", "speedscope", "--rate", rate, "--idle", "--threads", "--nonblocking"]
+    return [spy, "record", *opts, "--output", str(out), "--"]
+
+
+def write_sample_summary(samples: Path, out: Path, lines: int = 40) -> None:
+    """py-spy's ``samples`` as text: per thread its sampled seconds; for the first (main)
+    thread its phases in order (the command's own steps: the frames under ``studio/cli.py``),
+    then per thread where it was (the innermost studio frame and the frame it was in)."""
+    from collections import Counter
+
+    data = json.loads(samples.read_text())
+    frames = data["shared"]["frames"]
+
+    def studio(i: int) -> bool:
+        return "/studio/" in str(frames[i].get("file", ""))
+
+    def name(i: int) -> str:
+        f = frames[i]
+        return f"{f['name']} ({Path(str(f.get('file', ''))).name}:{f.get('line')})"
+
+    def step_name(i: int) -> str:  # a module's import by its module's file
+        f = frames[i]
+        return f"import {Path(str(f['file'])).stem}" if f["name"] == "<module>" else f["name"]
+
+    def is_main(prof: dict[str, Any]) -> bool:  # py-spy's root frame names the thread
+        return any("MainThread" in frames[st[0]]["name"] for st in prof["samples"][:1] if st)
+
+    text = []
+    profiles = data["profiles"]
+    main = next((n for n, prof in enumerate(profiles) if is_main(prof)), 0)
+    for n, prof in enumerate(profiles):
+        step = prof["weights"][0] if prof["weights"] else 1.0 / SAMPLE_RATE
+        text.append(f"== {prof['name']}: {len(prof['samples']) * step:.2f} s sampled")
+        if n == main:  # its phases, in order: consecutive samples under one step of the command
+            runs: list[list[Any]] = []
+            for stack in prof["samples"]:
+                cli = [i for i in stack if str(frames[i].get("file", "")).endswith("studio/cli.py")]
+                below = stack[stack.index(cli[-1]) + 1 :] if cli else []
+                below = [i for i in below if "<frozen" not in str(frames[i].get("file"))]
+                phase = " > ".join(step_name(i) for i in [*cli[-1:], *below[:1]]) or "-"
+                if runs and runs[-1][0] == phase:
+                    runs[-1][1] += step
+                else:
+                    runs.append([phase, step])
+            merged: list[list[Any]] = []  # steps under 50 ms left out, then neighbours joined
+            for ph, t in (r for r in runs if r[1] >= 0.05):
+                if merged and merged[-1][0] == ph:
+                    merged[-1][1] += t
+                else:
+                    merged.append([ph, t])
+            text += [f"  {t:7.3f} s  {ph}" for ph, t in merged]
+            short = sum(t for _, t in runs) - sum(t for _, t in merged)
+            text.append(f"  {short:7.3f} s  (steps under 50 ms)")
+        where = Counter()
+        for stack in prof["samples"]:
+            inner = [i for i in stack if studio(i)]
+            where[(name(inner[-1]) if inner else "-", name(stack[-1]))] += step
+        text.append(f"  where ({lines} most):")
+        text += [f"  {t:7.3f} s  {a}  in  {b}" for (a, b), t in where.most_common(lines)]
+    out.write_text("\n".join(text) + "\n")
 
 
 def kept_engines(root: Path) -> list[str]:
@@ -231,15 +311,19 @@ def run_warmstart_suite(
     timeout: float = 900.0,
     keep: str | None = None,
     profile: bool = False,
+    sample: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Every row of the module docstring; a JSON-ready dict. ``keep``: a folder for each
-    process's log, and with ``profile`` its profile (:func:`run_process`)."""
+    process's log, and with ``profile`` its profile, with ``sample`` py-spy's samples
+    (:func:`run_process`)."""
     say = progress or (lambda _line: None)
     if engine not in ENGINES:
         raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, not {engine}")
-    if profile and keep is None:
-        raise ValueError("--profile writes into the --keep folder: give --keep DIR")
+    if (profile or sample) and keep is None:
+        raise ValueError("--profile and --sample write into the --keep folder: give --keep DIR")
+    if sample:
+        sampler_command(Path("-"))  # py-spy missing: said before any work
     if (clips and min(clips) <= 0) or batch_jobs < 0 or batch_seconds <= 0:
         raise ValueError("need clip lengths > 0, --batch-jobs >= 0 and --batch-seconds > 0")
     cuda = _cuda_here(device)
@@ -274,7 +358,9 @@ def run_warmstart_suite(
         kept = None if keep is None else Path(keep)
         if kept is not None:
             kept.mkdir(parents=True, exist_ok=True)
-        launch = functools.partial(run_process, timeout=timeout, keep=kept, profile=profile)
+        launch = functools.partial(
+            run_process, timeout=timeout, keep=kept, profile=profile, sample=sample
+        )
         cold = not root.is_dir() or not any(root.iterdir())
         result["config"]["cache_was_empty"] = cold
         say(f"[warmstart] writing the inputs ({engine})")
@@ -565,6 +651,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--profile",
         action="store_true",
         help="with --keep: each process's main thread profiled there (NAME.prof, NAME.txt)",
+    )
+    p.add_argument(
+        "--sample",
+        action="store_true",
+        help="with --keep: each process sampled by py-spy, all threads, waits included "
+        "(NAME.speedscope.json, NAME.samples.txt)",
     )
     return p
 

@@ -29,7 +29,11 @@ def test_renders_and_a_batch_as_new_processes_with_their_figures(tmp_path: Path)
         assert r["exit"] == 0 and r["wall_s"] > 0 and r["peak_host_mb"] > 50  # torch is in it
         assert r["frames"] == round(float(name.split()[1]) * 25)
         assert set(r["warmup_ms"]) == {
-            "inputs", "imports", "open_engine", "renderer", "build_engines"
+            "inputs",
+            "imports",
+            "open_engine",
+            "renderer",
+            "build_engines",
         }
         # the interpreter and imports, before the engine opens: part of the wall, not all
         assert 0 < r["startup_ms"] < r["wall_s"] * 1000.0
@@ -205,3 +209,43 @@ def test_the_prebuild_row_names_the_engines_it_left(tmp_path: Path) -> None:
         "warp_network-fp16-b32 (artifact)",
     ]
     assert kept_engines(tmp_path / "none") == []
+
+
+def test_a_sampled_process_says_its_steps_in_order_and_where_each_thread_was(
+    tmp_path: Path,
+) -> None:
+    """--sample: py-spy samples each process from outside (every thread, waits included);
+    the summary names the main thread's steps in the order they ran."""
+    keep = tmp_path / "kept"
+    argv = ["bench", "--suite", "warmstart", "--engine", "demo", "--clips", "0.6"]
+    argv += ["--batch-jobs", "0", "--size", "96", "--device", "cpu", "--x264-preset", "ultrafast"]
+    assert cli_main([*argv, "--keep", str(keep), "--sample"]) == 0
+    assert sorted(p.name for p in keep.iterdir()) == [
+        "r0.6.log",
+        "r0.6.samples.txt",
+        "r0.6.speedscope.json",
+    ]
+    text = (keep / "r0.6.samples.txt").read_text()
+    main = text.split("== ")[1]  # the main thread's part comes first
+    assert json.loads((keep / "r0.6.speedscope.json").read_text())["profiles"]
+    steps = [ln.split(" s  ", 1)[1] for ln in main.splitlines()[1:] if " s  " in ln]
+    opened = next(i for i, s in enumerate(steps) if s.startswith("_open_engine"))
+    video = next(i for i, s in enumerate(steps) if s.startswith("cmd_render > start_video"))
+    assert opened < video
+    assert text.count("== Thread") >= 2  # the others (the encoder's, the VAD's) sampled too
+
+
+def test_sampling_without_py_spy_is_one_line(monkeypatch, capsys) -> None:
+    import shutil
+    import sys
+
+    real = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda n: None if n == "py-spy" else real(n))
+    monkeypatch.setattr(sys, "executable", "/nowhere/python")  # none beside it either
+    assert cli_main(["bench", "--suite", "warmstart", "--engine", "demo", "--sample"]) == 2
+    err = capsys.readouterr().err
+    assert "give --keep DIR" in err and "Traceback" not in err
+    argv = ["bench", "--suite", "warmstart", "--engine", "demo", "--sample", "--keep", "k"]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert "needs py-spy: pip install py-spy" in err and "Traceback" not in err
