@@ -159,6 +159,7 @@ def _ditto_options(p: argparse.ArgumentParser) -> None:
     _setting(g, "memory", "MODE")
     _setting(g, "batch", "N")
     _setting(g, "precision", "P")
+    _setting(g, "motion_precision", "P")
     _setting(g, "frame", "KIND")
     _setting(g, "video_loop", "ORDER")
     _setting(g, "runtime", "NAME", note="; `studio doctor` says which run here")

@@ -56,6 +56,7 @@ STRIDE_CHOICES = ("auto", *(str(s) for s in STRIDES))
 PRESETS = X264_PRESETS  # every x264 speed preset: the encoder, the CLI and the GUI share it
 MEMORY_MODES = ("auto", "resident", "streamed")
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
+MOTION_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")  # LMDM's on a GPU (fast_lmdm.PRECISIONS)
 FRAMES = ("full", "crop")
 FPS_CHOICES = ("25", "24", "30", "50", "60")  # 25: the motion's own; others resampled
 CODECS = ("h264", "hevc", "av1")
@@ -251,6 +252,13 @@ class RenderSettings(BaseModel):
     batch: int = _field(0, "--batch", "frames per render batch, 0: from the device", 0, MAX_BATCH)
     precision: Literal[PRECISIONS] = _choice(  # type: ignore[valid-type]
         "auto", "--precision", "warp/decoder precision; auto is fp16 on a GPU, fp32 on the CPU"
+    )
+    motion_precision: Literal[MOTION_PRECISIONS] = _choice(  # type: ignore[valid-type]
+        "fp32",
+        "--motion-precision",
+        "LMDM's precision on a GPU: fp32 is the released weights' own (the reference's "
+        "motion); tf32, fp16 and bf16 sample faster, with motion a little different; the CPU "
+        "runs fp32",
     )
     video_loop: Literal[SOURCE_ORDERS] = _choice(  # type: ignore[valid-type]
         "pingpong",

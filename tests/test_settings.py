@@ -188,6 +188,7 @@ def test_old_presets_still_load(tmp_path):
     later = {"fps": "25", "codec": "h264", "hw_encode": False, "background": "avatar"}
     later |= {"crop_scale": 2.3, "crop_vx": 0.0, "crop_vy": -0.125}  # and framing
     later["video_loop"] = "pingpong"  # and a video avatar's playback order
+    later["motion_precision"] = "fp32"  # and LMDM's precision (issue 20)
     later["cadence"] = {**everything["cadence"], "max_lid_px": 2.0}  # and the blink bound
     assert RenderSettings.load(p).to_dict() == {**everything, **later}
 

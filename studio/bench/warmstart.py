@@ -46,6 +46,7 @@ from studio import layout
 from studio.bench import report
 from studio.bench.timing import git_commit, utc_now
 from studio.errors import StudioError
+from studio.settings import MOTION_PRECISIONS
 
 ENGINES = ("ditto", "demo")
 TARGETS = {"render_60s_wall_s": 8.0, "render_10s_wall_s": 3.0, "batch_realtime": 15.0}
@@ -307,6 +308,7 @@ def run_warmstart_suite(
     batch_runs: Sequence[str] = ("local",),
     size: int = 512,
     x264_preset: str = "veryfast",
+    motion_precision: str = "fp32",
     cache: str | None = None,
     timeout: float = 900.0,
     keep: str | None = None,
@@ -346,6 +348,7 @@ def run_warmstart_suite(
             "batch_runs": list(batch_runs),
             "size": size,
             "x264_preset": x264_preset,
+            "motion_precision": motion_precision,
             "device": device,
         },
         "targets": TARGETS,
@@ -375,6 +378,8 @@ def run_warmstart_suite(
             look += ["--frame", "crop"]
         if compile:
             look.append("--compile")
+        if engine == "ditto" and motion_precision != "fp32":
+            look += ["--motion-precision", motion_precision]
         if compile and prebuild and not cuda:
             result["notes"].append("no prebuild row: compiled engines are built on a CUDA GPU")
         elif compile and prebuild:
@@ -578,7 +583,8 @@ def to_markdown(result: dict[str, Any]) -> str:
         "",
         f"Engine {c['engine']}"
         + (" (reduced tree)" if c["reduced"] else "")
-        + f", --compile {'on' if c['compile'] else 'off'}, {c['size']}² , x264 {c['x264_preset']}.",
+        + f", --compile {'on' if c['compile'] else 'off'}, {c['size']}² , x264 {c['x264_preset']}"
+        + f", LMDM {c.get('motion_precision', 'fp32')}.",
         "",
     ]
     rows = []
@@ -644,6 +650,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--size", type=int, default=512)
     p.add_argument("--x264-preset", default="veryfast")
+    p.add_argument(
+        "--motion-precision",
+        choices=MOTION_PRECISIONS,
+        default="fp32",
+        help="the renders' LMDM precision (studio render --motion-precision; default fp32)",
+    )
     p.add_argument("--cache", metavar="DIR", help="the cache root (default: a fresh one)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per process")
     p.add_argument("--keep", metavar="DIR", help="copy each process's log into DIR")

@@ -53,10 +53,10 @@ __all__ = [
     "STEPS_PER_GRAPH",
     "WINDOW",
     "WindowGraph",
-    "fp32_spec",
     "graphed_lmdm",
     "graphs_made_ms",
     "steps_per_graph",
+    "window_spec",
 ]
 
 # "default" compiles the step in ~20-30 s on an H200 and cut its replay by ~1.6x there;
@@ -88,10 +88,11 @@ class PathSpec:
             raise ValueError(f"{self.name}: precision {self.precision!r}, not one of {PRECISIONS}")
 
 
-def fp32_spec(tf32: bool = False) -> PathSpec:
-    """The product's LMDM policy: fp32 weights and math (the released set's), TF32 on request."""
-    name = "fast_tf32_window" if tf32 else "fast_fp32_window"
-    return PathSpec(name, "tf32" if tf32 else "fp32")
+def window_spec(precision: str = "fp32") -> PathSpec:
+    """The product's LMDM path at ``precision``: fp32 (the released set's weights and math),
+    TF32 matmuls, or a bf16/fp16 cast copy of the weights (the render setting
+    ``motion_precision``)."""
+    return PathSpec(f"fast_{precision}_window", precision)
 
 
 class FastLMDM:
@@ -317,11 +318,12 @@ def _with_per_step(consts: WindowConstants, flat: list[Tensor]) -> WindowConstan
 
 
 class GraphedLMDM:
-    """A loaded LMDM's fast fp32 path with one :class:`WindowGraph` per step count and shape."""
+    """A loaded LMDM's fast path at one precision, with one :class:`WindowGraph` per step
+    count and shape."""
 
-    def __init__(self, base: LMDM, tf32: bool = False) -> None:
+    def __init__(self, base: LMDM, precision: str = "fp32") -> None:
         self.base = base
-        self.fast = FastLMDM(base, fp32_spec(tf32), base.device)
+        self.fast = FastLMDM(base, window_spec(precision), base.device)
         self._graphs: dict[tuple[int, tuple[int, ...]], WindowGraph] = {}
 
     def window_graph(self, schedule: DDIMSchedule, shape: tuple[int, ...]) -> WindowGraph:
@@ -335,7 +337,7 @@ class GraphedLMDM:
         return self._graphs[key]
 
 
-_GRAPHED: dict[bool, GraphedLMDM] = {}
+_GRAPHED: dict[str, GraphedLMDM] = {}  # by precision
 _GRAPHED_LOCK = threading.Lock()
 _MADE_MS = [0.0]  # spent making window graphs in this process
 
@@ -346,11 +348,12 @@ def graphs_made_ms() -> float:
     return _MADE_MS[0]
 
 
-def graphed_lmdm(base: LMDM, tf32: bool = False) -> GraphedLMDM:
-    """The :class:`GraphedLMDM` of ``base``; graphs of one LMDM are kept at a time."""
+def graphed_lmdm(base: LMDM, precision: str = "fp32") -> GraphedLMDM:
+    """The :class:`GraphedLMDM` of ``base`` at ``precision``; graphs of one LMDM are kept at
+    a time."""
     with _GRAPHED_LOCK:
         if any(g.base is not base for g in _GRAPHED.values()):
             _GRAPHED.clear()  # another LMDM was loaded: free the old one's graphs
-        if tf32 not in _GRAPHED:
-            _GRAPHED[tf32] = GraphedLMDM(base, tf32)
-        return _GRAPHED[tf32]
+        if precision not in _GRAPHED:
+            _GRAPHED[precision] = GraphedLMDM(base, precision)
+        return _GRAPHED[precision]

@@ -10,8 +10,9 @@ On CUDA each window runs through :mod:`studio.motion.fast_lmdm`: the condition e
 time embeddings hoisted out of the steps, and a window's DDIM loop captured once per step
 count as two CUDA graphs (its constants, then a few steps: a
 :class:`~studio.motion.fast_lmdm.WindowGraph`, kept for the loaded LMDM) and replayed with the
-window's condition and x_T copied into its static buffers. LMDM stays fp32 there (the released set's
-choice); ``tf32=True`` allows TF32 matmuls. On the CPU the eager loop runs.
+window's condition and x_T copied into its static buffers. LMDM runs in ``precision`` there:
+fp32 (the released set's choice, the default), TF32 matmuls, or a bf16/fp16 copy of its
+weights (guidance and the DDIM state stay fp32). On the CPU the eager fp32 loop runs.
 
 :func:`stream_motion` is the live composition of the same stages: one :class:`WindowSampler`
 (the same draws in the same order) feeding :class:`~studio.motion.windows.OnlineWindows`.
@@ -45,7 +46,7 @@ class WindowSampler:
     (shared by every window), then x_T per window, in window order, from one CPU generator
     (the same draws on every device). :meth:`sample` runs one window: the captured fast path
     on CUDA (``fast`` None), the eager DDIM loop on the CPU (``fast=True`` runs the fast path
-    uncaptured there)."""
+    uncaptured there) at ``precision`` (fp32, tf32, bf16 or fp16; the eager loop is fp32)."""
 
     def __init__(
         self,
@@ -53,14 +54,15 @@ class WindowSampler:
         steps: int,
         seed: int = 0,
         fast: bool | None = None,
-        tf32: bool = False,
+        precision: str = "fp32",
     ) -> None:
         self.device = dev = lmdm.device
         sched = lmdm.schedule(int(steps))
         self.generator = torch.Generator().manual_seed(int(seed))
         _, self.noises = draw_noises(sched, WINDOW, self.generator, dev)
         use_fast = dev.type == "cuda" if fast is None else fast
-        self._graph = graphed_lmdm(lmdm, tf32).window_graph(sched, WINDOW) if use_fast else None
+        graphed = graphed_lmdm(lmdm, precision) if use_fast else None
+        self._graph = None if graphed is None else graphed.window_graph(sched, WINDOW)
         self._lmdm = lmdm
         self._sampler = None if use_fast else DeviceDDIM(sched, WINDOW, self.noises, dev)
 
@@ -128,7 +130,7 @@ def generate_motion(
     smooth_kernel: int = SMOOTH_KERNEL,
     on_window: Callable[[int, int], None] | None = None,
     fast: bool | None = None,
-    tf32: bool = False,
+    precision: str = "fp32",
     memo: WindowMemo | None = None,
 ) -> Tensor:
     """[N, C] condition -> [N, 265] motion on the LMDM's device (offline mode, §1.4).
@@ -136,7 +138,7 @@ def generate_motion(
     ``kp_source`` is the source frame's motion vector [265] (the first kp_cond).
     ``on_window(done, total)`` is called after each window; it must not read tensors back
     if the loop is to stay free of host syncs. ``fast`` picks the fast path (None: on CUDA;
-    True on the CPU runs it uncaptured); ``tf32`` lets its matmuls use TF32 (CUDA, fast path).
+    True on the CPU runs it uncaptured); ``precision`` is the fast path's (:class:`WindowSampler`).
     ``memo`` (:class:`WindowMemo`) reuses the leading windows of the clip before whose inputs
     are unchanged, and keeps this clip's (the condition is read on the host to compare it).
     """
@@ -148,7 +150,7 @@ def generate_motion(
     same = 0  # leading windows the memo can give
     if memo is not None:
         digests = _window_digests(cond, starts, SEQ_FRAMES)
-        key = (id(lmdm), steps, seed, overlap, smooth_kernel, tf32, _digest(kp_source))
+        key = (id(lmdm), steps, seed, overlap, smooth_kernel, precision, _digest(kp_source))
         if memo.key == key:
             while same < min(len(digests), len(memo.digests)):
                 if digests[same] != memo.digests[same]:
@@ -156,7 +158,7 @@ def generate_motion(
                 same += 1
         outputs: list[Tensor] = []
     cond = cond.to(dev, torch.float32)
-    sampler = WindowSampler(lmdm, steps, seed, fast, tf32)
+    sampler = WindowSampler(lmdm, steps, seed, fast, precision)
     window_index = {start: k for k, start in enumerate(starts)}
     x_ts = sampler.draw_x_t(len(starts))  # one upload, all windows
 
@@ -198,7 +200,7 @@ def stream_motion(
     smooth_kernel: int = SMOOTH_KERNEL,
     final_smooth: bool = True,
     fast: bool | None = None,
-    tf32: bool = False,
+    precision: str = "fp32",
 ) -> OnlineWindows:
     """:func:`generate_motion` for live condition rows: online windows of ``overlap`` after the
     ``priming`` rows [P, C] (see :class:`OnlineWindows`), sampled by the same
@@ -207,7 +209,7 @@ def stream_motion(
     dev = lmdm.device
     if priming.ndim != 2 or priming.shape[1] != lmdm.cond_dim:
         raise ValueError(f"priming must be [P, {lmdm.cond_dim}], got {list(priming.shape)}")
-    sampler = WindowSampler(lmdm, steps, seed, fast, tf32)
+    sampler = WindowSampler(lmdm, steps, seed, fast, precision)
     return OnlineWindows(
         sampler.predictor(),
         priming.to(dev, torch.float32),

@@ -131,7 +131,7 @@ class LiveMotion:
         seed: int,
         plan: LivePlan,
         fast: bool | None = None,
-        tf32: bool = False,
+        precision: str = "fp32",
     ) -> None:
         if hubert.geometry != plan.hubert:
             raise ValueError(f"HuBERT chunks {hubert.geometry}, the plan needs {plan.hubert}")
@@ -151,7 +151,7 @@ class LiveMotion:
             smooth_kernel=plan.smooth_kernel,
             final_smooth=plan.final_smooth,
             fast=fast,
-            tf32=tf32,
+            precision=precision,
         )
         self.frames_in = 0  # condition frames assembled so far
         self.timings_s = {"hubert": 0.0, "lmdm": 0.0}  # where the time went, summed

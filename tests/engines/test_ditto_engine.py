@@ -718,3 +718,49 @@ def test_engines_for_a_short_clip_skip_cudnns_kernel_search(render_nets) -> None
     r.build_engines(AUTOTUNE_MIN_FRAMES - 1)
     assert not r.warp_decode.autotune
     assert r.warp_decode.describe()["cudnn_autotune"] is False  # the CPU has no cuDNN
+
+
+def test_a_faster_motion_precision_is_a_note_on_the_cpu(ditto_assets):
+    """--motion-precision acts on a GPU's LMDM windows: the CPU runs its eager fp32 loop and
+    says so before any work; fp32 (the default) says nothing."""
+    from studio.engines.base import EngineRequest
+    from studio.render.engines import prepare_engine
+    from studio.settings import RenderSettings
+
+    def notes(precision: str) -> tuple[str, ...]:
+        settings = RenderSettings(backend="ditto", motion_precision=precision)
+        request = EngineRequest(settings, str(ditto_assets["tree"]), str(ditto_assets["face"]))
+        return prepare_engine(request).notes
+
+    assert notes("fp32") == ()
+    (note,) = notes("fp16")
+    assert note == "--motion-precision fp16 is ignored on the CPU: LMDM runs in fp32 there"
+
+
+def test_the_live_plans_sample_in_tf32_at_least_and_the_clip_layout_as_the_clip():
+    from studio.engines.ditto.engine import _live_precision
+
+    assert _live_precision("fp32", live=True) == "tf32"
+    assert _live_precision("fp16", live=True) == "fp16"
+    assert _live_precision("fp32", live=False) == "fp32"
+    assert _live_precision("bf16", live=False) == "bf16"
+
+
+def test_the_window_memo_keeps_one_precision_apart_from_another(lmdm) -> None:
+    """A clip sampled at another precision is not the memo's: its windows are sampled again."""
+    from studio.motion.generator import WindowMemo
+
+    gen = torch.Generator().manual_seed(5)
+    cond = torch.randn(150, COND_DIM, generator=gen)
+    kp = torch.randn(MOTION_DIM, generator=gen)
+    memo = WindowMemo()
+    generate_motion(lmdm, cond, kp, steps=2, seed=7, fast=True, memo=memo)
+    assert memo.reused == 0 and memo.windows > 1
+    generate_motion(lmdm, cond, kp, steps=2, seed=7, fast=True, memo=memo)
+    assert memo.reused == memo.windows
+    half = generate_motion(lmdm, cond, kp, steps=2, seed=7, fast=True, precision="bf16", memo=memo)
+    assert memo.reused == 0
+    full = generate_motion(lmdm, cond, kp, steps=2, seed=7, fast=True)
+    assert not torch.equal(half, full)
+    cos = torch.nn.functional.cosine_similarity(half.flatten(), full.flatten(), dim=0)
+    assert cos.item() > 0.999

@@ -17,9 +17,9 @@ from studio.motion.fast_lmdm import (
     FastLMDM,
     PathSpec,
     WindowGraph,
-    fp32_spec,
     graphed_lmdm,
     steps_per_graph,
+    window_spec,
 )
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -136,7 +136,7 @@ def test_window_graph_uncaptured_on_the_cpu_equals_the_module_loop():
     torch.manual_seed(0)
     model = random_biases(LMDM(**REDUCED_KWARGS).eval())
     graphed = graphed_lmdm(model)
-    assert graphed is graphed_lmdm(model) and graphed.fast.spec == fp32_spec()
+    assert graphed is graphed_lmdm(model) and graphed.fast.spec == window_spec()
     for seed in (3, 4):  # two windows through one kept graph
         cf, cond, sched, x_t, noises, ref = _window(model, 3, seed)
         graph = graphed.window_graph(sched, WINDOW)
@@ -145,14 +145,15 @@ def test_window_graph_uncaptured_on_the_cpu_equals_the_module_loop():
         torch.testing.assert_close(graph.run(cf, cond, x_t), ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize(("steps", "chunk"), [(1, 1), (4, 4), (12, 6)])
-def test_window_graph_steps_equal_the_fast_loop_exactly(steps, chunk):
+def test_window_graph_steps_equal_the_fast_loop_exactly(steps, chunk, precision):
     """The window graph's packed constants, step by step (each gathered by the device's step
     index, with its schedule scalars) in chunks of steps, compute exactly what the fast path's
     whole loop does; a second window overwrites the first's output buffer."""
     torch.manual_seed(0)
     model = random_biases(LMDM(**REDUCED_KWARGS).eval())
-    fast = FastLMDM(model, fp32_spec(), "cpu")
+    fast = FastLMDM(model, window_spec(precision), "cpu")
     graph = WindowGraph(fast, make_schedule(steps), WINDOW)
     assert graph.chunk == chunk and graph.graphs is None
     assert graph.packed.shape[0] == steps and graph.staged.shape[0] == 1
@@ -170,6 +171,23 @@ def test_window_graph_steps_equal_the_fast_loop_exactly(steps, chunk):
     assert not torch.equal(outs[0], outs[1])
 
 
+def test_the_product_path_runs_at_each_precision_and_half_types_stay_close():
+    """``motion_precision``: one kept GraphedLMDM per precision of one LMDM; the half types'
+    windows (a cast copy of the weights) stay close to the module's fp32 loop."""
+    torch.manual_seed(0)
+    model = random_biases(LMDM(**REDUCED_KWARGS).eval())
+    cf, cond, sched, x_t, noises, ref = _window(model, 4)
+    for precision in ("fp16", "bf16"):
+        graphed = graphed_lmdm(model, precision)
+        assert graphed is graphed_lmdm(model, precision) is not graphed_lmdm(model)
+        assert graphed.fast.spec == window_spec(precision) and graphed.fast.mode == "cast"
+        graph = graphed.window_graph(sched, WINDOW)
+        graph.set_noises(noises)
+        out = graph.run(cf, cond, x_t)
+        assert out.dtype == torch.float32 and _cosine(out, ref) > 0.999
+        assert not torch.equal(out, ref)
+
+
 def test_steps_per_graph_divides_the_loop():
     assert STEPS_PER_GRAPH == 10
     assert [steps_per_graph(t) for t in (1, 4, 10, 12, 13, 25, 50)] == [1, 4, 10, 6, 1, 5, 10]
@@ -178,9 +196,28 @@ def test_steps_per_graph_divides_the_loop():
 
 def test_window_graph_runs_batch_one_only():
     model = LMDM(**REDUCED_KWARGS).eval()
-    fast = FastLMDM(model, fp32_spec(), "cpu")
+    fast = FastLMDM(model, window_spec(), "cpu")
     with pytest.raises(ValueError, match="batch 1"):
         WindowGraph(fast, make_schedule(2), (2, SEQ_FRAMES, MOTION_DIM))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
+@pytest.mark.parametrize("precision", ["tf32", "fp16", "bf16"])
+def test_window_graph_captured_on_a_gpu_at_a_faster_precision_stays_close(precision):
+    """``motion_precision`` on a GPU: the captured windows at TF32 or a half type stay close
+    to the module's fp32 loop, window after window."""
+    import copy
+
+    torch.manual_seed(0)
+    model = random_biases(LMDM(**REDUCED_KWARGS).eval())
+    graphed = graphed_lmdm(copy.deepcopy(model).to("cuda"), precision)
+    for seed in (3, 4):
+        cf, cond, sched, x_t, noises, ref = _window(model, 12, seed)
+        graph = graphed.window_graph(sched, WINDOW)
+        assert graph.graphs is not None
+        graph.set_noises(noises.cuda())
+        out = graph.run(cf.cuda(), cond.cuda(), x_t.cuda()).cpu()
+        assert _cosine(out, ref) > 0.999, precision
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
@@ -204,7 +241,7 @@ def test_window_graph_captured_on_a_gpu_equals_the_module_loop(steps):
 
 
 def test_path_spec_names_a_runtime_precision():
-    assert fp32_spec(tf32=True) == PathSpec("fast_tf32_window", "tf32")
+    assert window_spec("tf32") == PathSpec("fast_tf32_window", "tf32")
     with pytest.raises(ValueError, match="precision 'float16'"):
         PathSpec("x", "float16")
     with pytest.raises(ValueError, match="batch 1"):
@@ -212,4 +249,4 @@ def test_path_spec_names_a_runtime_precision():
         sched = make_schedule(2)
         shape = (2, SEQ_FRAMES, MOTION_DIM)
         sampler = DeviceDDIM(sched, shape, torch.zeros(1, *shape), "cpu")
-        FastLMDM(model, fp32_spec(), "cpu").sample(sampler, torch.zeros(shape))
+        FastLMDM(model, window_spec(), "cpu").sample(sampler, torch.zeros(shape))

@@ -35,6 +35,7 @@ CAPABILITIES = Capabilities(
             "memory",
             "batch",
             "precision",
+            "motion_precision",
         }
     ),
 )

@@ -64,6 +64,7 @@ from studio.motion.live_lmdm import LiveMotion, live_plan
 from studio.motion.stitch import StitchConfig, StitchControls, stitch_motion, video_config
 from studio.runtime.aot_artifacts import LOADER_MODULES
 from studio.runtime.base import HALF_DTYPES, resolve_device
+from studio.runtime.precision import precision_support
 from studio.settings import RenderSettings
 
 CROP = 512  # the decoder's output side
@@ -853,6 +854,7 @@ class DittoEngine:
             self.settings.steps,
             seed,
             on_window=on_window,
+            precision=self.settings.motion_precision,
             memo=self.windows,
         )
         host = motion.cpu().numpy()  # the one read-back: cadence, smoothing and plots need it
@@ -876,9 +878,9 @@ class DittoEngine:
         """:meth:`generate` for live audio (:class:`studio.motion.live_lmdm.LiveMotion`): the
         ``latency`` setting's plan (:data:`~studio.motion.live_lmdm.LIVE_PLANS`: HuBERT chunk,
         LMDM window advance, final smoothing pass), with windows of ``overlap`` if given.
-        ``"smooth"`` with ``overlap=10`` makes the clip's frames; the live plans run LMDM's
-        matmuls in TF32 on a GPU (half the window's time on an H200), the clip's layout in
-        fp32 as the clip does."""
+        ``"smooth"`` with ``overlap=10`` makes the clip's frames (LMDM at the clip's
+        ``motion_precision``); the live plans run LMDM's matmuls in TF32 on a GPU (half the
+        window's time on an H200), or in the setting's half type where it names one."""
         plan = live_plan(latency, overlap)
         hubert = self._live_hubert.get(plan.hubert)
         if hubert is None:
@@ -895,7 +897,7 @@ class DittoEngine:
             self.settings.steps,
             seed,
             plan,
-            tf32=overlap is None,
+            precision=_live_precision(self.settings.motion_precision, overlap is None),
         )
 
     def memory_plan(self, settings: RenderSettings | None = None) -> MemoryPlan:
@@ -993,6 +995,29 @@ def _first_info(avatar: Any) -> dict[str, np.ndarray]:
     return {k: np.asarray(v)[:1] for k, v in avatar.x_s_info.items()}
 
 
+def _live_precision(setting: str, live: bool) -> str:
+    """LMDM's precision for a stream: a live plan's matmuls at least TF32 (fp32 is half as
+    fast there), the clip's layout at the clip's own setting."""
+    return "tf32" if live and setting == "fp32" else setting
+
+
+def _motion_note(settings: RenderSettings, device: torch.device) -> str | None:
+    """Why ``motion_precision`` has nothing to act on here: the CPU runs LMDM's eager fp32
+    loop. On a GPU that cannot run it, OptionError."""
+    p = settings.motion_precision
+    if p == "fp32":
+        return None
+    if device.type != "cuda":
+        return (
+            f"--motion-precision {p} is ignored on the {device.type.upper()}: LMDM runs in "
+            "fp32 there"
+        )
+    why = precision_support("torch", device)[p]
+    if why is not None:
+        raise OptionError("--motion-precision", f"{p} cannot run here: {why}; use fp32")
+    return None
+
+
 def _compile_note(settings: RenderSettings, device: torch.device) -> str | None:
     """Why ``compile`` has nothing to act on here (None when it does): it compiles the warp +
     decoder CUDA graphs of the torch runtime on a GPU."""
@@ -1035,14 +1060,14 @@ def prepare(request: EngineRequest) -> Prepared:
     device = resolve_device(request.device)
     s = request.settings
     render_precisions(s.precision, s.runtime, device)  # refused before the work
-    note = _compile_note(s, device)
+    notes = tuple(n for n in (_motion_note(s, device), _compile_note(s, device)) if n)
     resolved = {
         "checkpoints": found,
         "device": device,
         "image": image,
         "cache": cache or request.avatar_cache,
     }
-    return Prepared(request, resolved, (note,) if note else ())
+    return Prepared(request, resolved, notes)
 
 
 def open_prepared(prepared: Prepared, progress: Progress | None = None) -> DittoEngine:
