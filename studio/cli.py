@@ -672,12 +672,12 @@ def cmd_render(args: argparse.Namespace) -> int:
         warmup_of,
     )
 
+    find_silence_aside(audio)  # the quality report's VAD, beside everything until the report
     with _progress() as progress:
         t0 = time.perf_counter()
         engine = _open_engine(prepared, progress)
         opened = time.perf_counter()
         result = analyze(audio, settings, engine, controls)
-        find_silence_aside(result.audio, result.phon)  # for the quality report, beside frames
         analysed = time.perf_counter()
         renderer = engine.renderer(settings)
         # export/compile/capture before the first frame, as a stage of its own
@@ -953,8 +953,14 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     prepared = _prepare_engine(args, settings)
     audio = _load_audio(args)
     controls = _load_controls(args)
-    from studio.render.pipeline import analyze, build_report, quality_of  # after the inputs
+    from studio.render.pipeline import (  # after the inputs
+        analyze,
+        build_report,
+        find_silence_aside,
+        quality_of,
+    )
 
+    find_silence_aside(audio)  # the quality report's VAD, beside the engine and the analysis
     with _progress() as progress:
         engine = _open_engine(prepared, progress)
         result = analyze(audio, settings, engine, controls)

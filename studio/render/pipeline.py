@@ -294,7 +294,7 @@ def quality_of(result: MotionResult, engine: Engine) -> dict:
     return report
 
 
-_SILENCES: weakref.WeakKeyDictionary[Audio, Future[tuple[np.ndarray, str]]] = (
+_SILENCES: weakref.WeakKeyDictionary[Audio, Future[np.ndarray | None]] = (
     weakref.WeakKeyDictionary()
 )
 _SILENCES_LOCK = threading.Lock()
@@ -303,27 +303,28 @@ _SILENCES_LOCK = threading.Lock()
 def speech_silence(audio: Audio, phon: PhoneticFrames) -> tuple[np.ndarray, str]:
     """The clip's silent frames and where they come from: Silero VAD (its model ships in its
     wheel), found once per audio (a GUI re-measures every preview of the same speech; a
-    render starts it beside its frames, :func:`find_silence_aside`); the phonetics' own
-    silence where the VAD cannot run (not installed). A VAD that failed raises here once;
-    the next call tries again."""
-    found = _silence(audio, phon, aside=False)
+    render starts it as soon as it has read the speech, :func:`find_silence_aside`); the
+    phonetics' own silence where the VAD cannot run (not installed). A VAD that failed
+    raises here once; the next call tries again."""
+    found = _silence(audio, aside=False)
     try:
-        return found.result()
+        vad = found.result()
     except BaseException:
         with _SILENCES_LOCK:
             if _SILENCES.get(audio) is found:
                 del _SILENCES[audio]
         raise
+    return (np.asarray(phon.silence, bool), "phonetics") if vad is None else (vad, "silero-vad")
 
 
-def find_silence_aside(audio: Audio, phon: PhoneticFrames) -> None:
-    """Start :func:`speech_silence` on a thread of its own: a render's frames hide the VAD's
-    CPU time (1-2 s for a minute of speech), which its quality report would wait for after
-    the last frame."""
-    _silence(audio, phon, aside=True)
+def find_silence_aside(audio: Audio) -> None:
+    """Start :func:`speech_silence`'s VAD on a thread of its own, as soon as the speech is
+    read: the engine's opening, the analysis and the frames hide its CPU time (1-2 s for a
+    minute of speech), which the quality report would wait for after the last frame."""
+    _silence(audio, aside=True)
 
 
-def _silence(audio: Audio, phon: PhoneticFrames, aside: bool) -> Future[tuple[np.ndarray, str]]:
+def _silence(audio: Audio, aside: bool) -> Future[np.ndarray | None]:
     with _SILENCES_LOCK:
         found = _SILENCES.get(audio)
         if found is not None:
@@ -331,23 +332,22 @@ def _silence(audio: Audio, phon: PhoneticFrames, aside: bool) -> Future[tuple[np
         found = _SILENCES[audio] = Future()
     if aside:
         threading.Thread(
-            target=_find_silence, args=(found, audio, phon), name="silence", daemon=True
+            target=_find_silence, args=(found, audio), name="silence", daemon=True
         ).start()
     else:
-        _find_silence(found, audio, phon)
+        _find_silence(found, audio)
     return found
 
 
-def _find_silence(
-    found: Future[tuple[np.ndarray, str]], audio: Audio, phon: PhoneticFrames
-) -> None:
+def _find_silence(found: Future[np.ndarray | None], audio: Audio) -> None:
+    """The VAD's mask, or None where it cannot run (the phonetics' silence stands in)."""
     from studio.motion.quality import vad_silence
 
     try:
         try:
-            found.set_result((vad_silence(audio.samples), "silero-vad"))
+            found.set_result(vad_silence(audio.samples))
         except RuntimeError:
-            found.set_result((np.asarray(phon.silence, bool), "phonetics"))
+            found.set_result(None)
     except BaseException as e:  # noqa: BLE001 - the one who waits for it raises it
         found.set_exception(e)
 

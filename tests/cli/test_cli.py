@@ -1252,3 +1252,26 @@ def test_reading_the_speech_imports_no_engine_motion():
         [sys.executable, "-c", check], capture_output=True, text=True, timeout=120, check=True
     )
     assert run.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("command", ["render", "analyze"])
+def test_the_quality_reports_vad_starts_before_the_engine_opens(command, monkeypatch, tmp_path):
+    """The speech's VAD (for the quality report) runs on its own thread from the moment the
+    speech is read: the engine's opening, the analysis and the frames hide it."""
+    from studio.render import engines, pipeline
+
+    seen: list[int] = []
+    opened = engines.open_prepared
+
+    def open_prepared(*args, **kwargs):
+        with pipeline._SILENCES_LOCK:
+            seen.append(len(pipeline._SILENCES))  # the audio's VAD already asked for
+        return opened(*args, **kwargs)
+
+    monkeypatch.setattr(engines, "open_prepared", open_prepared)
+    out = ["--out", str(tmp_path / "x.mp4"), "--size", "64"] if command == "render" else []
+    argv = [command, "--demo", *out, "--report" if command == "render" else "--json"]
+    assert main([*argv, str(tmp_path / "r.json")]) == 0
+    assert seen and seen[0] >= 1
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["quality"]["silent_lips"]["silence_from"] == "silero-vad"

@@ -120,8 +120,9 @@ def test_silences_come_from_the_vad_once_per_audio_else_from_the_phonetics(monke
 
 
 def test_silences_found_aside_a_render_are_the_ones_its_report_gets(monkeypatch):
-    """A render starts the VAD on a thread beside its frames; the quality report then takes
-    that answer (one VAD run), and a VAD that fails is tried again by the next asker."""
+    """A render starts the VAD on a thread as soon as it has read the speech; the quality
+    report then takes that answer (one VAD run), and a VAD that fails is tried again by the
+    next asker."""
     import threading
 
     from studio.motion import quality
@@ -138,10 +139,10 @@ def test_silences_found_aside_a_render_are_the_ones_its_report_gets(monkeypatch)
 
     monkeypatch.setattr(quality, "vad_silence", counted)
     result = _speech_result("auto")
-    find_silence_aside(result.audio, result.phon)
+    find_silence_aside(result.audio)
     with pytest.raises(ValueError, match="a broken VAD"):
         speech_silence(result.audio, result.phon)
-    find_silence_aside(result.audio, result.phon)
+    find_silence_aside(result.audio)
     silence, source = speech_silence(result.audio, result.phon)
     assert source == "silero-vad" and runs == ["silence", "silence"]
     assert speech_silence(result.audio, result.phon)[0] is silence and len(runs) == 2
