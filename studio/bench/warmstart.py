@@ -143,10 +143,11 @@ def sampler_command(out: Path) -> list[str]:
 
 
 def write_sample_summary(samples: Path, out: Path, lines: int = 40) -> None:
-    """py-spy's ``samples`` as text: per thread its sampled seconds; for the first (main)
-    thread its phases in order (the command's own steps: the frames under ``studio/cli.py``),
-    then per thread where it was (the innermost studio frame and the frame it was in)."""
-    from collections import Counter
+    """py-spy's ``samples`` as text: per thread its sampled seconds; for the main thread its
+    phases in order (the command's own steps: the frames under ``studio/cli.py``) and where
+    each phase of 0.3 s or more went; then per thread where it was (the innermost studio
+    frame and the frame it was in)."""
+    from collections import Counter, defaultdict
 
     data = json.loads(samples.read_text())
     frames = data["shared"]["frames"]
@@ -162,6 +163,10 @@ def write_sample_summary(samples: Path, out: Path, lines: int = 40) -> None:
         f = frames[i]
         return f"import {Path(str(f['file'])).stem}" if f["name"] == "<module>" else f["name"]
 
+    def where(stack: list[int]) -> tuple[str, str]:
+        inner = [i for i in stack if studio(i)]
+        return name(inner[-1]) if inner else "-", name(stack[-1])
+
     def is_main(prof: dict[str, Any]) -> bool:  # py-spy's root frame names the thread
         return any("MainThread" in frames[st[0]]["name"] for st in prof["samples"][:1] if st)
 
@@ -173,11 +178,13 @@ def write_sample_summary(samples: Path, out: Path, lines: int = 40) -> None:
         text.append(f"== {prof['name']}: {len(prof['samples']) * step:.2f} s sampled")
         if n == main:  # its phases, in order: consecutive samples under one step of the command
             runs: list[list[Any]] = []
+            inside: defaultdict[str, Counter] = defaultdict(Counter)
             for stack in prof["samples"]:
                 cli = [i for i in stack if str(frames[i].get("file", "")).endswith("studio/cli.py")]
                 below = stack[stack.index(cli[-1]) + 1 :] if cli else []
                 below = [i for i in below if "<frozen" not in str(frames[i].get("file"))]
                 phase = " > ".join(step_name(i) for i in [*cli[-1:], *below[:1]]) or "-"
+                inside[phase][where(stack)] += step
                 if runs and runs[-1][0] == phase:
                     runs[-1][1] += step
                 else:
@@ -191,12 +198,14 @@ def write_sample_summary(samples: Path, out: Path, lines: int = 40) -> None:
             text += [f"  {t:7.3f} s  {ph}" for ph, t in merged]
             short = sum(t for _, t in runs) - sum(t for _, t in merged)
             text.append(f"  {short:7.3f} s  (steps under 50 ms)")
-        where = Counter()
-        for stack in prof["samples"]:
-            inner = [i for i in stack if studio(i)]
-            where[(name(inner[-1]) if inner else "-", name(stack[-1]))] += step
+            for ph, seen in inside.items():
+                if sum(seen.values()) >= 0.3:
+                    text.append(f"  in {ph} ({sum(seen.values()):.2f} s):")
+                    text += [f"  {t:7.3f} s  {a}  in  {b}" for (a, b), t in seen.most_common(8)]
+        everywhere = Counter(where(stack) for stack in prof["samples"])
         text.append(f"  where ({lines} most):")
-        text += [f"  {t:7.3f} s  {a}  in  {b}" for (a, b), t in where.most_common(lines)]
+        top = everywhere.most_common(lines)
+        text += [f"  {n * step:7.3f} s  {a}  in  {b}" for (a, b), n in top]
     out.write_text("\n".join(text) + "\n")
 
 
