@@ -289,6 +289,39 @@ def test_compile_box_needs_a_gpu_and_round_trips_the_setting(qtbot) -> None:
     assert not panel.compile.isChecked()
 
 
+def test_lmdm_precision_needs_a_gpu_and_round_trips_the_setting(qtbot) -> None:
+    """The Motion menu (LMDM's precision): fp32 only without a CUDA GPU (the CPU runs it),
+    every choice with one; a change re-runs the motion."""
+    from studio.gui.widgets.controls import MOTION_NEEDS_CUDA, ControlsPanel
+    from studio.settings import RenderSettings
+
+    panel = ControlsPanel()
+    qtbot.addWidget(panel)
+    panel.set_engine_available("ditto", True)
+    panel.set_backend("ditto")
+    combo = panel.motion_precision
+    assert combo.isEnabled() and combo.currentData() == "fp32"
+    assert [combo.model().item(i).isEnabled() for i in range(combo.count())] == [
+        True,
+        False,
+        False,
+        False,
+    ]
+    assert combo.model().item(2).toolTip() == MOTION_NEEDS_CUDA
+    panel.set_settings(RenderSettings(motion_precision="fp16"))  # a preset from a GPU machine
+    assert panel.settings().motion_precision == "fp32"
+    panel.set_cuda_available(True)
+    assert all(combo.model().item(i).isEnabled() for i in range(combo.count()))
+    with qtbot.waitSignal(panel.changed, timeout=10_000) as blocker:
+        combo.setCurrentIndex(combo.findData("fp16"))
+    assert blocker.args == ["motion"]  # LMDM samples the motion again
+    assert panel.settings().motion_precision == "fp16"
+    panel.set_settings(RenderSettings(motion_precision="bf16"))
+    assert panel.settings().motion_precision == "bf16"
+    panel.set_cuda_available(False)
+    assert panel.settings().motion_precision == "fp32"
+
+
 def test_runtime_choice_shows_what_runs_here(qtbot, assets) -> None:
     from studio.gui.widgets.controls import RUNTIME_UNCHECKED
     from studio.gui.worker import runtime_reasons

@@ -49,6 +49,7 @@ COMPILE_TIP = (
 )
 RUNTIME_UNCHECKED = "not checked yet: set a checkpoint folder (File → Checkpoints…)"
 COMPILE_NEEDS_CUDA = "compiling needs a CUDA GPU and torch sees none here"
+MOTION_NEEDS_CUDA = "a CUDA GPU's: the CPU runs LMDM in fp32"
 FP16_NEEDS_CUDA = "fp16 unavailable: half precision needs a CUDA GPU and torch sees none here"
 PRECISION_TIPS = {
     "auto": "fp16 on a GPU, fp32 on the CPU (warp and decoder; HuBERT and LMDM stay fp32)",
@@ -268,6 +269,8 @@ class ControlsPanel(QWidget):
         self.compile = options.row("", QCheckBox("Compile render networks"))
         self.compile.setToolTip(COMPILE_NEEDS_CUDA)
         self.compile.setEnabled(False)
+        for i in range(1, len(MOTION_PRECISIONS)):  # until a CUDA GPU is seen
+            _set_item(self.motion_precision, i, False, MOTION_NEEDS_CUDA)
         layout.addWidget(options)
         # the RenderSettings field each engine option edits: enabled where the engine reads it
         self._engine_options = {
@@ -440,11 +443,15 @@ class ControlsPanel(QWidget):
         return self._caps[name or self.backend_name()]
 
     def set_cuda_available(self, cuda: bool) -> None:
-        """Whether precisions and options that need a CUDA GPU (fp16, compile) are offered."""
+        """Whether precisions and options that need a CUDA GPU (fp16, compile, LMDM's faster
+        precisions) are offered."""
         self._cuda = bool(cuda)
         self.compile.setToolTip(COMPILE_TIP if self._cuda else COMPILE_NEEDS_CUDA)
         if not self._cuda:
             self.compile.setChecked(False)
+            self.motion_precision.setCurrentIndex(0)  # fp32: what the CPU runs
+        for i, p in enumerate(MOTION_PRECISIONS[1:], start=1):
+            _set_item(self.motion_precision, i, self._cuda, p if self._cuda else MOTION_NEEDS_CUDA)
         self._apply_backend_precisions(self.backend_name())
 
     def set_runtimes(self, reasons: dict[str, str | None]) -> None:
@@ -613,7 +620,8 @@ class ControlsPanel(QWidget):
             self._memory, self._batch = s.memory, s.batch
             self.emotion.setCurrentIndex(max(0, self.emotion.findData(int(s.emotion))))
             self.steps.setValue(s.steps)
-            self.motion_precision.setCurrentIndex(MOTION_PRECISIONS.index(s.motion_precision))
+            motion = MOTION_PRECISIONS.index(s.motion_precision) if self._cuda else 0
+            self.motion_precision.setCurrentIndex(motion)
             self.frame.setCurrentIndex(max(0, self.frame.findData(s.frame)))
             self.video_loop.setCurrentIndex(max(0, self.video_loop.findData(s.video_loop)))
             self.compile.setChecked(bool(s.compile) and self._cuda)
