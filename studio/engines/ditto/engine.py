@@ -62,6 +62,7 @@ from studio.motion.generator import WindowMemo, generate_motion
 from studio.motion.kinematics import SMOOTHING_MODULES
 from studio.motion.live_lmdm import LiveMotion, live_plan
 from studio.motion.stitch import StitchConfig, StitchControls, stitch_motion, video_config
+from studio.readahead import read_ahead
 from studio.runtime.aot_artifacts import LOADER_MODULES
 from studio.runtime.base import HALF_DTYPES, resolve_device
 from studio.runtime.precision import precision_support
@@ -1047,6 +1048,9 @@ def prepare(request: EngineRequest) -> Prepared:
         )
     found = discover(request.checkpoints)
     require(found, ALL_ROLES)
+    # the weights into the page cache while the checks go on and the engine opens (a cold
+    # disk): in the engine's order, the avatar's networks last (a cached avatar needs none)
+    read_ahead(found.path(role) for role in (*NETWORK_ROLES, "hubert", *REGISTRATION_ROLES))
     if not request.avatar:
         raise OptionError(
             "--avatar", "the Ditto engine needs --avatar FILE (a face photo or a short video)"
