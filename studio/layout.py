@@ -95,6 +95,9 @@ SEQ_FRAMES = 80
 OVERLAP_OFFLINE = 10
 OVERLAP_ONLINE = 70
 SMOOTH_KERNEL = 3  # smo_k_d
+# LMDM's precisions on a GPU: fp32 (the released weights' own), TF32 matmuls, or a cast
+# half-type copy of the weights (studio.motion.fast_lmdm; the setting motion_precision)
+LMDM_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 DIFFUSION_STEPS = 1000
 COSINE_S = 0.008
 DDIM_ETA = 1.0

@@ -33,6 +33,7 @@ from studio.layout import (
     DEFAULT_EMOTION,
     DEFAULT_SAMPLING_STEPS,
     EMOTIONS,
+    LMDM_PRECISIONS,
 )
 from studio.motion.cadence import STRIDES, CadenceThresholds
 from studio.motion.condition import SOURCE_ORDERS
@@ -56,7 +57,7 @@ STRIDE_CHOICES = ("auto", *(str(s) for s in STRIDES))
 PRESETS = X264_PRESETS  # every x264 speed preset: the encoder, the CLI and the GUI share it
 MEMORY_MODES = ("auto", "resident", "streamed")
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
-MOTION_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")  # LMDM's on a GPU (fast_lmdm.PRECISIONS)
+MOTION_PRECISIONS = LMDM_PRECISIONS
 FRAMES = ("full", "crop")
 FPS_CHOICES = ("25", "24", "30", "50", "60")  # 25: the motion's own; others resampled
 CODECS = ("h264", "hevc", "av1")

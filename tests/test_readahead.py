@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from pathlib import Path
 
 from studio.readahead import CHUNK, read_ahead
@@ -16,11 +17,30 @@ def test_every_file_is_read_once_and_what_cannot_be_read_is_passed_over(tmp_path
     small = tmp_path / "small.bin"
     small.write_bytes(b"y")
     opened: list[str] = []
+    reads: Counter[str] = Counter()  # reads that returned data, per file
     real_open = builtins.open
+
+    class Counted:
+        def __init__(self, f, name: str) -> None:
+            self.f, self.name = f, name
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self.f.close()
+
+        def fileno(self) -> int:
+            return self.f.fileno()
+
+        def readinto(self, buffer) -> int:
+            n = self.f.readinto(buffer)
+            reads[self.name] += bool(n)
+            return n
 
     def counting_open(file, *args, **kwargs):
         opened.append(Path(file).name)
-        return real_open(file, *args, **kwargs)
+        return Counted(real_open(file, *args, **kwargs), Path(file).name)
 
     monkeypatch.setattr(builtins, "open", counting_open)
     failures: list[BaseException] = []
@@ -30,6 +50,11 @@ def test_every_file_is_read_once_and_what_cannot_be_read_is_passed_over(tmp_path
     thread.join(timeout=30)
     assert not thread.is_alive() and failures == []
     assert [n for n in opened if n.endswith(".bin")] == ["missing.bin", "big.bin", "small.bin"]
+    assert reads == {"big.bin": 3, "small.bin": 1}
+    # read once a process: an unchanged file is not read again, a changed one is
+    small.write_bytes(b"yy")
+    read_ahead([big, small]).join(timeout=30)
+    assert reads == {"big.bin": 3, "small.bin": 2}
 
 
 def test_a_ditto_engine_reads_its_weights_ahead_in_the_order_it_loads_them(

@@ -130,16 +130,21 @@ def write_profile_summary(prof: Path, out: Path, lines: int = 60) -> None:
 SAMPLE_RATE = 200  # py-spy samples a second: 5 ms steps, little cost to the sampled process
 
 
-def sampler_command(out: Path) -> list[str]:
-    """py-spy's command line that runs a process and samples all its threads, waiting ones
-    too, from outside (no tracing inside it: its timings stay those of an unprofiled run)."""
-    beside = Path(sys.executable).with_name("py-spy")  # the environment's own, then PATH's
+def py_spy() -> str:
+    """py-spy's executable: the environment's own, else PATH's; ValueError without one."""
+    beside = Path(sys.executable).with_name("py-spy")
     spy = str(beside) if beside.is_file() else shutil.which("py-spy")
     if spy is None:
         raise ValueError("--sample needs py-spy: pip install py-spy")
+    return spy
+
+
+def sampler_command(out: Path) -> list[str]:
+    """py-spy's command line that runs a process and samples all its threads, waiting ones
+    too, from outside (no tracing inside it: its timings stay those of an unprofiled run)."""
     rate = str(SAMPLE_RATE)
     opts = ["--format", "speedscope", "--rate", rate, "--idle", "--threads", "--nonblocking"]
-    return [spy, "record", *opts, "--output", str(out), "--"]
+    return [py_spy(), "record", *opts, "--output", str(out), "--"]
 
 
 def write_sample_summary(samples: Path, out: Path, lines: int = 40) -> None:
@@ -168,7 +173,8 @@ def write_sample_summary(samples: Path, out: Path, lines: int = 40) -> None:
         return name(inner[-1]) if inner else "-", name(stack[-1])
 
     def is_main(prof: dict[str, Any]) -> bool:  # py-spy's root frame names the thread
-        return any("MainThread" in frames[st[0]]["name"] for st in prof["samples"][:1] if st)
+        first = prof["samples"][0] if prof["samples"] else []
+        return bool(first) and "MainThread" in frames[first[0]]["name"]
 
     text = []
     profiles = data["profiles"]
@@ -334,7 +340,7 @@ def run_warmstart_suite(
     if (profile or sample) and keep is None:
         raise ValueError("--profile and --sample write into the --keep folder: give --keep DIR")
     if sample:
-        sampler_command(Path("-"))  # py-spy missing: said before any work
+        py_spy()  # missing: said before any work
     if (clips and min(clips) <= 0) or batch_jobs < 0 or batch_seconds <= 0:
         raise ValueError("need clip lengths > 0, --batch-jobs >= 0 and --batch-seconds > 0")
     cuda = _cuda_here(device)

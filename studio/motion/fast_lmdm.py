@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from studio.layout import MOTION_DIM, SEQ_FRAMES
+from studio.layout import LMDM_PRECISIONS, MOTION_DIM, SEQ_FRAMES
 from studio.models.diffusion import (
     DDIMSchedule,
     DeviceDDIM,
@@ -68,7 +68,7 @@ GRAPH_WARMUP = 1  # eager runs before a capture: one runs every op once (lazy in
 # costs the ops of that many steps, and a window takes steps / that many replays
 STEPS_PER_GRAPH = 10
 WINDOW = (1, SEQ_FRAMES, MOTION_DIM)  # batch 1, one 80-frame window
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")  # the runtime's names; half types cast weights
+PRECISIONS = LMDM_PRECISIONS  # the runtime's names; half types cast weights
 
 
 @dataclass(frozen=True)

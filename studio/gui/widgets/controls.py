@@ -49,7 +49,7 @@ COMPILE_TIP = (
 )
 RUNTIME_UNCHECKED = "not checked yet: set a checkpoint folder (File → Checkpoints…)"
 COMPILE_NEEDS_CUDA = "compiling needs a CUDA GPU and torch sees none here"
-MOTION_NEEDS_CUDA = "a CUDA GPU's: the CPU runs LMDM in fp32"
+MOTION_NEEDS_CUDA = "needs a CUDA GPU: the CPU runs LMDM in fp32"
 FP16_NEEDS_CUDA = "fp16 unavailable: half precision needs a CUDA GPU and torch sees none here"
 PRECISION_TIPS = {
     "auto": "fp16 on a GPU, fp32 on the CPU (warp and decoder; HuBERT and LMDM stay fp32)",
@@ -269,8 +269,7 @@ class ControlsPanel(QWidget):
         self.compile = options.row("", QCheckBox("Compile render networks"))
         self.compile.setToolTip(COMPILE_NEEDS_CUDA)
         self.compile.setEnabled(False)
-        for i in range(1, len(MOTION_PRECISIONS)):  # until a CUDA GPU is seen
-            _set_item(self.motion_precision, i, False, MOTION_NEEDS_CUDA)
+        self._offer_motion_precisions()  # fp32 only, until a CUDA GPU is seen
         layout.addWidget(options)
         # the RenderSettings field each engine option edits: enabled where the engine reads it
         self._engine_options = {
@@ -449,10 +448,16 @@ class ControlsPanel(QWidget):
         self.compile.setToolTip(COMPILE_TIP if self._cuda else COMPILE_NEEDS_CUDA)
         if not self._cuda:
             self.compile.setChecked(False)
-            self.motion_precision.setCurrentIndex(0)  # fp32: what the CPU runs
+        self._offer_motion_precisions()
+        self._apply_backend_precisions(self.backend_name())
+
+    def _offer_motion_precisions(self) -> None:
+        """LMDM's faster precisions enabled with a CUDA GPU; without one greyed with the
+        reason, and fp32 (what the CPU runs) chosen."""
+        if not self._cuda:
+            self.motion_precision.setCurrentIndex(0)
         for i, p in enumerate(MOTION_PRECISIONS[1:], start=1):
             _set_item(self.motion_precision, i, self._cuda, p if self._cuda else MOTION_NEEDS_CUDA)
-        self._apply_backend_precisions(self.backend_name())
 
     def set_runtimes(self, reasons: dict[str, str | None]) -> None:
         """Enable the runtimes that can run here (``reasons[name]`` None), others greyed with
