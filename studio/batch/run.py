@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import shutil
 import sys
@@ -87,10 +88,11 @@ class JobOptionError(OptionError):
 
 
 def check_engines(jobs: Sequence[Job], options: EngineOptions) -> list[str]:
-    """Each engine the jobs need, checked once before any work as ``studio render`` checks
-    its own: the checkpoint folder (every file it needs) and an option that cannot work for
-    it (``--avatar`` with the demo engine, ...) are the command's errors; a job's own files
-    are its own failure, found when it runs.
+    """Each engine the jobs need, checked before any work as ``studio render`` checks its
+    own, once for each avatar and settings: the checkpoint folder (every file it needs) and
+    an option that cannot work for it (``--avatar`` with the demo engine, a precision the
+    device cannot run, ...) are the command's errors; a job's own files are its own
+    failure, found when it runs.
     Returns the notes on options the engines ignore, each once."""
     from studio.render.engines import capabilities, engine_package, prepare_engine
 
@@ -101,8 +103,10 @@ def check_engines(jobs: Sequence[Job], options: EngineOptions) -> list[str]:
             # every job's: a missing file there is the command's error, not each job's
             engine_package(backend).check_checkpoints(options.checkpoints)
     for job in jobs:
-        # the avatar too: an engine that ignores it (the demo's) must still refuse it
-        key = (*engine_key(job, options), job.avatar)
+        # the avatar too: an engine that ignores it (the demo's) must still refuse it; and
+        # each job's settings, which one engine serves by copies (a job's precision the
+        # device cannot run is the command's error, not a failure after its motion)
+        key = (*engine_key(job, options), job.avatar, json.dumps(job.settings.to_dict()))
         if key in seen:
             continue
         seen.add(key)

@@ -13,7 +13,7 @@ import pytest
 from conftest import PYTORCH_FILES, demo_speech_piece, make_tree, run_cli
 
 from studio.batch.jobs import read_jobs
-from studio.batch.run import REPORT_FILE, run_batch
+from studio.batch.run import REPORT_FILE, EngineOptions, check_engines, engine_key, run_batch
 from studio.batch.state import STATE_FILE, BatchState
 from studio.errors import InputError, OutputError
 from studio.settings import RenderSettings
@@ -131,6 +131,18 @@ def test_the_cli_refuses_a_bad_list_before_any_work(clips: Path, capsys) -> None
     code, _, err = run_cli([*argv, "--out-dir", str(clips / "o")], capsys)
     assert code == 2 and "det_10g.onnx" in err and len(err.strip().splitlines()) == 1, err
     assert not (clips / "o").exists()
+
+
+def test_each_jobs_settings_are_checked_though_the_jobs_share_an_engine(clips: Path) -> None:
+    """The demo engine's jobs share one engine, each under its own settings: a later job's
+    setting the engine ignores is said too (a precision a GPU cannot run is refused so)."""
+    lines = [{"audio": "a.wav"}, {"audio": "b.wav", "settings": {"compile": True}}]
+    (clips / "two.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    jobs = read_jobs(clips / "two.jsonl")
+    assert engine_key(jobs[0], EngineOptions()) == engine_key(jobs[1], EngineOptions())
+    notes = check_engines(jobs, EngineOptions())
+    assert notes == [n for n in notes if "--compile is ignored by the demo engine" in n] != []
+    assert check_engines(jobs[:1], EngineOptions()) == []
 
 
 # --- running ----------------------------------------------------------------------------
