@@ -27,6 +27,7 @@ from torch import Tensor
 
 from studio.audio.hubert_signature import INPUT_NAME, OUTPUT_NAME, check_signature
 from studio.errors import InputError, OptionError
+from studio.paths import compiled_cache_dir
 from studio.runtime.base import capture_cuda_graph, math_mode
 from studio.runtime.onnx_torch import OnnxTorchGraph, onnx_ports, read_onnx
 from studio.runtime.precision import DEFAULT_PRECISION
@@ -34,6 +35,7 @@ from studio.runtime.precision import DEFAULT_PRECISION
 MAX_BATCH = 64  # chunks per vmapped call: bounds activation memory (~15 MB a chunk)
 MAX_GRAPHS = 2  # captured chunk counts kept (each holds its activation pool)
 PRECISIONS = ("fp32", "tf32")
+PLAN_FOLDER = "onnx_plans"  # under the compiled cache: the planned graph's shapes, per file
 
 
 class TorchHubert:
@@ -137,7 +139,8 @@ class TorchHubert:
 def _cached_graph(
     path: str, _mtime_ns: int, _size: int, split_len: int, device: str
 ) -> OnnxTorchGraph:
-    """One planned graph per file, chunk length and device (the weights live on the device)."""
+    """One planned graph per file, chunk length and device (the weights live on the device);
+    its shapes kept for the next process (:class:`~studio.runtime.onnx_torch.PlanShapes`)."""
     p = Path(path)
     try:
         model = read_onnx(p)
@@ -145,4 +148,6 @@ def _cached_graph(
         raise InputError(f"HuBERT model {e}: re-download hubert_streaming_fix_kv.onnx.") from None
     check_signature(*onnx_ports(model), p, split_len)
     shapes = {INPUT_NAME: (1, split_len)}
-    return OnnxTorchGraph(model, shapes, device, source=str(p), outputs=(OUTPUT_NAME,))
+    return OnnxTorchGraph(
+        model, shapes, device, str(p), (OUTPUT_NAME,), compiled_cache_dir() / PLAN_FOLDER
+    )

@@ -12,10 +12,17 @@ propagated by running the steps on meta tensors. Constants the steps read become
 on the device. An op without a mapping raises :class:`UnsupportedOnnxOp`, naming the op and
 the file. :meth:`OnnxTorchGraph.batched` runs many independent inputs as one call through
 ``torch.func.vmap`` (graphs without a batch axis included) when the graph allows it.
+
+A plan's shapes can be kept in a folder (``plan_cache``; :class:`PlanShapes`): a later process
+planning the same file for the same inputs takes every step's output shapes from there instead
+of running the steps on meta tensors. Several ops' meta kernels are torch decompositions whose
+first call imports Dynamo and SymPy (about 1 s of a new process's engine opening).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,11 +32,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from studio.errors import InputError, StudioError
+from studio.errors import InputError, OutputError, StudioError
+from studio.files import write_atomic
 from studio.runtime.onnx_mapped import Initializers, read_mapped
 from studio.runtime.onnx_torch_ops import CONVERTERS, Node, Unsupported, onnx_dtype
 
-__all__ = ["OnnxTorchGraph", "Port", "UnsupportedOnnxOp", "onnx_ports", "read_onnx"]
+__all__ = ["OnnxTorchGraph", "PlanShapes", "Port", "UnsupportedOnnxOp", "onnx_ports", "read_onnx"]
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _TYPE_NAMES = {1: "float", 6: "int32", 7: "int64", 9: "bool", 10: "float16", 11: "double"}
@@ -106,6 +114,8 @@ class OnnxTorchGraph(nn.Module):
     (the graph's, or only ``outputs``) as a tuple. ``output_shapes`` are static. ``batched``
     maps a leading item axis over ``forward``. ``source`` is the model's file (in messages,
     and its folder holds any external data, as :func:`read_onnx` leaves the weights).
+    ``plan_cache``: a folder where the plan's shapes are kept for later processes
+    (:class:`PlanShapes`); ``planned_from`` then says whether they came from there.
     """
 
     def __init__(
@@ -115,6 +125,7 @@ class OnnxTorchGraph(nn.Module):
         device: str | torch.device = "cpu",
         source: str = "<model>",
         outputs: Sequence[str] | None = None,
+        plan_cache: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__()
         self.source = source
@@ -122,8 +133,10 @@ class OnnxTorchGraph(nn.Module):
         inputs, ports = onnx_ports(model)
         self.input_names = tuple(p.name for p in inputs)
         self.output_names = tuple(p.name for p in ports) if outputs is None else tuple(outputs)
+        shapes = PlanShapes.of(plan_cache, source, input_shapes, self.output_names)
+        self.planned_from = "cache" if shapes.loaded else "meta tensors"
         # weights bound for another device may stay mapped from the file until they move
-        plan = _Planner(model, source, mapped=self.device.type != "cpu")
+        plan = _Planner(model, source, mapped=self.device.type != "cpu", shapes=shapes)
         metas = {p.name: plan.add_input(p, input_shapes) for p in inputs}
         plan.run()
         self.input_shapes = tuple(tuple(m.shape) for m in metas.values())
@@ -134,8 +147,10 @@ class OnnxTorchGraph(nn.Module):
         )
         for i, value in enumerate(consts):
             self.register_buffer(f"c{i}", value.to(self.device), persistent=False)
-        meta_consts = [v.to("meta") for v in consts]
-        self.batchable, self.batch_note = self._check_batching(meta_consts)
+        if shapes.batching is None:
+            shapes.batching = self._check_batching([v.to("meta") for v in consts])
+        self.batchable, self.batch_note = shapes.batching
+        shapes.save()
 
     @property
     def num_steps(self) -> int:
@@ -187,11 +202,116 @@ class OnnxTorchGraph(nn.Module):
         return True, "one vmapped call"
 
 
+PLAN_FORMAT = 1  # PlanShapes' file layout; a file of another is planned again
+
+
+class PlanShapes:
+    """The shapes and dtypes of a plan's step outputs, whether each step returns a tuple, and
+    the batching check's outcome, kept as JSON under a folder for one model file (path, size,
+    modification time), its input shapes and outputs, and this torch. A file that is missing,
+    unreadable or of another key is planned again (and rewritten); a folder that cannot be
+    written keeps nothing."""
+
+    def __init__(self, path: Path | None, key: dict[str, Any]) -> None:
+        self.path, self.key = path, key
+        self.values: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+        self.multi: set[str] = set()
+        self.batching: tuple[bool, str] | None = None
+        self.loaded = False  # read from its file
+
+    @classmethod
+    def of(
+        cls,
+        folder: str | os.PathLike[str] | None,
+        source: str,
+        input_shapes: Mapping[str, Sequence[int]],
+        outputs: Sequence[str],
+    ) -> PlanShapes:
+        """The kept shapes of ``source`` planned for these inputs (none: an empty record, kept
+        once planned); without ``folder`` or a model file, a record that is never saved."""
+        try:
+            st = Path(source).stat()
+        except OSError:
+            return cls(None, {})
+        key = {
+            "format": PLAN_FORMAT,
+            "source": str(Path(source).resolve()),
+            "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns,
+            "inputs": {n: [int(d) for d in s] for n, s in sorted(input_shapes.items())},
+            "outputs": list(outputs),
+            "torch": torch.__version__,
+        }
+        if folder is None:
+            return cls(None, key)
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+        shapes = cls(Path(folder) / f"{digest}.json", key)
+        shapes._load()
+        return shapes
+
+    def _load(self) -> None:
+        assert self.path is not None
+        try:
+            data = json.loads(self.path.read_text())
+            if data["key"] != self.key:
+                return
+            values = {
+                n: (tuple(int(d) for d in shape), getattr(torch, dtype))
+                for n, (shape, dtype) in data["values"].items()
+            }
+            if not all(isinstance(d, torch.dtype) for _, d in values.values()):
+                return
+            batching = (bool(data["batching"][0]), str(data["batching"][1]))
+            multi = {str(n) for n in data["multi"]}
+        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+            return  # absent or damaged: planned again and rewritten
+        self.values, self.multi, self.batching, self.loaded = values, multi, batching, True
+
+    def results(self, outs: Sequence[str]) -> tuple[bool, dict[str, Tensor]] | None:
+        """(whether the step returns a tuple, meta tensors of its used outputs) when all are
+        kept, else None."""
+        used = [o for o in outs if o]
+        if not used or any(o not in self.values for o in used):
+            return None
+        metas = {
+            o: torch.empty(self.values[o][0], dtype=self.values[o][1], device="meta") for o in used
+        }
+        return used[0] in self.multi, metas
+
+    def record(self, outs: Sequence[str], multi: bool, results: Mapping[str, Tensor]) -> None:
+        """A step planned on meta tensors: its used outputs' shapes and dtypes."""
+        for o, t in results.items():
+            self.values[o] = (tuple(t.shape), t.dtype)
+        if multi:
+            self.multi.add(next(o for o in outs if o))
+
+    def save(self) -> None:
+        """Write the record (atomically) unless it was read from there or has no place."""
+        if self.path is None or self.loaded or self.batching is None:
+            return
+        data = {
+            "key": self.key,
+            "values": {
+                n: [list(shape), str(dtype).removeprefix("torch.")]
+                for n, (shape, dtype) in self.values.items()
+            },
+            "multi": sorted(self.multi),
+            "batching": list(self.batching),
+        }
+        try:
+            write_atomic(self.path, json.dumps(data), make_parents=True)
+        except OutputError:
+            pass  # a cache that cannot be written: the next process plans again
+
+
 class _Planner:
     """Walks the graph once: folds what the host knows, records the rest as steps."""
 
-    def __init__(self, model: Any, source: str, mapped: bool = False) -> None:
+    def __init__(
+        self, model: Any, source: str, mapped: bool = False, shapes: PlanShapes | None = None
+    ) -> None:
         self.model, self.source = model, source
+        self.shapes = PlanShapes(None, {}) if shapes is None else shapes
         self.opset = next(
             (o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS), 1
         )
@@ -278,8 +398,15 @@ class _Planner:
                 raise UnsupportedOnnxOp(self.source, op, label, reason) from None
 
     def _place(self, fn: Any, args: tuple[str, ...], outs: tuple[str, ...]) -> None:
-        """Fold the node on the host when all its tensor inputs are known, else record it."""
+        """Fold the node on the host when all its tensor inputs are known, else record it
+        (its outputs' shapes from :attr:`shapes` where kept, else from a run on meta)."""
         on_host = all(a in self.known for a in args)
+        kept = None if on_host else self.shapes.results(outs)
+        if kept is not None:
+            multi, metas = kept
+            self.meta.update(metas)
+            self.steps.append((fn, args, outs, multi))
+            return
         with torch.no_grad():
             if on_host:
                 result = fn(*[self.known[a] for a in args])
@@ -296,6 +423,7 @@ class _Planner:
             (self.known if on_host else self.meta)[o] = results[i]
         if not on_host:
             self.steps.append((fn, args, outs, multi))
+            self.shapes.record(outs, multi, {o: results[i] for i, o in wanted})
 
     def compile(
         self, input_names: Sequence[str], output_names: Sequence[str]
