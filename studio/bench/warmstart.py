@@ -172,14 +172,19 @@ def write_sample_summary(samples: Path, out: Path, lines: int = 40) -> None:
         inner = [i for i in stack if studio(i)]
         return name(inner[-1]) if inner else "-", name(stack[-1])
 
-    def is_main(prof: dict[str, Any]) -> bool:  # py-spy's root frame names the thread
-        first = prof["samples"][0] if prof["samples"] else []
-        return bool(first) and "MainThread" in frames[first[0]]["name"]
+    def is_main(prof: dict[str, Any]) -> bool:  # py-spy's root frame names the thread (not
+        # in the samples taken before Python named it), and it runs the module as main
+        return any(
+            "MainThread" in frames[s[0]]["name"]
+            or any(frames[i]["name"] == "_run_module_as_main" for i in s[:2])
+            for s in prof["samples"]
+            if s
+        )
 
     text = []
     profiles = data["profiles"]
     main = next((n for n, prof in enumerate(profiles) if is_main(prof)), 0)
-    for n, prof in enumerate(profiles):
+    for n, prof in sorted(enumerate(profiles), key=lambda p: p[0] != main):  # the main first
         step = prof["weights"][0] if prof["weights"] else 1.0 / SAMPLE_RATE
         text.append(f"== {prof['name']}: {len(prof['samples']) * step:.2f} s sampled")
         if n == main:  # its phases, in order: consecutive samples under one step of the command

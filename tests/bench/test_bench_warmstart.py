@@ -249,3 +249,38 @@ def test_sampling_without_py_spy_is_one_line(monkeypatch, capsys) -> None:
     assert cli_main(argv) == 2
     err = capsys.readouterr().err
     assert "needs py-spy: pip install py-spy" in err and "Traceback" not in err
+
+
+def test_the_summary_finds_the_main_thread_wherever_py_spy_lists_it(tmp_path: Path) -> None:
+    """py-spy may list another thread first, and names the main thread only in the samples
+    taken once Python named it: the summary still starts with the main thread's steps."""
+    from studio.bench.warmstart import write_sample_summary
+
+    cli = "/x/studio/cli.py"
+    frames = [
+        {"name": "thread (7): import-aside", "file": "<thread>"},
+        {"name": "run", "file": "/x/studio/imports.py", "line": 27},
+        {"name": "thread (5)", "file": "<thread>"},
+        {"name": "thread (5): MainThread", "file": "<thread>"},
+        {"name": "_run_module_as_main", "file": "<frozen runpy>"},
+        {"name": "cmd_render", "file": cli, "line": 10},
+        {"name": "analyze", "file": "/x/studio/render/pipeline.py", "line": 1},
+        {"name": "start_video", "file": "/x/studio/render/pipeline.py", "line": 2},
+    ]
+    step = 0.005
+    aside = [[0, 1]] * 10
+    main = [[2, 4, 5, 6]] * 20 + [[3, 4, 5, 6]] * 40 + [[3, 4, 5, 7]] * 80
+
+    def prof(name: str, samples: list[list[int]]) -> dict:
+        return {"name": name, "samples": samples, "weights": [step] * len(samples)}
+
+    data = {
+        "shared": {"frames": frames},
+        "profiles": [prof('Thread 7 "import-aside"', aside), prof('Thread 5 ""', main)],
+    }
+    (tmp_path / "s.json").write_text(json.dumps(data))
+    write_sample_summary(tmp_path / "s.json", tmp_path / "s.txt")
+    first = (tmp_path / "s.txt").read_text().split("== ")[1]
+    assert first.startswith('Thread 5 "": 0.70 s sampled')
+    steps = [ln.split(" s  ", 1)[1] for ln in first.splitlines()[1:3]]
+    assert steps == ["cmd_render > analyze", "cmd_render > start_video"]
