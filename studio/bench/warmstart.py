@@ -46,6 +46,7 @@ from studio import layout
 from studio.bench import report
 from studio.bench.timing import git_commit, utc_now
 from studio.errors import StudioError
+from studio.files import write_atomic
 from studio.settings import MOTION_PRECISIONS
 
 ENGINES = ("ditto", "demo")
@@ -291,10 +292,23 @@ def check_outputs(batch: dict[str, Any]) -> list[str]:
     return problems
 
 
+INPUTS_FOLDER = "bench-inputs"  # under a kept --cache: the random tree and face, written once
+_INPUTS_DONE = "inputs.json"  # written last: the tree is whole
+
+
 def _inputs(
-    work: Path, engine: str, checkpoints: str | None, reduced: bool, hubert: str, seconds: list
+    work: Path,
+    engine: str,
+    checkpoints: str | None,
+    reduced: bool,
+    hubert: str,
+    seconds: list,
+    kept: Path | None = None,
 ) -> tuple[list[str], dict[str, Any] | None, dict[float, Path]]:
-    """(the engine's options for the CLI, the HuBERT record, speech file per length)."""
+    """(the engine's options for the CLI, the HuBERT record, speech file per length). With
+    ``kept`` (a cache kept between runs) the random tree and the face are written there once
+    and reused, as a user's checkpoint folder is: what the studio keeps by a file's path and
+    time (HuBERT's plan shapes) then serves a later run's first render too."""
     import soundfile as sf
 
     from studio.bench.pipeline import _face_png, speech_clip, write_inputs
@@ -306,12 +320,24 @@ def _inputs(
         sf.write(speech[s], clip.samples, layout.SAMPLE_RATE)
     if engine == "demo":
         return ["--demo"], None, speech
-    hub = None
-    if checkpoints is None:
-        hub = write_inputs(work / "ckpt", reduced, hubert)
-        checkpoints = str(work / "ckpt")
-    face = _face_png(work, 512, 512)
-    return ["--checkpoints", checkpoints, "--avatar", str(face)], hub, speech
+    if checkpoints is not None:
+        return (
+            ["--checkpoints", checkpoints, "--avatar", str(_face_png(work, 512, 512))],
+            None,
+            speech,
+        )
+    place = work if kept is None else kept / f"{'reduced' if reduced else 'full'}-{hubert}"
+    done = place / _INPUTS_DONE
+    if done.is_file():
+        hub = json.loads(done.read_text())
+        face = place / "face_512x512.png"
+    else:
+        if kept is not None:  # a run stopped while writing them
+            shutil.rmtree(place, ignore_errors=True)
+        hub = write_inputs(place / "ckpt", reduced, hubert)
+        face = _face_png(place, 512, 512)
+        write_atomic(done, json.dumps(hub))
+    return ["--checkpoints", str(place / "ckpt"), "--avatar", str(face)], hub, speech
 
 
 def run_warmstart_suite(
@@ -388,7 +414,15 @@ def run_warmstart_suite(
         result["config"]["cache_was_empty"] = cold
         say(f"[warmstart] writing the inputs ({engine})")
         lengths = sorted({*clips, batch_seconds} if batch_jobs else set(clips))
-        engine_args, hub, speech = _inputs(work, engine, checkpoints, reduced, hubert, lengths)
+        engine_args, hub, speech = _inputs(
+            work,
+            engine,
+            checkpoints,
+            reduced,
+            hubert,
+            lengths,
+            root / INPUTS_FOLDER if cache else None,
+        )
         result["hubert"] = hub
         common = [*engine_args, "--cache-dir", str(root), "-q"]
         if device:

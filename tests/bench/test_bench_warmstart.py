@@ -284,3 +284,28 @@ def test_the_summary_finds_the_main_thread_wherever_py_spy_lists_it(tmp_path: Pa
     assert first.startswith('Thread 5 "": 0.70 s sampled')
     steps = [ln.split(" s  ", 1)[1] for ln in first.splitlines()[1:3]]
     assert steps == ["cmd_render > analyze", "cmd_render > start_video"]
+
+
+def test_inputs_kept_in_the_cache_are_written_once(tmp_path: Path) -> None:
+    """With a kept --cache the random tree and face are written once and reused by later runs
+    (as a user's checkpoint folder is: what the studio keeps by a file's path and time serves
+    a later run's first render too); a tree a stopped run left unfinished is written again."""
+    from studio.bench.warmstart import _inputs
+
+    kept = tmp_path / "cache" / "bench-inputs"
+
+    def inputs(work: str) -> tuple[list[str], dict, dict]:
+        (tmp_path / work).mkdir()
+        return _inputs(tmp_path / work, "ditto", None, True, "standin", [0.5], kept)
+
+    args, hub, speech = inputs("w1")
+    files = sorted(p for p in kept.rglob("*") if p.is_file())
+    times = [p.stat().st_mtime_ns for p in files]
+    assert any(p.suffix == ".onnx" for p in files) and speech[0.5].parent == tmp_path / "w1"
+    again, hub2, _ = inputs("w2")
+    assert (again, hub2) == (args, hub)
+    assert [p.stat().st_mtime_ns for p in files] == times  # nothing written again
+    (kept / "reduced-standin" / "inputs.json").unlink()  # as a run stopped while writing
+    third, _, _ = inputs("w3")
+    assert third == args and (kept / "reduced-standin" / "inputs.json").is_file()
+    assert files[0].stat().st_mtime_ns != times[0]
