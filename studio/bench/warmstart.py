@@ -710,7 +710,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="fp32",
         help="the renders' LMDM precision (studio render --motion-precision; default fp32)",
     )
-    p.add_argument("--cache", metavar="DIR", help="the cache root (default: a fresh one)")
+    p.add_argument(
+        "--cache",
+        metavar="DIR",
+        help="the cache root, kept between runs with the random tree it holds (default: a "
+        "fresh one)",
+    )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per process")
     p.add_argument("--keep", metavar="DIR", help="copy each process's log into DIR")
     p.add_argument(
