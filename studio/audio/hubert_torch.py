@@ -142,12 +142,12 @@ def _cached_graph(
     """One planned graph per file, chunk length and device (the weights live on the device);
     its shapes kept for the next process (:class:`~studio.runtime.onnx_torch.PlanShapes`)."""
     p = Path(path)
+    st = p.stat()  # before the read: a file replaced meanwhile is planned again next time
     try:
         model = read_onnx(p)
     except InputError as e:
         raise InputError(f"HuBERT model {e}: re-download hubert_streaming_fix_kv.onnx.") from None
     check_signature(*onnx_ports(model), p, split_len)
     shapes = {INPUT_NAME: (1, split_len)}
-    return OnnxTorchGraph(
-        model, shapes, device, str(p), (OUTPUT_NAME,), compiled_cache_dir() / PLAN_FOLDER
-    )
+    plans = compiled_cache_dir() / PLAN_FOLDER
+    return OnnxTorchGraph(model, shapes, device, str(p), (OUTPUT_NAME,), plans, st)

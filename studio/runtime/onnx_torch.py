@@ -21,6 +21,7 @@ first call imports Dynamo and SymPy (about 1 s of a new process's engine opening
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -115,7 +116,8 @@ class OnnxTorchGraph(nn.Module):
     maps a leading item axis over ``forward``. ``source`` is the model's file (in messages,
     and its folder holds any external data, as :func:`read_onnx` leaves the weights).
     ``plan_cache``: a folder where the plan's shapes are kept for later processes
-    (:class:`PlanShapes`); ``planned_from`` then says whether they came from there.
+    (:class:`PlanShapes`; ``stat``: the model file's, taken before ``model`` was read);
+    ``planned_from`` then says whether they came from there.
     """
 
     def __init__(
@@ -126,6 +128,7 @@ class OnnxTorchGraph(nn.Module):
         source: str = "<model>",
         outputs: Sequence[str] | None = None,
         plan_cache: str | os.PathLike[str] | None = None,
+        stat: os.stat_result | None = None,
     ) -> None:
         super().__init__()
         self.source = source
@@ -133,7 +136,7 @@ class OnnxTorchGraph(nn.Module):
         inputs, ports = onnx_ports(model)
         self.input_names = tuple(p.name for p in inputs)
         self.output_names = tuple(p.name for p in ports) if outputs is None else tuple(outputs)
-        shapes = PlanShapes.of(plan_cache, source, input_shapes, self.output_names)
+        shapes = PlanShapes.of(plan_cache, source, input_shapes, self.output_names, stat)
         self.planned_from = "cache" if shapes.loaded else "meta tensors"
         # weights bound for another device may stay mapped from the file until they move
         plan = _Planner(model, source, mapped=self.device.type != "cpu", shapes=shapes)
@@ -205,6 +208,33 @@ class OnnxTorchGraph(nn.Module):
 PLAN_FORMAT = 1  # PlanShapes' file layout; a file of another is planned again
 
 
+@functools.cache
+def _planner_code() -> str:
+    """SHA-256 of the planner's and the converters' source: a plan kept by other code (an
+    upgrade) is planned again."""
+    from studio.runtime import onnx_torch_ops
+
+    h = hashlib.sha256()
+    for module in (__file__, onnx_torch_ops.__file__):
+        h.update(Path(module).read_bytes())
+    return h.hexdigest()
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    """A kept shape: a list of non-negative integers (ValueError for anything else)."""
+    if not isinstance(value, list) or not all(type(d) is int and d >= 0 for d in value):
+        raise ValueError(f"not a shape: {value!r}")
+    return tuple(value)
+
+
+def _dtype(name: Any) -> torch.dtype:
+    """A kept dtype by its torch name (ValueError for anything else)."""
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"not a dtype: {name!r}")
+    return dtype
+
+
 class PlanShapes:
     """The shapes and dtypes of a plan's step outputs, whether each step returns a tuple, and
     the batching check's outcome, kept as JSON under a folder for one model file (path, size,
@@ -226,11 +256,13 @@ class PlanShapes:
         source: str,
         input_shapes: Mapping[str, Sequence[int]],
         outputs: Sequence[str],
+        stat: os.stat_result | None = None,
     ) -> PlanShapes:
         """The kept shapes of ``source`` planned for these inputs (none: an empty record, kept
-        once planned); without ``folder`` or a model file, a record that is never saved."""
+        once planned); without ``folder`` or a model file, a record that is never saved.
+        ``stat``: the file's, taken before it was read (else now)."""
         try:
-            st = Path(source).stat()
+            st = Path(source).stat() if stat is None else stat
         except OSError:
             return cls(None, {})
         key = {
@@ -241,6 +273,7 @@ class PlanShapes:
             "inputs": {n: [int(d) for d in s] for n, s in sorted(input_shapes.items())},
             "outputs": list(outputs),
             "torch": torch.__version__,
+            "code": _planner_code(),
         }
         if folder is None:
             return cls(None, key)
@@ -255,16 +288,16 @@ class PlanShapes:
             data = json.loads(self.path.read_text())
             if data["key"] != self.key:
                 return
-            values = {
-                n: (tuple(int(d) for d in shape), getattr(torch, dtype))
-                for n, (shape, dtype) in data["values"].items()
-            }
-            if not all(isinstance(d, torch.dtype) for _, d in values.values()):
-                return
-            batching = (bool(data["batching"][0]), str(data["batching"][1]))
-            multi = {str(n) for n in data["multi"]}
-        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
-            return  # absent or damaged: planned again and rewritten
+            values = {str(n): (_shape(s), _dtype(d)) for n, (s, d) in data["values"].items()}
+            ok, note = data["batching"]
+            multi = data["multi"]
+            if type(ok) is not bool or not isinstance(note, str):
+                raise ValueError(f"not a batching check: {data['batching']!r}")
+            if not isinstance(multi, list) or not all(isinstance(n, str) for n in multi):
+                raise ValueError(f"not output names: {multi!r}")
+        except Exception:  # noqa: BLE001 - absent or damaged in any way: planned again
+            return
+        batching, multi = (ok, note), set(multi)
         self.values, self.multi, self.batching, self.loaded = values, multi, batching, True
 
     def results(self, outs: Sequence[str]) -> tuple[bool, dict[str, Tensor]] | None:
@@ -282,8 +315,9 @@ class PlanShapes:
         """A step planned on meta tensors: its used outputs' shapes and dtypes."""
         for o, t in results.items():
             self.values[o] = (tuple(t.shape), t.dtype)
-        if multi:
-            self.multi.add(next(o for o in outs if o))
+        first = next((o for o in outs if o), None)  # a step whose outputs all go unused has none
+        if multi and first is not None:
+            self.multi.add(first)
 
     def save(self) -> None:
         """Write the record (atomically) unless it was read from there or has no place."""

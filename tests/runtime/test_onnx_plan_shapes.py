@@ -88,8 +88,16 @@ def test_a_damaged_foreign_or_unwritable_plan_is_planned_again(model: Path, tmp_
     foreign = {**good, "key": {**good["key"], "torch": "0.0"}}
     kept.write_text(json.dumps(foreign))  # another key under this name: not trusted
     assert _graph(model, plans).planned_from == "meta tensors"
-    wrong = {**good, "values": {n: [s, "not_a_dtype"] for n, (s, _) in good["values"].items()}}
-    kept.write_text(json.dumps(wrong))
+    first = next(iter(good["values"]))
+    for values in (
+        {n: [s, "not_a_dtype"] for n, (s, _) in good["values"].items()},
+        {**good["values"], first: [[-1, 3], "float32"]},  # parsed, but no shape
+        {**good["values"], first: ["12", "float32"]},
+        [],
+    ):
+        kept.write_text(json.dumps({**good, "values": values}))
+        assert _graph(model, plans).planned_from == "meta tensors"
+    kept.write_text(json.dumps({**good, "batching": "xy"}))
     assert _graph(model, plans).planned_from == "meta tensors"
     assert _graph(model, plans).planned_from == "cache"
     blocked = tmp_path / "file"
@@ -107,3 +115,39 @@ def test_a_changed_model_file_is_planned_again(model: Path, tmp_path: Path) -> N
     os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     assert _graph(copy, plans).planned_from == "meta tensors"
     assert len(list(plans.glob("*.json"))) == 2
+
+
+def test_other_planner_code_plans_again(model: Path, tmp_path: Path, monkeypatch) -> None:
+    """The key holds the planner's and the converters' source: a plan kept by another version
+    of them (an upgrade; a converter that now returns a tuple) is not trusted."""
+    from studio.runtime import onnx_torch
+
+    plans = tmp_path / "plans"
+    _graph(model, plans)
+    monkeypatch.setattr(onnx_torch, "_planner_code", lambda: "other code")
+    assert _graph(model, plans).planned_from == "meta tensors"
+    assert len(list(plans.glob("*.json"))) == 2
+
+
+def test_a_step_whose_outputs_all_go_unused_is_planned(tmp_path: Path) -> None:
+    """A Split whose outputs nothing reads is planned (and dropped) as before the kept
+    shapes: it returns a tuple and names no output to record it by."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    split = numpy_helper.from_array(np.array([1, 1], dtype=np.int64), "split")
+    nodes = [
+        helper.make_node("Split", ["x", "split"], ["", ""], axis=0),
+        helper.make_node("Relu", ["x"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        [split],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    g = OnnxTorchGraph(model, {"x": (2, 3)}, "cpu")
+    x = torch.randn(2, 3)
+    assert g.num_steps == 1 and torch.equal(g(x)[0], torch.relu(x))
