@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import shutil
 import sys
@@ -89,10 +88,11 @@ class JobOptionError(OptionError):
 
 def check_engines(jobs: Sequence[Job], options: EngineOptions) -> list[str]:
     """Each engine the jobs need, checked before any work as ``studio render`` checks its
-    own, once for each avatar and settings: the checkpoint folder (every file it needs) and
-    an option that cannot work for it (``--avatar`` with the demo engine, a precision the
-    device cannot run, ...) are the command's errors; a job's own files are its own
-    failure, found when it runs.
+    own, once for each avatar and values of the settings its checks read
+    (:attr:`~studio.engines.base.Capabilities.checked`): the checkpoint folder (every file
+    it needs) and an option that cannot work for it (``--avatar`` with the demo engine, a
+    precision the device cannot run, ...) are the command's errors; a job's own files are
+    its own failure, found when it runs.
     Returns the notes on options the engines ignore, each once."""
     from studio.render.engines import capabilities, engine_package, prepare_engine
 
@@ -104,9 +104,12 @@ def check_engines(jobs: Sequence[Job], options: EngineOptions) -> list[str]:
             engine_package(backend).check_checkpoints(options.checkpoints)
     for job in jobs:
         # the avatar too: an engine that ignores it (the demo's) must still refuse it; and
-        # each job's settings, which one engine serves by copies (a job's precision the
-        # device cannot run is the command's error, not a failure after its motion)
-        key = (*engine_key(job, options), job.avatar, json.dumps(job.settings.to_dict()))
+        # the settings its checks read, which each job of a group may set its own way (a
+        # precision the device cannot run is the command's error, not a failure after the
+        # job's motion)
+        checked = sorted(capabilities(job.settings.backend).checked)
+        values = tuple(getattr(job.settings, name) for name in checked)
+        key = (*engine_key(job, options), job.avatar, values)
         if key in seen:
             continue
         seen.add(key)

@@ -68,6 +68,9 @@ class Capabilities:
     cuda_only: frozenset[str] = frozenset()  # of those, the ones that need a CUDA GPU
     runtimes: tuple[str, ...] = ("torch",)  # render runtimes it can run
     controls: frozenset[str] = frozenset()  # RenderSettings fields beyond the common ones
+    # the RenderSettings fields its checks before any work read (``prepare``, besides the
+    # backend): a batch checks each job whose values of these differ
+    checked: frozenset[str] = frozenset()
     why_cpu: str = ""  # why the precisions are few, for a tooltip
 
     @property

@@ -764,3 +764,29 @@ def test_the_window_memo_keeps_one_precision_apart_from_another(lmdm) -> None:
     assert not torch.equal(half, full)
     cos = torch.nn.functional.cosine_similarity(half.flatten(), full.flatten(), dim=0)
     assert cos.item() > 0.999
+
+
+def test_each_engines_checks_read_only_the_settings_it_declares(ditto_assets) -> None:
+    """A batch checks one job per avatar and values of the settings an engine declares its
+    checks read (Capabilities.checked): a check that read another setting would let a job's
+    bad value through unchecked."""
+    from studio.engines.base import EngineRequest
+    from studio.render.engines import capabilities, prepare_engine
+    from studio.settings import RenderSettings
+
+    class Reading:
+        """The settings, noting each field read."""
+
+        def __init__(self, settings: RenderSettings) -> None:
+            self.settings, self.read = settings, set()
+
+        def __getattr__(self, name: str):
+            self.read.add(name)
+            return getattr(self.settings, name)
+
+    tree, face = str(ditto_assets["tree"]), str(ditto_assets["face"])
+    for backend, args in (("ditto", (tree, face)), ("demo", (None, None))):
+        settings = Reading(RenderSettings(backend=backend, compile=True, motion_precision="fp16"))
+        prepare_engine(EngineRequest(settings, *args))  # type: ignore[arg-type]
+        assert settings.read - {"backend"} <= capabilities(backend).checked, backend
+        assert "compile" in settings.read  # the spy sees what a check reads

@@ -18,6 +18,7 @@ CAPABILITIES = Capabilities(
     needs_checkpoints=False,
     precisions=("fp32",),
     why_cpu="the demo engine renders on the CPU in float32",
+    checked=frozenset({"compile"}),
 )
 
 

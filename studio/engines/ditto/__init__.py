@@ -18,6 +18,7 @@ CAPABILITIES = Capabilities(
     precisions=("auto", "fp32", "bf16", "fp16"),
     cuda_only=frozenset({"fp16"}),
     runtimes=RUNTIMES,
+    checked=frozenset({"precision", "runtime", "motion_precision", "compile"}),
     controls=frozenset(
         {
             "emotion",
