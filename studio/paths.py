@@ -37,6 +37,7 @@ __all__ = [
     "avatar_cache_dir",
     "build_lock",
     "cache_root",
+    "code_digest",
     "compiled_cache_dir",
     "engine_cache_dir",
     "lock_dir",
@@ -54,6 +55,15 @@ COMPILED_ENVS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "tri
 KEEP_LOGS = 20  # the newest log files kept; older ones are removed when one is written
 _log = logging.getLogger(__name__)
 _LOG_NUMBERS = itertools.count(1)  # log files of one process in the same second differ
+
+
+def code_digest(*sources: str | os.PathLike[str]) -> str:
+    """SHA-256 of source files (a module's ``__file__``): put in a cache entry's key, an entry
+    made by other code (an upgrade) is made again."""
+    h = hashlib.sha256()
+    for source in sources:
+        h.update(Path(source).read_bytes())
+    return h.hexdigest()
 
 
 def _env_path(name: str) -> Path | None:

@@ -47,6 +47,7 @@ from studio.bench import report
 from studio.bench.timing import git_commit, utc_now
 from studio.errors import StudioError
 from studio.files import write_atomic
+from studio.paths import code_digest
 from studio.settings import MOTION_PRECISIONS
 
 ENGINES = ("ditto", "demo")
@@ -296,6 +297,16 @@ INPUTS_FOLDER = "bench-inputs"  # under a kept --cache: the random tree and face
 _INPUTS_DONE = "inputs.json"  # written last: the tree is whole
 
 
+def _inputs_code() -> str:
+    """The source of what writes the bench's inputs, digested: inputs kept by other fixtures
+    are written again."""
+    from studio.bench import pipeline
+    from studio.fixtures import face_standins, hubert_standin, random_tree
+
+    modules = (pipeline, face_standins, hubert_standin, random_tree)
+    return code_digest(*(str(m.__file__) for m in modules))
+
+
 def _inputs(
     work: Path,
     engine: str,
@@ -328,15 +339,17 @@ def _inputs(
         )
     place = work if kept is None else kept / f"{'reduced' if reduced else 'full'}-{hubert}"
     done = place / _INPUTS_DONE
-    if done.is_file():
-        hub = json.loads(done.read_text())
+    made_by = _inputs_code()
+    kept_inputs = json.loads(done.read_text()) if done.is_file() else {}
+    if kept_inputs.get("code") == made_by:
+        hub = kept_inputs["hubert"]
         face = place / "face_512x512.png"
     else:
-        if kept is not None:  # a run stopped while writing them
+        if kept is not None:  # a run stopped while writing them, or other fixtures made them
             shutil.rmtree(place, ignore_errors=True)
         hub = write_inputs(place / "ckpt", reduced, hubert)
         face = _face_png(place, 512, 512)
-        write_atomic(done, json.dumps(hub))
+        write_atomic(done, json.dumps({"code": made_by, "hubert": hub}))
     return ["--checkpoints", str(place / "ckpt"), "--avatar", str(face)], hub, speech
 
 

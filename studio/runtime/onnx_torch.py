@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from studio.errors import InputError, OutputError, StudioError
 from studio.files import write_atomic
+from studio.paths import code_digest
 from studio.runtime.onnx_mapped import Initializers, read_mapped
 from studio.runtime.onnx_torch_ops import CONVERTERS, Node, Unsupported, onnx_dtype
 
@@ -210,14 +211,11 @@ PLAN_FORMAT = 1  # PlanShapes' file layout; a file of another is planned again
 
 @functools.cache
 def _planner_code() -> str:
-    """SHA-256 of the planner's and the converters' source: a plan kept by other code (an
+    """The planner's and the converters' source, digested: a plan kept by other code (an
     upgrade) is planned again."""
     from studio.runtime import onnx_torch_ops
 
-    h = hashlib.sha256()
-    for module in (__file__, onnx_torch_ops.__file__):
-        h.update(Path(module).read_bytes())
-    return h.hexdigest()
+    return code_digest(__file__, onnx_torch_ops.__file__)
 
 
 def _shape(value: Any) -> tuple[int, ...]:

@@ -286,10 +286,12 @@ def test_the_summary_finds_the_main_thread_wherever_py_spy_lists_it(tmp_path: Pa
     assert steps == ["cmd_render > analyze", "cmd_render > start_video"]
 
 
-def test_inputs_kept_in_the_cache_are_written_once(tmp_path: Path) -> None:
+def test_inputs_kept_in_the_cache_are_written_once(tmp_path: Path, monkeypatch) -> None:
     """With a kept --cache the random tree and face are written once and reused by later runs
     (as a user's checkpoint folder is: what the studio keeps by a file's path and time serves
-    a later run's first render too); a tree a stopped run left unfinished is written again."""
+    a later run's first render too); a tree a stopped run left unfinished, or other fixtures
+    wrote, is written again."""
+    from studio.bench import warmstart
     from studio.bench.warmstart import _inputs
 
     kept = tmp_path / "cache" / "bench-inputs"
@@ -309,3 +311,6 @@ def test_inputs_kept_in_the_cache_are_written_once(tmp_path: Path) -> None:
     third, _, _ = inputs("w3")
     assert third == args and (kept / "reduced-standin" / "inputs.json").is_file()
     assert files[0].stat().st_mtime_ns != times[0]
+    times = [p.stat().st_mtime_ns for p in files]
+    monkeypatch.setattr(warmstart, "_inputs_code", lambda: "other fixtures")
+    assert inputs("w4")[1] == hub and files[0].stat().st_mtime_ns != times[0]
