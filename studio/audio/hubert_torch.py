@@ -137,12 +137,11 @@ class TorchHubert:
 
 @functools.lru_cache(maxsize=2)
 def _cached_graph(
-    path: str, _mtime_ns: int, _size: int, split_len: int, device: str
+    path: str, mtime_ns: int, size: int, split_len: int, device: str
 ) -> OnnxTorchGraph:
     """One planned graph per file, chunk length and device (the weights live on the device);
     its shapes kept for the next process (:class:`~studio.runtime.onnx_torch.PlanShapes`)."""
     p = Path(path)
-    st = p.stat()  # before the read: a file replaced meanwhile is planned again next time
     try:
         model = read_onnx(p)
     except InputError as e:
@@ -150,4 +149,6 @@ def _cached_graph(
     check_signature(*onnx_ports(model), p, split_len)
     shapes = {INPUT_NAME: (1, split_len)}
     plans = compiled_cache_dir() / PLAN_FOLDER
-    return OnnxTorchGraph(model, shapes, device, str(p), (OUTPUT_NAME,), plans, st)
+    # the caller's stat, taken before the read: a file replaced meanwhile is planned again
+    version = (size, mtime_ns)
+    return OnnxTorchGraph(model, shapes, device, str(p), (OUTPUT_NAME,), plans, version)

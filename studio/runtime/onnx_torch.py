@@ -117,7 +117,8 @@ class OnnxTorchGraph(nn.Module):
     maps a leading item axis over ``forward``. ``source`` is the model's file (in messages,
     and its folder holds any external data, as :func:`read_onnx` leaves the weights).
     ``plan_cache``: a folder where the plan's shapes are kept for later processes
-    (:class:`PlanShapes`; ``stat``: the model file's, taken before ``model`` was read);
+    (:class:`PlanShapes`; ``version``: the model file's (size, mtime_ns), taken before
+    ``model`` was read);
     ``planned_from`` then says whether they came from there.
     """
 
@@ -129,7 +130,7 @@ class OnnxTorchGraph(nn.Module):
         source: str = "<model>",
         outputs: Sequence[str] | None = None,
         plan_cache: str | os.PathLike[str] | None = None,
-        stat: os.stat_result | None = None,
+        version: tuple[int, int] | None = None,
     ) -> None:
         super().__init__()
         self.source = source
@@ -137,10 +138,10 @@ class OnnxTorchGraph(nn.Module):
         inputs, ports = onnx_ports(model)
         self.input_names = tuple(p.name for p in inputs)
         self.output_names = tuple(p.name for p in ports) if outputs is None else tuple(outputs)
-        shapes = PlanShapes.of(plan_cache, source, input_shapes, self.output_names, stat)
+        shapes = PlanShapes.of(plan_cache, source, input_shapes, self.output_names, version)
         self.planned_from = "cache" if shapes.loaded else "meta tensors"
         # weights bound for another device may stay mapped from the file until they move
-        plan = _Planner(model, source, mapped=self.device.type != "cpu", shapes=shapes)
+        plan = _Planner(model, source, shapes, mapped=self.device.type != "cpu")
         metas = {p.name: plan.add_input(p, input_shapes) for p in inputs}
         plan.run()
         self.input_shapes = tuple(tuple(m.shape) for m in metas.values())
@@ -254,20 +255,22 @@ class PlanShapes:
         source: str,
         input_shapes: Mapping[str, Sequence[int]],
         outputs: Sequence[str],
-        stat: os.stat_result | None = None,
+        version: tuple[int, int] | None = None,
     ) -> PlanShapes:
         """The kept shapes of ``source`` planned for these inputs (none: an empty record, kept
         once planned); without ``folder`` or a model file, a record that is never saved.
-        ``stat``: the file's, taken before it was read (else now)."""
-        try:
-            st = Path(source).stat() if stat is None else stat
-        except OSError:
-            return cls(None, {})
+        ``version``: the file's (size, mtime_ns), taken before it was read (else now)."""
+        if version is None:
+            try:
+                st = Path(source).stat()
+            except OSError:
+                return cls(None, {})
+            version = (st.st_size, st.st_mtime_ns)
         key = {
             "format": PLAN_FORMAT,
             "source": str(Path(source).resolve()),
-            "size": st.st_size,
-            "mtime_ns": st.st_mtime_ns,
+            "size": version[0],
+            "mtime_ns": version[1],
             "inputs": {n: [int(d) for d in s] for n, s in sorted(input_shapes.items())},
             "outputs": list(outputs),
             "torch": torch.__version__,
@@ -339,11 +342,8 @@ class PlanShapes:
 class _Planner:
     """Walks the graph once: folds what the host knows, records the rest as steps."""
 
-    def __init__(
-        self, model: Any, source: str, mapped: bool = False, shapes: PlanShapes | None = None
-    ) -> None:
-        self.model, self.source = model, source
-        self.shapes = PlanShapes(None, {}) if shapes is None else shapes
+    def __init__(self, model: Any, source: str, shapes: PlanShapes, mapped: bool = False) -> None:
+        self.model, self.source, self.shapes = model, source, shapes
         self.opset = next(
             (o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS), 1
         )
