@@ -307,6 +307,15 @@ def _inputs_code() -> str:
     return code_digest(*(str(m.__file__) for m in modules))
 
 
+def _kept_inputs(done: Path) -> dict[str, Any]:
+    """The record of inputs written whole ({}: none, or one damaged: they are written again)."""
+    try:
+        record = json.loads(done.read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) and "hubert" in record else {}
+
+
 def _inputs(
     work: Path,
     engine: str,
@@ -340,7 +349,7 @@ def _inputs(
     place = work if kept is None else kept / f"{'reduced' if reduced else 'full'}-{hubert}"
     done = place / _INPUTS_DONE
     made_by = _inputs_code()
-    kept_inputs = json.loads(done.read_text()) if done.is_file() else {}
+    kept_inputs = _kept_inputs(done)
     if kept_inputs.get("code") == made_by:
         hub = kept_inputs["hubert"]
         face = place / "face_512x512.png"

@@ -289,8 +289,8 @@ def test_the_summary_finds_the_main_thread_wherever_py_spy_lists_it(tmp_path: Pa
 def test_inputs_kept_in_the_cache_are_written_once(tmp_path: Path, monkeypatch) -> None:
     """With a kept --cache the random tree and face are written once and reused by later runs
     (as a user's checkpoint folder is: what the studio keeps by a file's path and time serves
-    a later run's first render too); a tree a stopped run left unfinished, or other fixtures
-    wrote, is written again."""
+    a later run's first render too); a tree a stopped run left unfinished, other fixtures
+    wrote, or whose record is damaged, is written again."""
     from studio.bench import warmstart
     from studio.bench.warmstart import _inputs
 
@@ -314,3 +314,8 @@ def test_inputs_kept_in_the_cache_are_written_once(tmp_path: Path, monkeypatch) 
     times = [p.stat().st_mtime_ns for p in files]
     monkeypatch.setattr(warmstart, "_inputs_code", lambda: "other fixtures")
     assert inputs("w4")[1] == hub and files[0].stat().st_mtime_ns != times[0]
+    times = [p.stat().st_mtime_ns for p in files]
+    for damaged in ("{not json", "[]"):
+        (kept / "reduced-standin" / "inputs.json").write_text(damaged)
+        assert inputs(f"w5{len(damaged)}")[1] == hub and files[0].stat().st_mtime_ns != times[0]
+        times = [p.stat().st_mtime_ns for p in files]
