@@ -35,7 +35,6 @@ import hashlib
 import json
 import logging
 import os
-import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -48,6 +47,7 @@ from studio.files import write_atomic
 from studio.paths import build_lock
 from studio.runtime.engine_cache import file_sha256
 from studio.runtime.grid_gather import GatheredGridSample
+from studio.runtime.network_digest import code_sha256, weights_sha256
 
 AOT_FORMAT = 4  # bump when the build recipe changes what a package contains (4: output-checked)
 PROXY_EXECUTOR_SIGN = "missing a c-shim implementation"  # torch._inductor.ir's warning
@@ -57,30 +57,10 @@ NO_PACKAGES = "this torch cannot load compiled packages here"
 _log = logging.getLogger(__name__)
 
 
-_HASHES: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
 # why a compiled runner does not compute its network's outputs (None: it does); given by the
 # engine, which knows the precision's tolerance
 Check = Callable[[Callable[..., Any]], str | None]
 R = TypeVar("R")  # what a compiled file loads as (a package's runner, a bound artifact)
-
-
-def weights_sha256(module: nn.Module) -> str:
-    """SHA-256 over the module's parameters and buffers (names, dtypes, shapes, bytes); kept
-    per module (the engines of every batch size share one network's weights)."""
-    known = _HASHES.get(module)
-    if known is None:
-        known = _HASHES[module] = _hash_weights(module)
-    return known
-
-
-def _hash_weights(module: nn.Module) -> str:
-    h = hashlib.sha256()
-    for name, t in sorted(
-        {**dict(module.named_parameters()), **dict(module.named_buffers())}.items()
-    ):
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-        h.update(t.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def _device_facts(device: torch.device) -> tuple[str, str, str | None]:
@@ -106,6 +86,7 @@ class AotKey:
     capability: str
     torch_version: str
     cuda_version: str | None
+    code_sha256: str = ""  # the network's source (studio.runtime.network_digest)
     format: int = AOT_FORMAT
 
     @classmethod
@@ -129,6 +110,7 @@ class AotKey:
             cap,
             torch.__version__,
             cuda,
+            code_sha256(module),
         )
 
     def digest(self) -> str:

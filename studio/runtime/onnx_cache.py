@@ -44,6 +44,7 @@ from studio.errors import OutputError
 from studio.files import write_atomic
 from studio.paths import build_lock
 from studio.runtime.engine_cache import file_sha256
+from studio.runtime.network_digest import code_sha256, weights_sha256
 
 __all__ = [
     "EXPORT_FORMAT",
@@ -51,7 +52,6 @@ __all__ = [
     "export_for_engine",
     "export_notice",
     "export_purpose",
-    "module_digest",
     "onnx_cache_key",
 ]
 
@@ -110,25 +110,22 @@ def export_notice(
     return f"exporting {network} to ONNX {what}(≈ {_human(size)}, once{extra}) into {folder}"
 
 
-def module_digest(module: nn.Module) -> str:
-    """SHA-256 over the state dict's names, dtypes, shapes and bytes (device independent)."""
-    h = hashlib.sha256()
-    for name, t in module.state_dict().items():
-        data = t.detach().to("cpu").contiguous().reshape(-1)
-        h.update(f"{name}|{str(t.dtype)}|{tuple(t.shape)}|".encode())
-        if data.numel():
-            h.update(data.view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
 def onnx_cache_key(
-    network: str, digest: str, batch: int, precision: str, opset: int, cls: str = ""
+    network: str,
+    digest: str,
+    batch: int,
+    precision: str,
+    opset: int,
+    cls: str,
+    code: str,
 ) -> str:
-    """A short key over everything that changes the exported file."""
+    """A short key over everything that changes the exported file (``digest``: the weights',
+    ``code``: the network's source, :mod:`studio.runtime.network_digest`)."""
     fields = {
         "format": EXPORT_FORMAT,
         "network": network,
         "class": cls,
+        "code": code,
         "weights": digest,
         "batch": batch,
         "precision": precision,
@@ -162,8 +159,15 @@ def export_for_engine(
 
     graph_precision = {"tf32": "fp32", "fp8": "fp16", "int8": "fp16"}.get(precision, precision)
     opset = DEFAULT_OPSET if opset is None else opset
-    digest = module_digest(module)
-    key = onnx_cache_key(network, digest, batch, graph_precision, opset, type(module).__name__)
+    key = onnx_cache_key(
+        network,
+        weights_sha256(module),
+        batch,
+        graph_precision,
+        opset,
+        type(module).__name__,
+        code_sha256(module),
+    )
     from studio.models import REGISTRY
 
     stem = REGISTRY[network].onnx_file.removesuffix(".onnx") if network in REGISTRY else network

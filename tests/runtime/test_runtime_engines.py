@@ -14,7 +14,8 @@ from studio.fixtures.random_tree import random_network, write_checkpoint_tree
 from studio.models import NETWORK_NAMES
 from studio.runtime.base import Engine
 from studio.runtime.factory import make_engine
-from studio.runtime.onnx_cache import export_for_engine, module_digest
+from studio.runtime.network_digest import weights_sha256
+from studio.runtime.onnx_cache import export_for_engine
 from studio.runtime.onnxruntime_backend import OrtEngine
 from studio.runtime.precision import (
     DEFAULT_PRECISION,
@@ -79,7 +80,7 @@ def test_export_cache_reuses_and_keys_on_weights(nets, onnx_dir, one_torch_threa
     assert export_for_engine("stitch_network", m, onnx_dir, verify=False) == first
     assert first.stat().st_mtime_ns == mtime  # reused, not rewritten
     other = random_network("stitch_network", reduced=True, seed=1)
-    assert module_digest(other) != module_digest(m)
+    assert weights_sha256(other) != weights_sha256(m)
     assert export_for_engine("stitch_network", other, onnx_dir, verify=False) != first
     assert export_for_engine("stitch_network", m, onnx_dir, batch=3, verify=False) != first
 
