@@ -229,9 +229,10 @@ def test_a_sampled_process_says_its_steps_in_order_and_where_each_thread_was(
     main = text.split("== ")[1]  # the main thread's part comes first
     assert json.loads((keep / "r0.6.speedscope.json").read_text())["profiles"]
     steps = [ln.split(" s  ", 1)[1] for ln in main.splitlines()[1:] if " s  " in ln]
+    # the two long steps (a step under 50 ms, as starting the video can be, is folded away)
+    prepared = next(i for i, s in enumerate(steps) if s.startswith("_prepare_engine > prep"))
     opened = next(i for i, s in enumerate(steps) if s.startswith("_open_engine"))
-    video = next(i for i, s in enumerate(steps) if s.startswith("cmd_render > start_video"))
-    assert opened < video
+    assert prepared < opened
     assert text.count("== Thread") >= 2  # the others (the encoder's, the VAD's) sampled too
 
 
