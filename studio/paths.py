@@ -62,7 +62,9 @@ def code_digest(*sources: str | os.PathLike[str]) -> str:
     made by other code (an upgrade) is made again."""
     h = hashlib.sha256()
     for source in sources:
-        h.update(Path(source).read_bytes())
+        data = Path(source).read_bytes()
+        h.update(len(data).to_bytes(8, "little"))  # where one file ends and the next begins
+        h.update(data)
     return h.hexdigest()
 
 

@@ -7,8 +7,9 @@ first frame. An AOTInductor package is the compiled network itself: exported onc
 by a later process in well under a second, as a TensorRT engine is.
 
 Each package ``<cache>/aot/<network>-<precision>-b<batch>-<key digest>.pt2`` has a JSON
-beside it with its :class:`AotKey` (the network's weights' SHA-256, precision and policy,
-batch, device and compute capability, torch and CUDA versions) and the package's own SHA-256.
+beside it with its :class:`AotKey` (the SHA-256 of the network's weights and that of its code,
+:mod:`studio.runtime.network_digest`; precision and policy, batch, device and compute
+capability, torch and CUDA versions) and the package's own SHA-256.
 :func:`load` checks both before loading: a stale or corrupted package is not loaded and the
 reason is said; :func:`build` writes a new one atomically under the package's file lock, so
 two processes build it once.

@@ -12,12 +12,14 @@ fp32 the ONNX Runtime parity check) wrapped in a
   policy. Half graphs are not verified in ONNX Runtime (its CPU provider lacks most half
   kernels); the TensorRT build checks them.
 
-The file name carries a key over the network, batch, precision, opset, torch version and a
-SHA-256 of the module's state dict, so a changed checkpoint is exported anew and an unchanged
-one is reused. Beside each file its SHA-256 is recorded (``NAME.onnx.sha256``): a kept file
-that is not the one written (damaged on disk, cut short) is said and exported again, never
-run. Concurrent processes export a file once: the export holds
-:func:`studio.paths.build_lock`, and a process that waited for it finds the file made.
+The file name carries a key over the network, batch, precision, opset, torch version, the
+SHA-256 of the module's weights and that of the code of the network and of its export
+(:mod:`studio.runtime.network_digest`), so a changed checkpoint or a studio upgrade that
+changes the graph is exported anew and an unchanged one is reused. Beside each file its
+SHA-256 is recorded (``NAME.onnx.sha256``): a kept file that is not the one written (damaged
+on disk, cut short) is said and exported again, never run. Concurrent processes export a
+file once: the export holds :func:`studio.paths.build_lock`, and a process that waited for it
+finds the file made.
 
 Before an export writes a file (hundreds of MB for the full-size warp network) it says so,
 with the size estimated from the network's parameters, through ``log`` when the caller
@@ -166,7 +168,7 @@ def export_for_engine(
         graph_precision,
         opset,
         type(module).__name__,
-        code_sha256(module),
+        code_sha256(module, __name__),  # the network's code and the export's
     )
     from studio.models import REGISTRY
 
