@@ -728,7 +728,7 @@ def _after_ctrl_c() -> str:
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
-    from studio.batch.jobs import read_jobs
+    from studio.batch.jobs import check_outputs, read_jobs
     from studio.batch.run import (
         REPORT_FILE,
         EngineOptions,
@@ -758,6 +758,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
         discover(args.checkpoints)
     jobs = read_jobs(args.jobs, settings, args.avatar)
+    check_outputs(jobs, out_dir, args.jobs, None if is_stdout(report_path) else report_path)
     options = EngineOptions(args.checkpoints, args.device, args.avatar_cache)
     for note in check_engines(jobs, options):  # as render checks its engine, once each
         print(f"studio batch: note: {note}", file=sys.stderr)

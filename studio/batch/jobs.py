@@ -24,13 +24,20 @@ import csv
 import difflib
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from studio.errors import InputError, OutputError, StudioError
-from studio.export.video import OUTPUT_SUFFIXES, check_alpha_output
+from studio.export.video import (
+    OUTPUT_SUFFIXES,
+    PNG_SEQUENCE,
+    check_alpha_output,
+    check_sequence_folder,
+    written_path,
+)
 from studio.settings import RenderSettings, keys
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".mp3", ".m4a", ".aac", ".aiff", ".aif", ".opus")
@@ -216,7 +223,7 @@ def _read_jsonl(path: Path) -> list[tuple[str, dict[str, Any]]]:
 
 def _read_csv(path: Path) -> list[tuple[str, dict[str, Any]]]:
     lines = _text(path).splitlines()
-    reader = csv.DictReader(lines)
+    reader = csv.DictReader(lines, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
     if not reader.fieldnames or "audio" not in [f.strip() for f in reader.fieldnames]:
         raise InputError(f"{path}:1: a CSV of jobs starts with a header row naming audio")
     rows = []
@@ -235,11 +242,15 @@ def _read_csv(path: Path) -> list[tuple[str, dict[str, Any]]]:
 
 def _text(path: Path) -> str:
     try:
+        if not path.is_file():  # a FIFO or a device would be read until it ends, if ever
+            raise InputError(f"{path}: not a file; give a .jsonl or .csv file of jobs")
         if path.stat().st_size > MAX_JOBS_BYTES:
             raise InputError(f"{path}: too large for a list of jobs")
         return path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError:
-        raise InputError(f"{path}: not a text file of jobs (JSONL or CSV)") from None
+        raise InputError(
+            f"{path}: not UTF-8 text; save the list of jobs as UTF-8 (JSONL or CSV)"
+        ) from None
     except OSError as e:
         raise InputError(f"{path}: cannot read the jobs: {e.strerror or e}") from None
 
@@ -296,11 +307,84 @@ def read_jobs(
         except StudioError as e:
             text = str(e)
             raise InputError(text if text.startswith(where) else f"{where}: {text}") from None
-        if job.name in seen:
-            raise InputError(
-                f"{where}: output {job.name!r} is also written by {seen[job.name]}; give each "
-                f'job its own "output"'
+        written = str(written_path(job.name))  # x.png and x.PNG: one folder x/
+        if written in seen:
+            fix = (
+                "rename one of the two audio files (a folder's outputs are named after them)"
+                if path.is_dir()
+                else 'give each job its own "output"'
             )
-        seen[job.name] = where
+            raise InputError(
+                f"{where}: output {job.name!r} is also written by {seen[written]}; {fix}"
+            )
+        seen[written] = where
         jobs.append(job)
     return jobs
+
+
+def _identity(path: str | Path | None) -> tuple[int, int] | None:
+    """The file's (device, inode), through links; None where there is none."""
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def check_outputs(
+    jobs: Sequence[Job],
+    out_dir: str | Path,
+    source: str | Path | None,
+    report: str | Path | None = None,
+) -> None:
+    """Before any work, an :class:`~studio.errors.OutputError` where a job's output would
+    overwrite a file the batch reads (a job's audio, avatar, controls or preset, the JOBS file
+    ``source`` if any), or a PNG sequence's folder holds anything but an earlier export of it; and
+    where ``report`` (``--report``) is one of those inputs or outputs."""
+    inputs: dict[tuple[int, int], str] = {}
+    if source is not None and (key := _identity(source)) is not None and Path(source).is_file():
+        inputs[key] = f"the jobs file {source}"
+    for job in jobs:
+        preset = job.extra.get("preset")
+        preset_file = isinstance(preset, str) and preset.strip().lower().endswith(".json")
+        folder = Path(job.source.rsplit(":", 1)[0]).parent
+        named = {
+            "audio": job.audio,
+            "avatar": job.avatar,
+            "controls": job.controls,
+            "preset": str(folder / preset.strip()) if preset_file else None,
+        }
+        for what, path in named.items():
+            if (key := _identity(path)) is not None:
+                inputs.setdefault(key, f"the {what} of {job.source} ({path})")
+    out = Path(out_dir)
+    outputs: dict[tuple[int, int], str] = {}
+    targets: dict[Path, str] = {}
+    for job in jobs:
+        target = out / written_path(job.name)
+        targets[target.absolute()] = f"the output of {job.source}"
+        if Path(job.name).suffix.lower() == PNG_SEQUENCE:
+            try:
+                check_sequence_folder(out / job.name)
+            except OutputError as e:
+                raise OutputError(f"{job.source}: output: {e}") from None
+        if (key := _identity(target)) is None:
+            continue
+        if key in inputs:
+            raise OutputError(
+                f"{job.source}: output {target}: is also {inputs[key]} and would be "
+                'overwritten; give the job an "output" of its own or another --out-dir'
+            )
+        outputs[key] = f"the output of {job.source}"
+    if report is None:
+        return
+    key = _identity(report)
+    clash = inputs.get(key) or outputs.get(key) if key is not None else None
+    clash = clash or targets.get(Path(report).absolute())  # an output not written yet
+    if clash:
+        raise OutputError(
+            f"--report {report}: is also {clash} and would be overwritten; give the report a "
+            "file of its own"
+        )

@@ -373,10 +373,15 @@ def audio_seconds(job: Job) -> float:
     return declared_seconds(job.audio) or 0.0
 
 
-def _sweep_partials(out: Path) -> None:
-    """Remove the partial outputs an interrupted batch left (``.NAME.partial-…``, files or
-    PNG folders): with the folder's lock held, no writer of this folder is alive."""
+def _sweep_partials(out: Path, jobs: Sequence[Job]) -> None:
+    """Remove the partial outputs an interrupted batch left of its jobs' outputs
+    (``.NAME.partial-…``, files or PNG folders): with the folder's lock held, no batch writes
+    them. Those of other names are another program's (a render writing into the folder)."""
+    stems = {Path(job.name).stem for job in jobs}
+    stems |= {os.fsdecode(os.fsencode(stem)[:200]) for stem in stems}  # as a video's is cut
     for stale in out.glob(".*.partial-*"):
+        if stale.name[1:].rsplit(".partial-", 1)[0] not in stems:
+            continue
         if stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
         else:
@@ -463,7 +468,7 @@ def _run_batch(
 ) -> dict[str, Any]:
     started = time.perf_counter()
     with BatchState.open(out) as state:
-        _sweep_partials(out)
+        _sweep_partials(out, jobs)
         todo, skipped, again = plan(jobs, state, retry_failed, options)
         seconds = {job.name: audio_seconds(job) for job in todo}  # skipped jobs: no reading
         bar = BatchProgress(len(jobs), sum(seconds.values()))
@@ -476,27 +481,41 @@ def _run_batch(
             if on_job is not None:
                 on_job(rec)
         run = (runner or _run_here)(todo, out, options, progress, cancel, on_start)
-        started_up = True
+        started_up, stopped = True, False
         try:
             for rec in run:
                 if rec["name"] in again:
                     rec = {**rec, "again": again[rec["name"]]}
                 records[rec["name"]] = rec
+                bar.job(rec, seconds.get(rec["name"], 0.0))  # said first: a full disk
+                if on_job is not None:  # stops the state's write, not the job's line
+                    on_job(rec)
                 kept = {k: v for k, v in rec.items() if k not in ("was", "again")}
                 state.record(rec["name"], kept)
-                bar.job(rec, seconds.get(rec["name"], 0.0))
-                if on_job is not None:
-                    on_job(rec)
         except StudioError:
             started_up = len(records) > len(skipped)  # else: the runner could not start
+            stopped = True
+            raise
+        except BaseException:
+            stopped = True
             raise
         finally:
             if hasattr(run, "close"):  # a job rendered but not recorded is not kept either
                 run.close()
             report = batch_report(jobs, records, time.perf_counter() - started)
             if started_up:
-                write_json(out / REPORT_FILE, report)
+                _write_report(out / REPORT_FILE, report, stopped)
     return report
+
+
+def _write_report(path: Path, report: dict[str, Any], stopped: bool) -> None:
+    """The batch's report; where the batch was stopped by an error (a full disk: the state
+    could not be saved), one the report cannot be written for either does not hide it."""
+    try:
+        write_json(path, report)
+    except StudioError:
+        if not stopped:
+            raise
 
 
 def _run_here(

@@ -4,8 +4,9 @@ transparent background) and ``NAME.wav``, the clip's audio as it was read — wh
 editor imports as an image sequence with its sound.
 
 Atomic like the video writer: the frames go to a hidden folder beside the target, which is
-renamed onto ``NAME/`` only when everything succeeded (an earlier ``NAME/`` is replaced
-whole), so a failed or cancelled export leaves the old folder or none.
+renamed onto ``NAME/`` only when everything succeeded (an earlier export in ``NAME/`` is
+replaced whole; a folder of anything else is refused, never removed), so a failed or
+cancelled export leaves the old folder or none.
 """
 
 from __future__ import annotations
@@ -24,7 +25,13 @@ import numpy as np
 
 from studio.audio.io import Audio
 from studio.errors import Cancelled
-from studio.export.video import PNG_SEQUENCE, AtomicWriter, check_output_path, png_folder
+from studio.export.video import (
+    PNG_SEQUENCE,
+    AtomicWriter,
+    check_output_path,
+    check_sequence_folder,
+    png_folder,
+)
 from studio.layout import FPS
 
 PNG_COMPRESSION = 3  # zlib level: a 512² RGBA frame in a few ms, a third larger than level 9
@@ -137,6 +144,7 @@ class PngSequenceWriter(AtomicWriter):
         if self.audio is not None:
             self._write_audio(self._tmp)
         old = None
+        check_sequence_folder(self.path.with_name(self.path.name + PNG_SEQUENCE))  # filled since
         if self.path.exists():
             old = self.path.with_name(f".{self.name}.old-{secrets.token_hex(4)}")
             self.path.rename(old)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import secrets
 import threading
 import time
@@ -122,8 +123,14 @@ CONTAINERS = {
         "webm", "WebM (VP9)", "vp9", "libvpx-vp9", "yuv420p", "yuva420p", "libopus", (48000,)
     ),
     ".mov": Container(
-        "mov", "QuickTime (ProRes 4444)", "prores", "prores_ks", "yuv422p10le", "yuva444p10le",
-        "pcm_s16le", None,
+        "mov",
+        "QuickTime (ProRes 4444)",
+        "prores",
+        "prores_ks",
+        "yuv422p10le",
+        "yuva444p10le",
+        "pcm_s16le",
+        None,
     ),
 }
 PNG_SEQUENCE = ".png"  # an output named NAME.png is a folder NAME/ of PNG frames and the audio
@@ -174,11 +181,8 @@ def check_output_path(path: str | os.PathLike) -> Path:
         raise OutputError(
             f"Output folder '{folder}' for '{p.name}' is not a folder; choose another location."
         )
-    if p.suffix.lower() == PNG_SEQUENCE and png_folder(p).exists() and not png_folder(p).is_dir():
-        raise OutputError(
-            f"'{png_folder(p)}' is a file; a PNG sequence '{p.name}' is written to a folder of "
-            "that name: choose another name."
-        )
+    if p.suffix.lower() == PNG_SEQUENCE:
+        check_sequence_folder(p)
     probe = folder / f".studio-probe-{secrets.token_hex(4)}"  # short: any legal name passes
     try:
         fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
@@ -190,6 +194,33 @@ def check_output_path(path: str | os.PathLike) -> Path:
     os.close(fd)
     os.unlink(probe)
     return p
+
+
+def check_sequence_folder(path: str | os.PathLike) -> None:
+    """OutputError unless the folder a PNG sequence ``NAME.png`` goes to is absent or holds
+    only an earlier export of it (``NAME_000001.png``…, ``NAME.wav``), which the new one
+    replaces whole: a folder of anything else is never removed."""
+    p = Path(path)
+    folder = png_folder(p)
+    if not folder.exists():
+        return
+    if not folder.is_dir():
+        raise OutputError(
+            f"'{folder}' is a file; a PNG sequence '{p.name}' is written to a folder of that "
+            "name: choose another name."
+        )
+    own = re.compile(rf"{re.escape(folder.name)}(_\d+\.png|\.wav)")
+    try:
+        others = sorted(
+            e.name for e in folder.iterdir() if not (own.fullmatch(e.name) and e.is_file())
+        )
+    except OSError as e:
+        raise OutputError(f"cannot read the folder '{folder}': {e.strerror or e}") from None
+    if others:
+        raise OutputError(
+            f"'{folder}' holds {others[0]!r}, not only an earlier PNG sequence '{p.name}', which "
+            "would replace the folder whole: choose another name or empty the folder."
+        )
 
 
 def png_folder(path: str | os.PathLike) -> Path:

@@ -45,7 +45,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from studio.batch.jobs import AUDIO_SUFFIXES, Job, audio_files, with_output_type
+from studio.batch.jobs import (
+    AUDIO_SUFFIXES,
+    Job,
+    audio_files,
+    check_outputs,
+    with_output_type,
+)
 from studio.batch.run import (
     REPORT_FILE,
     EngineOptions,
@@ -546,6 +552,7 @@ class BatchWindow(QWidget):
         options = EngineOptions(self.checkpoints, device=None, avatar_cache=None)
         try:
             jobs = self.jobs()
+            check_outputs(jobs, out, None)  # as the command checks them, before any work
         except StudioError as e:
             return self._refuse(one_line(e))
         try:

@@ -86,6 +86,10 @@ def test_jobs_from_jsonl_csv_and_a_folder(clips: Path, monkeypatch) -> None:
         ('{"output": "x.mp4"}\n', "jobs.jsonl:1: no audio"),
         ('{"audio": "a.wav", "size": -3}\n', "jobs.jsonl:1: size"),
         ('{"audio": "a.wav"}\n{"audio": "a.wav"}\n', "jobs.jsonl:2: output 'a.mp4' is also"),
+        (  # one folder x/ for both
+            '{"audio": "a.wav", "output": "x.png"}\n{"audio": "b.wav", "output": "x.PNG"}\n',
+            "jobs.jsonl:2: output 'x.PNG' is also written by",
+        ),
         ('{"audio": "a.wav", "output": "../x.mp4"}\n', "must be a file name"),
         ('{"audio": "a.wav", "output": ".x.partial-1.mp4"}\n', "starts with a letter or digit"),
         ('{"audio": "a.wav", "output": "a\\u0000b.mp4"}\n', "no control characters"),
@@ -215,18 +219,91 @@ def test_a_changed_job_or_a_lost_output_runs_again(clips: Path) -> None:
     assert state.jobs["a.mp4"]["status"] == "done" and (out / STATE_FILE).is_file()
 
 
+@pytest.mark.timeout(60)  # a FIFO read as a file would wait for a writer
+def test_a_list_that_is_not_a_file_tab_separated_or_a_folder_of_one_name(clips: Path) -> None:
+    import os
+
+    os.mkfifo(clips / "jobs_fifo.jsonl")  # would be read until a writer closes it, if ever
+    with pytest.raises(InputError, match="jobs_fifo.jsonl: not a file"):
+        read_jobs(clips / "jobs_fifo.jsonl")
+    (clips / "jobs.tsv").write_text("audio\toutput\tsmooth_window\na.wav\tx.mp4\t9\n")
+    (job,) = read_jobs(clips / "jobs.tsv")
+    assert (job.name, job.settings.smooth_window) == ("x.mp4", 9)
+    (clips / "latin.csv").write_bytes("audio,output\na.wav,caf\xe9.mp4\n".encode("latin-1"))
+    with pytest.raises(InputError, match="latin.csv: not UTF-8 text; save the list"):
+        read_jobs(clips / "latin.csv")
+    folder = clips / "takes"
+    folder.mkdir()
+    for name in ("a.wav", "a.flac"):
+        (folder / name).write_bytes((clips / "a.wav").read_bytes())
+    with pytest.raises(InputError, match="rename one of the two audio files"):
+        read_jobs(folder)
+
+
+def test_no_output_or_report_overwrites_what_the_batch_reads_or_writes(clips: Path, capsys) -> None:
+    """Refused before any work, the files left as they were: a job's output that is its own
+    audio (a video's sound), a PNG sequence whose folder holds other files (the jobs' own
+    folder), a --report that is the jobs file, an audio file or a job's output."""
+    import shutil
+
+    shutil.copy(clips / "a.wav", clips / "talk.mp4")  # speech in an .mp4, as phones save it
+    (clips / "own.jsonl").write_text(json.dumps({"audio": "talk.mp4", "size": SIZE}) + "\n")
+    before = (clips / "talk.mp4").read_bytes()
+    argv = ["batch", str(clips / "own.jsonl"), "--out-dir", str(clips), "--demo"]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and "own.jsonl:1: output" in err and "is also the audio of" in err
+    assert (clips / "talk.mp4").read_bytes() == before and "Traceback" not in err
+    assert not (clips / STATE_FILE).exists()
+    inside = clips / "victim"
+    inside.mkdir()
+    shutil.copy(clips / "a.wav", inside / "a.wav")
+    line = {"audio": "a.wav", "output": "victim.png", "size": SIZE}
+    (inside / "jobs.jsonl").write_text(json.dumps(line) + "\n")
+    argv = ["batch", str(inside / "jobs.jsonl"), "--out-dir", str(clips), "--demo"]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and "holds 'a.wav', not only an earlier PNG sequence" in err
+    assert sorted(p.name for p in inside.iterdir()) == ["a.wav", "jobs.jsonl"]
+    jobs_file = clips / "jobs.jsonl"
+    text = jobs_file.read_text()
+    out = clips / "o"
+    out.mkdir()
+    for report in (jobs_file, clips / "a.wav", out / "second.mp4"):  # the last: not yet made
+        argv = ["batch", str(jobs_file), "--out-dir", str(out), "--demo", "--report", str(report)]
+        code, _, err = run_cli(argv, capsys)
+        assert code == 2 and f"--report {report}: is also" in err, err
+        assert jobs_file.read_text() == text and not any(out.iterdir())
+
+
+def test_a_full_disk_under_the_state_says_the_jobs_line_first(clips: Path, monkeypatch) -> None:
+    """The state cannot be saved (the disk is full): the job's own line is said, and the
+    report's failing write (the same disk) does not hide the state's error."""
+    from studio.batch import run as batch_run
+
+    def full(path: object, *_: object, **__: object) -> None:
+        raise OutputError(f"cannot write {path}: No space left on device")
+
+    monkeypatch.setattr(batch_run.BatchState, "save", lambda self: full(self.path))
+    monkeypatch.setattr(batch_run, "write_json", full)  # the report, on the same disk
+    lines: list[str] = []
+    with pytest.raises(OutputError, match=re.escape(STATE_FILE)):
+        run_batch(read_jobs(clips / "jobs.jsonl")[:1], clips / "out", say=lines.append)
+    assert any("a.mp4" in line for line in lines), lines
+
+
 def test_other_weights_make_the_jobs_again_and_stale_partial_files_go(clips: Path) -> None:
     """A rerun skips a finished job only while the checkpoint folder's files are the same;
-    partial outputs an interrupted batch left are removed when the next one starts."""
+    partial outputs an interrupted batch left are removed when the next one starts (those of
+    its jobs' outputs: another program's, a render writing into the folder, stay)."""
     from studio.batch.run import EngineOptions, plan
 
     out = clips / "out"
     jobs = read_jobs(clips / "jobs.jsonl")[:1]
     (out / ".a.partial-1234abcd.mp4").parent.mkdir(parents=True)
     (out / ".a.partial-1234abcd.mp4").write_bytes(b"half a video")
-    (out / ".x.png.partial-99").mkdir()
+    (out / ".a.partial-99").mkdir()  # a PNG sequence's
+    (out / ".take.partial-5678abcd.mp4").write_bytes(b"a render's video, being written")
     run_batch(jobs, out, say=lambda _: None)
-    assert not list(out.glob(".*partial*"))
+    assert [p.name for p in out.glob(".*partial*")] == [".take.partial-5678abcd.mp4"]
     one, two = clips / "ck1", clips / "ck2"
     for root in (one, two):
         (root / "ditto_pytorch" / "models").mkdir(parents=True)

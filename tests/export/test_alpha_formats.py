@@ -75,12 +75,14 @@ def test_a_png_sequence_is_a_folder_of_frames_and_the_audio(tmp_path: Path) -> N
     audio = load_audio(write_speechlike(tmp_path / "s.wav", 0.5, sr=16000))
     target = tmp_path / "take.png"
     (tmp_path / "take").mkdir()
-    (tmp_path / "take" / "old.txt").write_text("an earlier export")
+    for i in range(1, 10):  # an earlier, longer export: replaced whole, no frame of it left
+        (tmp_path / "take" / f"take_{i:06d}.png").write_text("an earlier export")
     with open_writer(target, W, H, audio=audio, alpha=True) as w:
         assert isinstance(w, PngSequenceWriter)
         for i in range(5):
             w.write(_rgba(i))
-        assert not (tmp_path / "take" / "take_000001.png").exists()  # hidden until done
+        first = tmp_path / "take" / "take_000001.png"
+        assert first.read_text() == "an earlier export"  # the new frames hidden until done
     names = sorted(p.name for p in (tmp_path / "take").iterdir())
     assert names == sorted([f"take_{i:06d}.png" for i in range(1, 6)] + ["take.wav"])
     with av.open(str(tmp_path / "take" / "take_000004.png")) as c:
@@ -94,14 +96,25 @@ def test_a_png_sequence_is_a_folder_of_frames_and_the_audio(tmp_path: Path) -> N
 
 def test_a_cancelled_png_sequence_leaves_the_old_folder(tmp_path: Path) -> None:
     (tmp_path / "take").mkdir()
-    (tmp_path / "take" / "keep.txt").write_text("x")
+    (tmp_path / "take" / "take_000001.png").write_text("an earlier export")
     w = PngSequenceWriter(tmp_path / "take.png", W, H)
     with pytest.raises(Cancelled), w:
         w.write(_rgba(0)[..., :3])
         w.abort()
         w.write(_rgba(1)[..., :3])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["take"]
-    assert [p.name for p in (tmp_path / "take").iterdir()] == ["keep.txt"]
+    assert [p.name for p in (tmp_path / "take").iterdir()] == ["take_000001.png"]
+    # a folder of anything else is not the sequence's to replace: refused, left as it is
+    (tmp_path / "take" / "keep.txt").write_text("x")
+    with pytest.raises(OutputError, match="holds 'keep.txt', not only an earlier PNG sequence"):
+        PngSequenceWriter(tmp_path / "take.png", W, H)
+    w = PngSequenceWriter(tmp_path / "other.png", W, H)
+    with pytest.raises(OutputError, match="holds 'notes.txt'"), w:  # filled while it rendered
+        w.write(_rgba(0)[..., :3])
+        (tmp_path / "other").mkdir()
+        (tmp_path / "other" / "notes.txt").write_text("x")
+    assert [p.name for p in (tmp_path / "other").iterdir()] == ["notes.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "take"]
     with pytest.raises(OutputError, match="is a file"):
         (tmp_path / "clip").write_text("")
         check_output_path(tmp_path / "clip.png")
@@ -126,8 +139,15 @@ def test_straight_alpha_from_black_and_white_backdrops() -> None:
 def test_the_demo_head_on_transparent_and_green_backgrounds(tmp_path: Path, capsys) -> None:
     base = ["render", "--demo", "--size", "96", "--x264-preset", "ultrafast"]
     code, _, err = run_cli(
-        [*base, "--background", "transparent", "--out", str(tmp_path / "t.webm"),
-         "--report", str(tmp_path / "t.json")],
+        [
+            *base,
+            "--background",
+            "transparent",
+            "--out",
+            str(tmp_path / "t.webm"),
+            "--report",
+            str(tmp_path / "t.json"),
+        ],
         capsys,
     )
     assert code == 0, err

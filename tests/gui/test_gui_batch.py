@@ -197,6 +197,16 @@ def test_problems_are_one_line_in_the_window(qtbot, batch, tmp_path):
     assert f"{blocker} is a file" in w.message.text()
 
 
+def test_an_output_that_would_replace_a_folder_of_other_files_is_refused(batch, tmp_path):
+    w = batch
+    w.rows[0].name = "a.png"  # a PNG sequence: the folder out/a/, which holds a user's notes
+    (tmp_path / "out" / "a").mkdir(parents=True)
+    (tmp_path / "out" / "a" / "notes.txt").write_text("mine")
+    assert not w.run() and not w.running
+    assert "holds 'notes.txt', not only an earlier PNG sequence" in w.message.text()
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["a"]
+
+
 def test_the_main_window_opens_one_batch_window(window, qtbot):
     window.act_batch.trigger()
     first = window.batch_window
