@@ -183,7 +183,10 @@ def _job(
     settings = _settings_of(row, base, folder, where)
     alpha = settings.background == "transparent"
     default = ".webm" if alpha else ".mp4"  # a transparent head needs a file with alpha
-    name = str(row.get("output") or Path(audio).stem + default)
+    output = row.get("output")
+    if output is not None and not isinstance(output, str):
+        raise InputError(f'{where}: output: give a file name as a string, e.g. "take1.mp4"')
+    name = (output or "").strip() or Path(audio.strip()).stem + default
     if Path(name).name != name or name in (".", ".."):
         raise InputError(f"{where}: output: {name!r} must be a file name, not a path")
     if name.startswith(".") or any(ord(c) < 32 for c in name):  # hidden: the batch's own

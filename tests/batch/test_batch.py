@@ -94,6 +94,7 @@ def test_jobs_from_jsonl_csv_and_a_folder(clips: Path, monkeypatch) -> None:
         ('{"audio": "a.wav", "output": ".x.partial-1.mp4"}\n', "starts with a letter or digit"),
         ('{"audio": "a.wav", "output": "a\\u0000b.mp4"}\n', "no control characters"),
         ('{"audio": "a.wav", "output": "clip.avi"}\n', "the batch writes .mp4, .webm, .mov"),
+        ('{"audio": "a.wav", "output": ["x"]}\n', "output: give a file name as a string"),
         ("\n# nothing\n", "no jobs in it"),
     ],
 )
