@@ -740,6 +740,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
     if args.checkpoints and args.demo:
         raise OptionError("--demo", "cannot be combined with --checkpoints; pick one engine")
     settings = _settings(args, size=args.size, crf=args.crf, preset=args.x264_preset)
+    if not args.out_dir.strip():  # "" would be the folder the command runs in, unsaid
+        raise OptionError("--out-dir", "is empty; give the folder for the videos")
     out_dir = Path(args.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise OptionError("--out-dir", f"{out_dir} is a file; give a folder for the MP4s")

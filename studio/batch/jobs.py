@@ -208,6 +208,18 @@ def _job(
     return Job(name, str(audio_path), avatar_path, settings, where, dict(row), controls)
 
 
+class _Twice(Exception):
+    """A key given twice in one JSON object (JSON keeps the last without a word)."""
+
+
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    for k in keys:
+        if keys.count(k) > 1:
+            raise _Twice(k)
+    return dict(pairs)
+
+
 def _read_jsonl(path: Path) -> list[tuple[str, dict[str, Any]]]:
     rows = []
     for number, line in enumerate(_text(path).splitlines(), 1):
@@ -215,7 +227,9 @@ def _read_jsonl(path: Path) -> list[tuple[str, dict[str, Any]]]:
             continue
         where = f"{path}:{number}"
         try:
-            row = json.loads(line)
+            row = json.loads(line, object_pairs_hook=_once_each)
+        except _Twice as e:
+            raise InputError(f"{where}: {e.args[0]!r} is given twice; keep one") from None
         except ValueError as e:
             raise InputError(f"{where}: not a JSON object ({e.msg})") from None
         if not isinstance(row, dict):
@@ -229,6 +243,10 @@ def _read_csv(path: Path) -> list[tuple[str, dict[str, Any]]]:
     reader = csv.DictReader(lines, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
     if not reader.fieldnames or "audio" not in [f.strip() for f in reader.fieldnames]:
         raise InputError(f"{path}:1: a CSV of jobs starts with a header row naming audio")
+    columns = [f.strip() for f in reader.fieldnames]
+    twice = next((c for c in columns if c and columns.count(c) > 1), None)
+    if twice is not None:
+        raise InputError(f"{path}:1: the column {twice!r} is named twice; keep one")
     rows = []
     for number, raw in enumerate(reader, 2):
         if None in raw:

@@ -95,6 +95,7 @@ def test_jobs_from_jsonl_csv_and_a_folder(clips: Path, monkeypatch) -> None:
         ('{"audio": "a.wav", "output": "a\\u0000b.mp4"}\n', "no control characters"),
         ('{"audio": "a.wav", "output": "clip.avi"}\n', "the batch writes .mp4, .webm, .mov"),
         ('{"audio": "a.wav", "output": ["x"]}\n', "output: give a file name as a string"),
+        ('{"audio": "a.wav", "size": 64, "size": 96}\n', "jobs.jsonl:1: 'size' is given twice"),
         ("\n# nothing\n", "no jobs in it"),
     ],
 )
@@ -114,6 +115,8 @@ def test_the_cli_refuses_a_bad_list_before_any_work(clips: Path, capsys) -> None
     (clips / "file").write_text("x")
     code, _, err = run_cli(["batch", str(clips), "--out-dir", str(clips / "file")], capsys)
     assert code == 2 and "--out-dir" in err
+    code, _, err = run_cli(["batch", str(clips), "--out-dir", ""], capsys)
+    assert code == 2 and "--out-dir" in err and "is empty" in err
     argv = ["batch", str(clips), "--checkpoints", str(clips / "none"), "--out-dir"]
     code, _, err = run_cli([*argv, str(clips / "o")], capsys)  # every job's engine: one line
     assert code == 2 and "checkpoint folder" in err and "does not exist" in err
@@ -230,6 +233,9 @@ def test_a_list_that_is_not_a_file_tab_separated_or_a_folder_of_one_name(clips: 
     (clips / "jobs.tsv").write_text("audio\toutput\tsmooth_window\na.wav\tx.mp4\t9\n")
     (job,) = read_jobs(clips / "jobs.tsv")
     assert (job.name, job.settings.smooth_window) == ("x.mp4", 9)
+    (clips / "twice.csv").write_text("audio,size,size\na.wav,64,96\n")
+    with pytest.raises(InputError, match="twice.csv:1: the column 'size' is named twice"):
+        read_jobs(clips / "twice.csv")
     (clips / "latin.csv").write_bytes("audio,output\na.wav,caf\xe9.mp4\n".encode("latin-1"))
     with pytest.raises(InputError, match="latin.csv: not UTF-8 text; save the list"):
         read_jobs(clips / "latin.csv")
