@@ -535,6 +535,15 @@ def _check_json_target(
     return check_output_file(path, option, others)
 
 
+def _check_out_not_input(args: argparse.Namespace) -> None:
+    """``--out`` is none of the command's inputs, and a PNG sequence's folder holds none."""
+    from studio.export.video import written_path
+
+    check_not_input(args.out, "--out", _inputs(args))
+    if written_path(args.out) != Path(args.out):
+        check_not_input(written_path(args.out), "--out", _inputs(args))
+
+
 def _inputs(args: argparse.Namespace) -> dict[str, str | None]:
     """The command's input files by option (an output must not overwrite them)."""
     names = {
@@ -657,7 +666,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     settings = _settings(args, size=args.size, crf=args.crf, preset=args.x264_preset)
     out = check_output_path(args.out)
     check_alpha_output(out, settings.background == "transparent")
-    check_not_input(args.out, "--out", _inputs(args))
+    _check_out_not_input(args)
     report_path = _check_json_target(args.report, "--report", {"--out": args.out, **_inputs(args)})
     prepared = _prepare_engine(args, settings)
     audio = _load_audio(args)
@@ -883,7 +892,7 @@ def cmd_live(args: argparse.Namespace) -> int:
         from studio.export.video import check_output_path
 
         check_output_path(args.out)
-        check_not_input(args.out, "--out", _inputs(args))
+        _check_out_not_input(args)
     report_path = _check_json_target(args.report, "--report", {**outputs, **_inputs(args)})
     serve = _serve_address(args.serve) if args.serve else None
     sinks: list = []

@@ -187,13 +187,21 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+def _within(path: Path, folder: Path) -> bool:
+    try:
+        return path.resolve().is_relative_to(folder.resolve())
+    except (OSError, RuntimeError):
+        return False
+
+
 def check_not_input(
     path: str | Path, option: str, inputs: Mapping[str, str | os.PathLike[str] | None]
 ) -> None:
     """OutputError when the output ``path`` of ``option`` is one of ``inputs`` (option ->
     path of the command's input files, or of its other outputs), through symlinks and hard
     links; for an input that is a folder (a checkpoint folder), when ``path`` is a file that
-    already exists inside it."""
+    already exists inside it; for an output that is a folder (a PNG sequence's), when an
+    input lies inside it."""
     p = Path(path).expanduser()
     for other, value in inputs.items():
         if not value or is_stdout(value):
@@ -211,6 +219,11 @@ def check_not_input(
                     "overwritten; write it elsewhere"
                 )
             continue
+        if p.is_dir() and _within(q, p):  # an output that is a folder is replaced whole
+            raise OutputError(
+                f"{option} {p}: the folder holds the {other} file {q} and would replace it; "
+                "write the output elsewhere"
+            )
         if _same_file(p, q):
             raise OutputError(
                 f"{option} {p}: is also the {other} file and would be overwritten; "

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from studio.batch.state import REPORT_FILE, STATE_FILE
 from studio.errors import InputError, OutputError, StudioError
 from studio.export.video import (
     OUTPUT_SUFFIXES,
@@ -328,7 +329,8 @@ def read_jobs(
         except StudioError as e:
             text = str(e)
             raise InputError(text if text.startswith(where) else f"{where}: {text}") from None
-        written = str(written_path(job.name))  # x.png and x.PNG: one folder x/
+        # x.png and x.PNG: one folder x/; a.mp4 and A.mp4: one file where names ignore case
+        written = str(written_path(job.name)).casefold()
         if written in seen:
             fix = (
                 "rename one of the two audio files (a folder's outputs are named after them)"
@@ -343,15 +345,42 @@ def read_jobs(
     return jobs
 
 
-def _identity(path: str | Path | None) -> tuple[int, int] | None:
-    """The file's (device, inode), through links; None where there is none."""
-    if path is None:
-        return None
+def _where(path: str | Path) -> tuple[Path, tuple[int, int] | None]:
+    """A file's place: its resolved path (links followed, ``..`` gone), and its (device,
+    inode) where it exists, which also finds a hard link."""
+    p = Path(path).expanduser()
     try:
-        st = os.stat(path)
+        resolved = p.resolve()  # not strict: a file not made yet has its place too
+    except (OSError, RuntimeError, ValueError):
+        resolved = p.absolute()
+    try:
+        st = os.stat(p)
     except (OSError, ValueError):
-        return None
-    return st.st_dev, st.st_ino
+        return resolved, None
+    return resolved, (st.st_dev, st.st_ino)
+
+
+class _Places:
+    """Files by place, each with what it is to the batch."""
+
+    def __init__(self) -> None:
+        self.paths: dict[Path, str] = {}
+        self.ids: dict[tuple[int, int], str] = {}
+
+    def add(self, path: str | Path, what: str) -> None:
+        resolved, identity = _where(path)
+        self.paths.setdefault(resolved, what)
+        if identity is not None:
+            self.ids.setdefault(identity, what)
+
+    def find(self, path: str | Path) -> str | None:
+        resolved, identity = _where(path)
+        return self.paths.get(resolved) or (self.ids.get(identity) if identity else None)
+
+    def inside(self, folder: Path) -> str | None:
+        """What lies in ``folder`` (a PNG sequence's, replaced whole)."""
+        where = _where(folder)[0]
+        return next((w for p, w in self.paths.items() if p.is_relative_to(where)), None)
 
 
 def check_outputs(
@@ -362,11 +391,12 @@ def check_outputs(
 ) -> None:
     """Before any work, an :class:`~studio.errors.OutputError` where a job's output would
     overwrite a file the batch reads (a job's audio, avatar, controls or preset, the JOBS file
-    ``source`` if any), or a PNG sequence's folder holds anything but an earlier export of it; and
-    where ``report`` (``--report``) is one of those inputs or outputs."""
-    inputs: dict[tuple[int, int], str] = {}
-    if source is not None and (key := _identity(source)) is not None and Path(source).is_file():
-        inputs[key] = f"the jobs file {source}"
+    ``source`` if any; a PNG sequence's folder holding one), or the folder's own files (state,
+    report), or where a PNG sequence's folder holds anything but an earlier export of it; and
+    where ``report`` (``--report``) is one of those inputs, outputs or files."""
+    inputs = _Places()
+    if source is not None and Path(source).is_file():
+        inputs.add(source, f"the jobs file {source}")
     for job in jobs:
         preset = job.extra.get("preset")
         preset_file = isinstance(preset, str) and preset.strip().lower().endswith(".json")
@@ -378,34 +408,30 @@ def check_outputs(
             "preset": str(folder / preset.strip()) if preset_file else None,
         }
         for what, path in named.items():
-            if (key := _identity(path)) is not None:
-                inputs.setdefault(key, f"the {what} of {job.source} ({path})")
+            if path is not None:
+                inputs.add(path, f"the {what} of {job.source} ({path})")
     out = Path(out_dir)
-    outputs: dict[tuple[int, int], str] = {}
-    targets: dict[Path, str] = {}
+    own = _Places()
+    for name in (STATE_FILE, f"{STATE_FILE}.lock", REPORT_FILE):
+        own.add(out / name, f"the batch's own {name}")
+    outputs = _Places()
+    fix = "give the job another output name or another output folder"
     for job in jobs:
         target = out / written_path(job.name)
-        targets[target.absolute()] = f"the output of {job.source}"
+        clash = inputs.find(target) or own.find(target)
         if Path(job.name).suffix.lower() == PNG_SEQUENCE:
+            clash = clash or inputs.inside(target)
             try:
                 check_sequence_folder(out / job.name)
             except OutputError as e:
                 raise OutputError(f"{job.source}: output: {e}") from None
-        if (key := _identity(target)) is None:
-            continue
-        if key in inputs:
+        if clash:
+            raise OutputError(f"{job.source}: output {target}: is also {clash}; {fix}")
+        outputs.add(target, f"the output of {job.source}")
+    if report is not None:
+        clash = inputs.find(report) or own.find(report) or outputs.find(report)
+        if clash and clash != f"the batch's own {REPORT_FILE}":  # the same report: fine
             raise OutputError(
-                f"{job.source}: output {target}: is also {inputs[key]} and would be "
-                'overwritten; give the job an "output" of its own or another --out-dir'
+                f"--report {report}: is also {clash} and would be overwritten; give the report "
+                "a file of its own"
             )
-        outputs[key] = f"the output of {job.source}"
-    if report is None:
-        return
-    key = _identity(report)
-    clash = inputs.get(key) or outputs.get(key) if key is not None else None
-    clash = clash or targets.get(Path(report).absolute())  # an output not written yet
-    if clash:
-        raise OutputError(
-            f"--report {report}: is also {clash} and would be overwritten; give the report a "
-            "file of its own"
-        )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import shutil
 import sys
 import time
@@ -25,12 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from studio.batch.jobs import Job
-from studio.batch.state import BatchState
+from studio.batch.state import REPORT_FILE, BatchState
 from studio.engines.base import EngineRequest, Progress
 from studio.errors import Cancelled, OptionError, StudioError
+from studio.export.video import PNG_SEQUENCE
 from studio.files import write_json
 
-REPORT_FILE = "batch_report.json"
 REPORT_FORMAT = "studio-batch-report/1"
 # analyse the next job beside this one's render (run_in_turn): off until a GPU measurement
 # shows a gain; STUDIO_BATCH_AHEAD=1 turns it on (studio bench --suite warmstart --batch-runs ahead)
@@ -373,14 +374,21 @@ def audio_seconds(job: Job) -> float:
     return declared_seconds(job.audio) or 0.0
 
 
-def _sweep_partials(out: Path, jobs: Sequence[Job]) -> None:
-    """Remove the partial outputs an interrupted batch left of its jobs' outputs
-    (``.NAME.partial-…``, files or PNG folders): with the folder's lock held, no batch writes
-    them. Those of other names are another program's (a render writing into the folder)."""
-    stems = {Path(job.name).stem for job in jobs}
-    stems |= {os.fsdecode(os.fsencode(stem)[:200]) for stem in stems}  # as a video's is cut
+def _sweep_partials(out: Path, names: Iterable[str]) -> None:
+    """Remove the partial outputs an interrupted batch left of the outputs ``names`` (this
+    batch's jobs and those its state remembers): ``.STEM.partial-TOKEN.mp4`` files and
+    ``.STEM.partial-TOKEN`` PNG folders. With the folder's lock held no batch writes them; the
+    partial files of other names and types are another program's (a render into the folder)."""
+    wanted = set()
+    for name in names:
+        stem, suffix = Path(name).stem, Path(name).suffix.lower()
+        if suffix == PNG_SEQUENCE:
+            wanted.add(re.compile(rf"\.{re.escape(stem)}\.partial-[0-9a-f]{{8}}"))
+        else:  # as the video writer cuts a long name
+            cut = os.fsdecode(os.fsencode(stem)[:200])
+            wanted.add(re.compile(rf"\.{re.escape(cut)}\.partial-[0-9a-f]{{8}}{re.escape(suffix)}"))
     for stale in out.glob(".*.partial-*"):
-        if stale.name[1:].rsplit(".partial-", 1)[0] not in stems:
+        if not any(w.fullmatch(stale.name) for w in wanted):
             continue
         if stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
@@ -468,7 +476,7 @@ def _run_batch(
 ) -> dict[str, Any]:
     started = time.perf_counter()
     with BatchState.open(out) as state:
-        _sweep_partials(out, jobs)
+        _sweep_partials(out, [*(job.name for job in jobs), *state.jobs])
         todo, skipped, again = plan(jobs, state, retry_failed, options)
         seconds = {job.name: audio_seconds(job) for job in todo}  # skipped jobs: no reading
         bar = BatchProgress(len(jobs), sum(seconds.values()))

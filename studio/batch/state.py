@@ -20,6 +20,7 @@ from studio.errors import InputError, OutputError
 from studio.files import file_in_the_way, write_json
 
 STATE_FILE = ".studio-batch.json"
+REPORT_FILE = "batch_report.json"  # beside it: the last run's report
 STATE_FORMAT = "studio-batch/1"
 
 

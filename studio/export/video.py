@@ -196,10 +196,15 @@ def check_output_path(path: str | os.PathLike) -> Path:
     return p
 
 
+# what file browsers leave in a folder they showed (a PNG sequence's, opened from the studio)
+SYSTEM_FILES = frozenset({".DS_Store", "Thumbs.db", "desktop.ini", ".directory"})
+
+
 def check_sequence_folder(path: str | os.PathLike) -> None:
     """OutputError unless the folder a PNG sequence ``NAME.png`` goes to is absent or holds
-    only an earlier export of it (``NAME_000001.png``…, ``NAME.wav``), which the new one
-    replaces whole: a folder of anything else is never removed."""
+    only an earlier export of it (``NAME_000001.png``…, ``NAME.wav``, and what a file browser
+    adds, :data:`SYSTEM_FILES`), which the new one replaces whole: a folder of anything else
+    is never removed. (An input inside it, its own ``NAME.wav``, is the caller's check.)"""
     p = Path(path)
     folder = png_folder(p)
     if not folder.exists():
@@ -209,10 +214,14 @@ def check_sequence_folder(path: str | os.PathLike) -> None:
             f"'{folder}' is a file; a PNG sequence '{p.name}' is written to a folder of that "
             "name: choose another name."
         )
-    own = re.compile(rf"{re.escape(folder.name)}(_\d+\.png|\.wav)")
+    own = re.compile(rf"{re.escape(folder.name)}(_\d+\.png|\.wav)", re.IGNORECASE)
     try:
         others = sorted(
-            e.name for e in folder.iterdir() if not (own.fullmatch(e.name) and e.is_file())
+            e.name
+            for e in folder.iterdir()
+            if not (own.fullmatch(e.name) and e.is_file())
+            and e.name not in SYSTEM_FILES
+            and not e.name.startswith("._")  # macOS's resource forks on other disks
         )
     except OSError as e:
         raise OutputError(f"cannot read the folder '{folder}': {e.strerror or e}") from None

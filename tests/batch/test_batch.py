@@ -270,11 +270,24 @@ def test_no_output_or_report_overwrites_what_the_batch_reads_or_writes(clips: Pa
     code, _, err = run_cli(argv, capsys)
     assert code == 2 and "holds 'a.wav', not only an earlier PNG sequence" in err
     assert sorted(p.name for p in inside.iterdir()) == ["a.wav", "jobs.jsonl"]
+    (clips / "solo").mkdir()  # a folder holding only the sequence's own sound file's name
+    shutil.copy(clips / "a.wav", clips / "solo" / "solo.wav")
+    line = {"audio": "solo/solo.wav", "output": "solo.png", "size": SIZE}
+    (clips / "solo.jsonl").write_text(json.dumps(line) + "\n")
+    argv = ["batch", str(clips / "solo.jsonl"), "--out-dir", str(clips), "--demo"]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and "is also the audio of" in err and "solo" in err, err
+    assert (clips / "solo" / "solo.wav").read_bytes() == (clips / "a.wav").read_bytes()
     jobs_file = clips / "jobs.jsonl"
     text = jobs_file.read_text()
     out = clips / "o"
     out.mkdir()
-    for report in (jobs_file, clips / "a.wav", out / "second.mp4"):  # the last: not yet made
+    (clips / "own.jsonl").write_text(json.dumps({"audio": "a.wav", "output": f"{REPORT_FILE}.png"}))
+    code, _, err = run_cli(["batch", str(clips / "own.jsonl"), "--out-dir", str(out)], capsys)
+    assert code == 2 and f"is also the batch's own {REPORT_FILE}" in err, err
+    reports = [jobs_file, clips / "a.wav", out / "second.mp4"]  # the last: not yet made
+    reports += [out / ".." / "o" / "second.mp4", out / STATE_FILE]
+    for report in reports:
         argv = ["batch", str(jobs_file), "--out-dir", str(out), "--demo", "--report", str(report)]
         code, _, err = run_cli(argv, capsys)
         assert code == 2 and f"--report {report}: is also" in err, err
@@ -307,10 +320,16 @@ def test_other_weights_make_the_jobs_again_and_stale_partial_files_go(clips: Pat
     jobs = read_jobs(clips / "jobs.jsonl")[:1]
     (out / ".a.partial-1234abcd.mp4").parent.mkdir(parents=True)
     (out / ".a.partial-1234abcd.mp4").write_bytes(b"half a video")
-    (out / ".a.partial-99").mkdir()  # a PNG sequence's
-    (out / ".take.partial-5678abcd.mp4").write_bytes(b"a render's video, being written")
+    others = [".take.partial-5678abcd.mp4", ".a.partial-0099abcd", ".a.partial-0099abcd.webm"]
+    (out / others[0]).write_bytes(b"a render's video, being written")
+    (out / others[1]).mkdir()  # a render's PNG sequence a.png, and its a.webm
+    (out / others[2]).write_bytes(b"a render's video, being written")
     run_batch(jobs, out, say=lambda _: None)
-    assert [p.name for p in out.glob(".*partial*")] == [".take.partial-5678abcd.mp4"]
+    assert sorted(p.name for p in out.glob(".*partial*")) == sorted(others)
+    # a job the state remembers, though this list no longer names it: its partial goes too
+    (out / ".a.partial-4321dcba.mp4").write_bytes(b"half a video")
+    run_batch(read_jobs(clips / "jobs.jsonl")[1:2], out, say=lambda _: None)
+    assert sorted(p.name for p in out.glob(".*partial*")) == sorted(others)
     one, two = clips / "ck1", clips / "ck2"
     for root in (one, two):
         (root / "ditto_pytorch" / "models").mkdir(parents=True)

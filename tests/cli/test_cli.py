@@ -970,6 +970,19 @@ def test_an_inherited_sighup_ignore_is_respected(tmp_path):
     assert "wrote" in out and (tmp_path / "o.mp4").is_file()
 
 
+def test_a_png_sequence_never_replaces_a_folder_holding_its_input(tmp_path, capsys):
+    """take.png is the folder take/, replaced whole: the speech read from take/take.wav (the
+    name the sequence's own sound file has) is refused, not overwritten."""
+    (tmp_path / "take").mkdir()
+    wav = tmp_path / "take" / "take.wav"
+    wav.write_bytes(demo_audio_path().read_bytes())
+    argv = ["render", "--audio", str(wav), "--size", "64", "--out", str(tmp_path / "take.png")]
+    code, _, err = _run(argv, capsys)
+    assert code == 2 and "the folder holds the --audio file" in err and "Traceback" not in err
+    assert wav.read_bytes() == demo_audio_path().read_bytes()
+    assert [p.name for p in (tmp_path / "take").iterdir()] == ["take.wav"]
+
+
 def test_outputs_never_overwrite_inputs_through_symlinks(tmp_path, capsys):
     wav = tmp_path / "speech.wav"
     wav.write_bytes(demo_audio_path().read_bytes())

@@ -104,6 +104,10 @@ def test_a_cancelled_png_sequence_leaves_the_old_folder(tmp_path: Path) -> None:
         w.write(_rgba(1)[..., :3])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["take"]
     assert [p.name for p in (tmp_path / "take").iterdir()] == ["take_000001.png"]
+    # what a file browser leaves, and another case of the names, are still an earlier export
+    for name in (".DS_Store", "Thumbs.db", "Take_000002.png"):
+        (tmp_path / "take" / name).write_text("x")
+    check_output_path(tmp_path / "take.png")
     # a folder of anything else is not the sequence's to replace: refused, left as it is
     (tmp_path / "take" / "keep.txt").write_text("x")
     with pytest.raises(OutputError, match="holds 'keep.txt', not only an earlier PNG sequence"):
