@@ -16,6 +16,9 @@ A folder instead is every audio file in it (sorted), each with ``--avatar``. Any
 with the list itself (not JSON, no ``audio``, an unknown key, a bad value, two jobs writing one
 output) is an :class:`~studio.errors.InputError` naming the file and line, before any work; a
 missing or unreadable audio or avatar file is the job's own failure, found when it runs.
+:func:`check_outputs` then refuses, also before any work, an output that would overwrite
+what the batch reads or keeps (its inputs, the folder's state and report, a folder of other
+files a PNG sequence would replace).
 """
 
 from __future__ import annotations
