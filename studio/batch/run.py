@@ -215,7 +215,7 @@ def _record(job: Job, out_dir: Path, options: EngineOptions) -> dict[str, Any]:
         "source": job.source,
         "audio": job.audio,
         "avatar": job.avatar,
-        "output": str(out_dir / job.name),
+        "output": str((out_dir / job.name).absolute()),  # as "audio" is
         "fingerprint": job.fingerprint(options.identity),
     }
 

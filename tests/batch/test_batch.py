@@ -204,6 +204,13 @@ def test_a_batch_finishes_the_good_jobs_records_the_bad_and_a_rerun_skips(clips:
     assert len(_frames(out / "missing.mp4")) == 20
 
 
+def test_the_report_names_files_wherever_it_is_read_from(clips: Path, monkeypatch) -> None:
+    monkeypatch.chdir(clips)
+    report = run_batch(read_jobs("jobs.jsonl")[:1], Path("out"), say=lambda _: None)
+    (job,) = report["jobs"]
+    assert (job["audio"], job["output"]) == (str(clips / "a.wav"), str(clips / "out" / "a.mp4"))
+
+
 def test_a_changed_job_or_a_lost_output_runs_again(clips: Path) -> None:
     out = clips / "out"
     jobs = read_jobs(clips / "jobs.jsonl")[:1]
