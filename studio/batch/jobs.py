@@ -69,6 +69,7 @@ class Job:
     source: str  # "jobs.jsonl:3": where the job was written, for messages
     extra: dict[str, Any] = field(default_factory=dict)  # the line as written (the report)
     controls: str | None = None  # a control tracks file
+    preset: str | None = None  # the preset file its settings start from
 
     def to_dict(self) -> dict[str, Any]:
         """The job as plain JSON (what a Ray worker is sent)."""
@@ -80,6 +81,7 @@ class Job:
             "source": self.source,
             "extra": self.extra,
             "controls": self.controls,
+            "preset": self.preset,
         }
 
     @classmethod
@@ -94,6 +96,7 @@ class Job:
             data["source"],
             data["extra"],
             data.get("controls"),
+            data.get("preset"),
         )
 
     def fingerprint(self, engine: Sequence[Any] = ()) -> str:
@@ -136,6 +139,15 @@ def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _preset_file(row: dict[str, Any], folder: Path) -> Path | None:
+    """The preset file a job names (``preset`` ending in ``.json``); None where its
+    ``preset`` is the setting of that name (x264's speed preset) or absent."""
+    preset = row.get("preset")
+    if isinstance(preset, str) and preset.strip().lower().endswith(".json"):
+        return folder / preset.strip()
+    return None
+
+
 def _settings_of(
     row: dict[str, Any], base: RenderSettings, folder: Path, where: str
 ) -> RenderSettings:
@@ -143,10 +155,9 @@ def _settings_of(
     its setting columns. ``preset`` names a preset file where it ends in ``.json``; otherwise
     it is the setting of that name (x264's speed preset)."""
     start = base
-    preset = row.get("preset")
-    preset_file = isinstance(preset, str) and preset.strip().lower().endswith(".json")
-    if preset_file:
-        start = RenderSettings.load(folder / str(preset).strip())
+    preset_file = _preset_file(row, folder)
+    if preset_file is not None:
+        start = RenderSettings.load(preset_file)
     data = start.model_dump()
     nested = row.get("settings") or {}
     if not isinstance(nested, dict):
@@ -209,7 +220,17 @@ def _job(
     except OutputError as e:
         raise InputError(f"{where}: output: {e}") from None
     controls = None if not row.get("controls") else str(folder / str(row["controls"]))
-    return Job(name, str(audio_path), avatar_path, settings, where, dict(row), controls)
+    preset = _preset_file(row, folder)
+    return Job(
+        name,
+        str(audio_path),
+        avatar_path,
+        settings,
+        where,
+        dict(row),
+        controls,
+        None if preset is None else str(preset),
+    )
 
 
 class _Twice(Exception):
@@ -401,14 +422,11 @@ def check_outputs(
     if source is not None and Path(source).is_file():
         inputs.add(source, f"the jobs file {source}")
     for job in jobs:
-        preset = job.extra.get("preset")
-        preset_file = isinstance(preset, str) and preset.strip().lower().endswith(".json")
-        folder = Path(job.source.rsplit(":", 1)[0]).parent
         named = {
             "audio": job.audio,
             "avatar": job.avatar,
             "controls": job.controls,
-            "preset": str(folder / preset.strip()) if preset_file else None,
+            "preset": job.preset,
         }
         for what, path in named.items():
             if path is not None:

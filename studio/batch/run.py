@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import re
 import shutil
 import sys
 import time
@@ -29,7 +28,7 @@ from studio.batch.jobs import Job
 from studio.batch.state import REPORT_FILE, BatchState
 from studio.engines.base import EngineRequest, Progress
 from studio.errors import Cancelled, OptionError, StudioError
-from studio.export.video import PNG_SEQUENCE
+from studio.export.video import is_partial_of, written_path
 from studio.files import write_json
 
 REPORT_FORMAT = "studio-batch-report/1"
@@ -376,19 +375,12 @@ def audio_seconds(job: Job) -> float:
 
 def _sweep_partials(out: Path, names: Iterable[str]) -> None:
     """Remove the partial outputs an interrupted batch left of the outputs ``names`` (this
-    batch's jobs and those its state remembers): ``.STEM.partial-TOKEN.mp4`` files and
-    ``.STEM.partial-TOKEN`` PNG folders. With the folder's lock held no batch writes them; the
-    partial files of other names and types are another program's (a render into the folder)."""
-    wanted = set()
-    for name in names:
-        stem, suffix = Path(name).stem, Path(name).suffix.lower()
-        if suffix == PNG_SEQUENCE:
-            wanted.add(re.compile(rf"\.{re.escape(stem)}\.partial-[0-9a-f]{{8}}"))
-        else:  # as the video writer cuts a long name
-            cut = os.fsdecode(os.fsencode(stem)[:200])
-            wanted.add(re.compile(rf"\.{re.escape(cut)}\.partial-[0-9a-f]{{8}}{re.escape(suffix)}"))
+    batch's jobs and those its state remembers; files, or PNG folders). With the folder's lock
+    held no batch writes them; the partial files of other names and types are another
+    program's (a render into the folder)."""
+    targets = [out / written_path(name) for name in names]
     for stale in out.glob(".*.partial-*"):
-        if not any(w.fullmatch(stale.name) for w in wanted):
+        if not any(is_partial_of(stale.name, t) for t in targets):
             continue
         if stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)

@@ -30,6 +30,7 @@ from studio.export.video import (
     AtomicWriter,
     check_output_path,
     check_sequence_folder,
+    partial_path,
     png_folder,
 )
 from studio.layout import FPS
@@ -71,7 +72,7 @@ class PngSequenceWriter(AtomicWriter):
 
     def __enter__(self) -> PngSequenceWriter:
         with self._lock:
-            tmp = self.path.with_name(f".{self.name}.partial-{secrets.token_hex(4)}")
+            tmp = partial_path(self.path)
             try:
                 tmp.mkdir()
                 self._tmp = tmp

@@ -196,6 +196,23 @@ def check_output_path(path: str | os.PathLike) -> Path:
     return p
 
 
+def partial_path(target: str | os.PathLike) -> Path:
+    """Where an export to ``target`` (a file, or a PNG sequence's folder) is written before it
+    is renamed into place: ``.STEM.partial-TOKEN`` plus the file's type, hidden beside it;
+    the stem cut so that a 255-byte name stays legal."""
+    p = Path(target)
+    stem = os.fsdecode(os.fsencode(p.stem if p.suffix else p.name)[:200])
+    return p.with_name(f".{stem}.partial-{secrets.token_hex(4)}{p.suffix.lower()}")
+
+
+def is_partial_of(name: str, target: str | os.PathLike) -> bool:
+    """Whether the file or folder ``name`` is one :func:`partial_path` gives for ``target``."""
+    fresh = partial_path(target).name
+    head, tail = fresh.split(".partial-", 1)
+    pattern = rf"{re.escape(head)}\.partial-[0-9a-f]{{8}}{re.escape(tail[8:])}"
+    return re.fullmatch(pattern, name) is not None
+
+
 # what file browsers leave in a folder they showed (a PNG sequence's, opened from the studio)
 SYSTEM_FILES = frozenset({".DS_Store", "Thumbs.db", "desktop.ini", ".directory"})
 
@@ -550,9 +567,7 @@ class VideoWriter(AtomicWriter):
             raise RuntimeError("use VideoWriter as a context manager (with VideoWriter(...) as w)")
 
     def _open(self) -> None:
-        token = secrets.token_hex(4)
-        stem = os.fsdecode(os.fsencode(self.path.stem)[:200])  # a 255-byte name stays legal
-        tmp = self.path.with_name(f".{stem}.partial-{token}{self.path.suffix.lower()}")
+        tmp = partial_path(self.path)
         try:
             fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
         except OSError as e:

@@ -522,7 +522,15 @@ class BatchWindow(QWidget):
                 row.name = self._with_alpha(row)
             extra = {"audio": row.audio, "avatar": row.avatar, "preset": row.preset}
             jobs.append(
-                Job(row.name, row.audio, row.avatar, settings, f"batch queue row {number}", extra)
+                Job(
+                    row.name,
+                    row.audio,
+                    row.avatar,
+                    settings,
+                    f"batch queue row {number}",
+                    extra,
+                    preset=row.preset,
+                )
             )
         return jobs
 
